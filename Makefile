@@ -1,0 +1,45 @@
+# lowtide — every target sets up .venv itself.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TYPECHECK := build/typecheck
+
+.PHONY: setup test lint unit demo bench clean
+
+setup: $(STAMP)
+
+# Reinstall only when the project's metadata changed: quick and idempotent otherwise.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# mypy cannot follow setuptools' package-dir mapping through the editable finder,
+# so it checks a tree of links laid out as the installed `lowtide` namespace.
+$(TYPECHECK): FORCE
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/lowtide
+	for f in lowtide/*; do ln -s $(CURDIR)/$$f $(TYPECHECK)/lowtide/; done
+	for d in operators punctuation clients; do ln -s $(CURDIR)/$$d $(TYPECHECK)/lowtide/$$d; done
+
+lint: setup $(TYPECHECK)
+	$(BIN)/ruff check lowtide operators punctuation clients tests bench
+	$(BIN)/ruff format --check lowtide operators punctuation clients tests bench
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy -p lowtide
+
+unit: setup
+	$(BIN)/pytest -q -n 2 tests
+
+test: lint unit
+
+demo: setup
+	$(BIN)/lowtide demo
+
+bench: setup
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+FORCE:

@@ -1,0 +1,311 @@
+"""The in-process engine: streams, queries and their operator graphs, in one process.
+
+The same calls and items as the network client, minus the network (DESIGN.md §6). Every call
+either applies whole or raises a :class:`~lowtide.errors.LowtideError` and changes nothing.
+Time-driven work (heartbeat punctuation, idle sources) runs on the engine's clock whenever the
+engine is called, or when :meth:`Engine.tick` is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowtide.batch import Batch
+from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
+from lowtide.operators.base import Operator
+from lowtide.punctuation.generators import Generator
+from lowtide.punctuation.model import NO_PROGRESS, Punctuation
+from lowtide.punctuation.policies import LatePolicy
+from lowtide.query import parse_query
+from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.results import Fields, Item, Sink, to_table
+from lowtide.schema import Schema
+from lowtide.stream import Stream
+from lowtide.strings import StringPool
+from lowtide.testing import Clock, WallClock
+
+DEFAULT_SOURCE = "default"
+
+
+class Query(str):
+    """The name of a registered query (a ``str``), with its text: pass it to ``poll``."""
+
+    sql: str
+
+    def __new__(cls, name: str, sql: str) -> Query:
+        self = super().__new__(cls, name)
+        self.sql = sql
+        return self
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
+@dataclass
+class Limits:
+    max_streams: int = 1000
+    max_queries: int = 1000
+    max_batch_rows: int = 10_000_000
+
+
+@dataclass
+class RunningQuery:
+    name: str
+    sql: str
+    plan: Plan
+    sink: Sink
+    policy: LatePolicy
+    derived: Stream | None = None
+    late_items: list[Any] = field(default_factory=list)
+    late_dropped: int = 0
+
+    @property
+    def operators(self) -> list[Operator]:
+        return [*self.plan.operators, self.sink]
+
+
+class Engine:
+    def __init__(self, clock: Clock | None = None, limits: Limits | None = None) -> None:
+        self.clock: Clock = clock or WallClock()
+        self.limits = limits or Limits()
+        self.pool = StringPool()
+        self._streams: dict[str, Stream] = {}
+        self._queries: dict[str, RunningQuery] = {}
+        self._counter = 0
+
+    # -- streams ------------------------------------------------------------------------------
+    def create_stream(
+        self,
+        name: str,
+        schema: Mapping[str, str],
+        progressing: str = "ts",
+        punctuation: str = "explicit",
+        sources: list[str] | tuple[str, ...] | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        """Create a stream; ``idle_timeout`` is in seconds of wall time."""
+        if name in self._streams or name in self._queries:
+            raise AlreadyExists(f"stream {name!r} already exists")
+        if len(self._streams) >= self.limits.max_streams:
+            raise ResourceExhausted(f"at most {self.limits.max_streams} streams")
+        if not name or "." in name:
+            raise InvalidArgument(f"bad stream name {name!r}: use letters, digits and underscores")
+        typed = Schema.of(schema, progressing)
+        generator = Generator.parse(punctuation, typed.type_of(progressing).unit_ms)
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise InvalidArgument("idle_timeout must be positive (seconds)")
+        self._streams[name] = Stream(name, typed, generator, self.clock, tuple(sources or ()), idle_timeout)
+
+    def drop_stream(self, name: str) -> None:
+        stream = self._stream(name)
+        if stream.derived:
+            raise InvalidArgument(f"{name!r} is the result stream of a query; drop the query")
+        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        if readers:
+            raise InvalidArgument(f"stream {name!r} is read by query {readers[0]!r}; drop the query first")
+        del self._streams[name]
+
+    def list_streams(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in self._streams.values() if not s.derived]
+
+    def _stream(self, name: str) -> Stream:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise NotFound(f"unknown stream {name!r}") from None
+
+    # -- queries ------------------------------------------------------------------------------
+    def register_query(
+        self, sql: str, name: str | None = None, late: str = "drop", allowed_lateness: str | int | None = None
+    ) -> Query:
+        """Register a query; its results are polled by name and readable as a stream."""
+        if name is None:
+            self._counter += 1
+            name = f"q{self._counter}"
+            while name in self._queries or name in self._streams:
+                self._counter += 1
+                name = f"q{self._counter}"
+        if name in self._queries or name in self._streams:
+            raise AlreadyExists(f"query or stream {name!r} already exists")
+        if len(self._queries) >= self.limits.max_queries:
+            raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
+        policy = LatePolicy.parse(late)
+        running = self._plan(sql, name, policy, allowed_lateness)
+        self._attach(running)
+        return Query(name, sql)
+
+    def explain(self, sql: str) -> str:
+        """The operator graph a query would run, one operator a line, from input to output."""
+        running = self._plan(sql, "explain", LatePolicy.DROP, None)
+        return running.plan.explain() + f"\n{len(running.plan.operators)}. {running.sink.describe()}"
+
+    def _plan(self, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None) -> RunningQuery:
+        query = parse_query(sql)
+        holder: list[RunningQuery] = []
+
+        def on_drop(batch: Batch, fields: Fields) -> None:
+            running = holder[0]
+            running.late_dropped += batch.n
+            running.late_items.append(to_table(batch, fields, self.pool))
+
+        ctx = Context(self._schema_of, self.pool, policy, allowed_lateness, on_drop)
+        plan = plan_query(query, ctx)
+        fields = plan.schema
+        derived = self._derived_stream(name, plan)
+        sink = Sink(
+            fields,
+            self.pool,
+            plan.progressing,
+            forward=(lambda b: derived.ingest(b, b.columns[derived.attribute] < derived.progress, name))
+            if derived
+            else None,
+            forward_punctuation=(lambda p: derived.punctuate(name, p.value) if p.attribute == derived.attribute else None)
+            if derived
+            else None,
+        )
+        plan.output.connect(sink)
+        running = RunningQuery(name, sql, plan, sink, policy, derived)
+        holder.append(running)
+        return running
+
+    def _derived_stream(self, name: str, plan: Plan) -> Stream | None:
+        if not plan.progressing:
+            return None
+        schema = Schema(plan.schema, plan.progressing[0])
+        return Stream(name, schema, Generator("explicit"), self.clock, (name,), derived=True)
+
+    def _schema_of(self, name: str) -> Schema:
+        return self._streams[name].schema
+
+    def _attach(self, running: RunningQuery) -> None:
+        derived = running.derived
+        if derived is not None:
+            self._streams[running.name] = derived
+        self._queries[running.name] = running
+        for stream_name, op in running.plan.inputs:
+            stream = self._streams[stream_name]
+            stream.subscribers.append(op)
+            if stream.progress > NO_PROGRESS:
+                op.punctuate(Punctuation(stream.progress, stream.attribute))
+        self._regranulate()
+
+    def drop_query(self, name: str) -> None:
+        running = self._query(name)
+        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        if readers:
+            raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
+        for stream_name, op in running.plan.inputs:
+            self._streams[stream_name].subscribers.remove(op)
+        self._streams.pop(name, None)
+        del self._queries[name]
+        self._regranulate()
+
+    def _regranulate(self) -> None:
+        """Generated punctuation no finer than the windows in use need (gcd of their slides)."""
+        for stream in self._streams.values():
+            slides = [q.plan.slides[stream.name] for q in self._queries.values() if stream.name in q.plan.slides]
+            stream.granularity = math.gcd(*slides) if slides else 1
+
+    def list_queries(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": q.name,
+                "sql": q.sql,
+                "late": q.policy.value,
+                "columns": [name for name, _ in q.plan.schema],
+                "results": q.sink.results,
+                "late_tuples": q.late_dropped,
+            }
+            for q in self._queries.values()
+        ]
+
+    def _query(self, name: str) -> RunningQuery:
+        try:
+            return self._queries[name]
+        except KeyError:
+            raise NotFound(f"unknown query {name!r}") from None
+
+    # -- data ---------------------------------------------------------------------------------
+    def push(self, stream: str, data: Any, source: str = DEFAULT_SOURCE) -> None:
+        """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
+        target = self._stream(stream)
+        self.tick()
+        if target.derived:
+            raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
+        batch, late = target.admit(data, self.pool)
+        if batch.n > self.limits.max_batch_rows:
+            raise ResourceExhausted(f"batch of {batch.n} rows is over the limit of {self.limits.max_batch_rows}")
+        if late.any():
+            for op in target.subscribers:
+                if op.policy is LatePolicy.ERROR:
+                    raise LateTuple(
+                        f"{int(late.sum())} tuple(s) of stream {stream!r} are below its punctuation "
+                        f"{target.progress} and a query reading it has late='error'"
+                    )
+        known = target.sources.get(source)
+        if known is not None and known.closed:
+            raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
+        target.ingest(batch, late, source)
+
+    def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
+        """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""
+        target = self._stream(stream)
+        self.tick()
+        value = int(value)
+        target.check_punctuation(source, value)
+        target.punctuate(source, value)
+
+    def close_source(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
+        """End ``source``: its punctuation becomes +inf."""
+        target = self._stream(stream)
+        target.check_source(source)
+        target.close(source)
+
+    def tick(self) -> None:
+        """Run heartbeats and idle timeouts against the engine's clock."""
+        for stream in list(self._streams.values()):
+            if not stream.derived:
+                stream.tick()
+
+    def poll(self, query: str) -> list[Item]:
+        """Result tables and punctuation emitted since the last poll (``"<query>.late"``: late tuples)."""
+        self.tick()
+        if query.endswith(".late") and query[: -len(".late")] in self._queries:
+            running = self._queries[query[: -len(".late")]]
+            items, running.late_items = running.late_items, []
+            return items
+        return self._query(query).sink.drain()
+
+    # -- observability ------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters for metrics: per stream and per query operator."""
+        return {
+            "streams": {
+                s.name: {"ingested": s.tuples_ingested, "late": s.late_tuples, "low_watermark": s.progress}
+                for s in self._streams.values()
+            },
+            "queries": {
+                q.name: {
+                    "operators": [
+                        {"operator": op.label, "in": op.tuples_in, "out": op.tuples_out} for op in q.operators
+                    ],
+                    "late": q.late_dropped,
+                    "results": q.sink.results,
+                    "open_windows": sum(op.open_windows() for op in q.operators),
+                    "state_bytes": self.state_bytes(q.name),
+                }
+                for q in self._queries.values()
+            },
+        }
+
+    def state_bytes(self, query: str) -> int:
+        return int(sum(op.state_bytes() for op in self._query(query).operators))
+
+
+__all__ = ["DEFAULT_SOURCE", "Engine", "Limits", "Query", "np"]

@@ -1,0 +1,70 @@
+"""The one exception hierarchy of lowtide, translated to gRPC status codes at the server.
+
+    LowtideError                      every rejection; ``str(e)`` is the one-line reason
+    ├── InvalidArgument               INVALID_ARGUMENT
+    │   ├── SchemaMismatch            a batch that does not fit its stream's schema
+    │   ├── QuerySyntaxError          a query that does not parse (carries line and column)
+    │   ├── UnsupportedQuery          a query that parses but cannot be planned
+    │   ├── RegressingPunctuation     a source's punctuation went backwards
+    │   └── LateTuple                 late tuples under the ``error`` late policy
+    ├── NotFound                      NOT_FOUND: unknown stream, query or source
+    ├── AlreadyExists                 ALREADY_EXISTS: a duplicate stream or query name
+    └── ResourceExhausted             RESOURCE_EXHAUSTED: a configured limit was passed
+
+A call that raises leaves the engine as it was before the call.
+"""
+
+from __future__ import annotations
+
+
+class LowtideError(Exception):
+    """Base of every lowtide rejection."""
+
+    status: str = "UNKNOWN"
+
+    def __init__(self, reason: str) -> None:
+        # A reason is one line: the server sends it as the gRPC status detail.
+        super().__init__(" ".join(reason.split()))
+
+    @property
+    def reason(self) -> str:
+        return str(self)
+
+
+class InvalidArgument(LowtideError):
+    status = "INVALID_ARGUMENT"
+
+
+class SchemaMismatch(InvalidArgument):
+    pass
+
+
+class QuerySyntaxError(InvalidArgument):
+    def __init__(self, reason: str, line: int, column: int) -> None:
+        super().__init__(f"line {line}, column {column}: {reason}")
+        self.line = line
+        self.column = column
+
+
+class UnsupportedQuery(InvalidArgument):
+    pass
+
+
+class RegressingPunctuation(InvalidArgument):
+    pass
+
+
+class LateTuple(InvalidArgument):
+    pass
+
+
+class NotFound(LowtideError):
+    status = "NOT_FOUND"
+
+
+class AlreadyExists(LowtideError):
+    status = "ALREADY_EXISTS"
+
+
+class ResourceExhausted(LowtideError):
+    status = "RESOURCE_EXHAUSTED"

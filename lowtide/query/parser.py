@@ -1,0 +1,362 @@
+"""Parse lowtide's query language (DESIGN.md §3) into the tree of `lowtide.query.ast`.
+
+`parse_query` accepts one statement (a trailing ``;`` and ``--`` comments are allowed) and
+either returns a `Query` or raises: `QuerySyntaxError` (one line, with line and column, naming
+what was found and what was expected) when the text does not parse, `UnsupportedQuery` when it
+parses into something the language does not have (a FROM of three inputs). No lark exception
+leaves this module. `split_statements` cuts a script such as ``queries/thesis.sql`` into
+statements.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import PatternStr
+from lark.tree import Meta
+
+from lowtide.errors import LowtideError, QuerySyntaxError, UnsupportedQuery
+from lowtide.query.ast import (
+    BinaryOp,
+    Column,
+    Duration,
+    Expr,
+    FromItem,
+    FromStream,
+    FromUnion,
+    FuncCall,
+    Literal,
+    Query,
+    Rank,
+    RowNum,
+    Rows,
+    SelectItem,
+    Star,
+    UnaryOp,
+    WindowSpec,
+)
+
+__all__ = ["parse_query", "split_statements"]
+
+_UNITS = {
+    **dict.fromkeys(("ms", "millisecond", "milliseconds"), "ms"),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), "s"),
+    **dict.fromkeys(("min", "mins", "minute", "minutes"), "min"),
+    **dict.fromkeys(("h", "hour", "hours"), "h"),
+    **dict.fromkeys(("day", "days"), "day"),
+}
+# Reserved words are never identifiers (quote them: "from"); other keywords (RANGE, ROWS, ...) are
+# keywords only where the grammar expects them, so `min`, `range` or `rows` stay usable as names.
+_RESERVED_WORDS = "select distinct from where group by having as and or not union true false null"
+_RESERVED = frozenset(_RESERVED_WORDS.split())
+# How an expected terminal is named in a message, where its own pattern does not say it well.
+_TERMINAL_TEXT = {
+    "NAME": "identifier",
+    "QUOTED_NAME": "identifier",
+    "NUMBER": "number",
+    "STRING": "string",
+    "COMPARE": "comparison operator",
+    "ROW_NUM": "ROW-NUM",
+    "$END": "end of query",
+}
+_MAX_EXPECTED = 8
+# One chunk of a script: a string, a quoted identifier, a comment, a ';', or other text.
+_SCRIPT_CHUNK = re.compile(r"""'[^']*'?|"[^"]*"?|--[^\n]*|;|[^'";-]+|-""")
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of `text`: ``--`` comments dropped, cut at each ``;`` outside quotes, stripped."""
+    statements: list[str] = []
+    current: list[str] = []
+    for chunk in _SCRIPT_CHUNK.findall(text):
+        if chunk == ";":
+            statements.append("".join(current))
+            current = []
+        elif not chunk.startswith("--"):
+            current.append(chunk)
+    statements.append("".join(current))
+    return [s.strip() for s in statements if s.strip()]
+
+
+def parse_query(sql: str) -> Query:
+    """Parse one query; raise `QuerySyntaxError` or `UnsupportedQuery` (see the module docstring)."""
+    if not split_statements(sql):
+        raise QuerySyntaxError("empty query", 1, 1)
+    try:
+        tree = _lark().parse(sql)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, sql) from exc
+    try:
+        query: Query = _Builder(sql).transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, LowtideError):
+            raise exc.orig_exc from None
+        raise
+    return query
+
+
+@cache
+def _lark() -> Lark:
+    grammar = (Path(__file__).parent / "grammar.lark").read_text(encoding="utf-8")
+    return Lark(
+        grammar,
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=True,
+        lexer_callbacks={"NAME": _reserve},
+    )
+
+
+def _reserve(token: Token) -> Token:
+    """Make a reserved word a keyword token (its terminal is named after it) even where unexpected."""
+    if token.lower() in _RESERVED:
+        token.type = token.upper()
+    return token
+
+
+# ---- error messages ----------------------------------------------------------------------------
+
+
+def _syntax_error(exc: UnexpectedInput, sql: str) -> QuerySyntaxError:
+    if isinstance(exc, UnexpectedCharacters):
+        char = sql[exc.pos_in_stream or 0]
+        if char in "'\"":
+            what = "string literal" if char == "'" else "quoted identifier"
+            return QuerySyntaxError(f"unterminated {what}", exc.line, exc.column)
+        found = f"character {_quote(char)}"
+    elif isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
+        found = _quote(str(exc.token))
+    else:
+        line, column = _end_position(exc, sql)
+        return QuerySyntaxError(f"unexpected end of query; expected {_expected(exc)}", line, column)
+    return QuerySyntaxError(f"unexpected {found}; expected {_expected(exc)}", exc.line, exc.column)
+
+
+def _accepted(exc: UnexpectedInput) -> set[str]:
+    """The terminals the parser could have taken where it failed."""
+    interactive = getattr(exc, "interactive_parser", None)
+    if interactive is not None:  # exact: LALR's own expected sets merge lookaheads of many states
+        return set(interactive.accepts())
+    return set(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
+
+
+def _expected(exc: UnexpectedInput) -> str:
+    """What the parser could have taken, as a short sorted list of what a user would type."""
+    texts = sorted({_terminal_text(name) for name in _accepted(exc)} - {""}, key=_expected_rank)
+    if not texts:
+        return "nothing more"
+    if len(texts) > _MAX_EXPECTED:
+        return ", ".join(texts[:_MAX_EXPECTED]) + ", ..."
+    return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " or " + texts[-1]
+
+
+def _expected_rank(text: str) -> tuple[int, str]:
+    # Keywords first, then the punctuation that closes things, then values, then operators.
+    if text.isupper():
+        return 0, text
+    if text in ("','", "')'", "'['", "']'", "';'", "end of query"):
+        return 1, text
+    return (2 if text[0].isalpha() else 3), text
+
+
+def _terminal_text(name: str) -> str:
+    if name in _TERMINAL_TEXT:
+        return _TERMINAL_TEXT[name]
+    terminal = next((t for t in _lark().terminals if t.name == name), None)
+    if terminal is None or name in _lark().ignore_tokens:
+        return ""
+    value = terminal.pattern.value
+    if isinstance(terminal.pattern, PatternStr) and value.isalpha():
+        return value.upper()
+    return _quote(value) if isinstance(terminal.pattern, PatternStr) else name
+
+
+def _quote(text: str) -> str:
+    return f"'{text}'" if "'" not in text else f'"{text}"'
+
+
+def _end_position(exc: UnexpectedInput, sql: str) -> tuple[int, int]:
+    last = getattr(exc, "token", None)  # lark's end-of-input token borrows the last token's place
+    if isinstance(last, Token) and last.end_line is not None and last.end_column is not None:
+        return last.end_line, last.end_column
+    end = len(sql.rstrip())
+    return sql.count("\n", 0, end) + 1, end - sql.rfind("\n", 0, end)
+
+
+# ---- tree to AST -------------------------------------------------------------------------------
+
+
+class _Param(NamedTuple):
+    """One window parameter: its keyword token and the `WindowSpec` fields it sets."""
+
+    keyword: Token
+    fields: dict[str, Any]
+
+
+def _error_at(token: Token, reason: str) -> QuerySyntaxError:
+    return QuerySyntaxError(reason, token.line or 1, token.column or 1)
+
+
+def _flatten(children: list[Any]) -> list[Any]:
+    flat: list[Any] = []
+    for child in children:
+        if isinstance(child, list):
+            flat.extend(child)
+        elif isinstance(child, Token):  # the PA keyword: its columns follow it
+            flat.append(_Param(child, {}))
+        elif child is not None:
+            flat.append(child)
+    return flat
+
+
+class _Builder(Transformer[Token, Query]):
+    """Builds the AST bottom-up; rule names are those of grammar.lark."""
+
+    def __init__(self, sql: str) -> None:
+        super().__init__()
+        self._sql = sql
+
+    def _text(self, meta: Meta, end: int | None = None) -> str:
+        return self._sql[meta.start_pos : meta.end_pos if end is None else end].strip()
+
+    @v_args(meta=True)
+    def query(self, meta: Meta, c: list[Any]) -> Query:
+        distinct, items, window, from_, where, group_by, having = c
+        if len(from_) > 2:
+            raise UnsupportedQuery(f"FROM takes one input, or two for a join; got {len(from_)}")
+        return Query(
+            select=tuple(items),
+            distinct=distinct is not None,
+            window=window,
+            from_=tuple(from_),
+            where=where,
+            group_by=tuple(group_by or ()),
+            having=having,
+            text=self._text(meta),
+        )
+
+    @v_args(meta=True)
+    def item(self, meta: Meta, c: list[Any]) -> SelectItem:
+        expr, as_token, alias = c
+        text = self._text(meta, None if as_token is None else as_token.start_pos)
+        return SelectItem(expr, alias, text)
+
+    def items(self, c: list[Any]) -> list[Any]:
+        return c
+
+    group_by = from_list = args = items
+
+    def paren(self, c: list[Any]) -> Expr:
+        expr: Expr = c[0]
+        return expr
+
+    # ---- FROM ----
+
+    def from_window_alias(self, c: list[Any]) -> FromItem:
+        primary: FromItem = c[0]
+        return replace(primary, window=c[1], alias=c[2])
+
+    def from_alias_window(self, c: list[Any]) -> FromItem:
+        primary: FromItem = c[0]
+        return replace(primary, alias=c[1], window=c[2])
+
+    def union(self, c: list[Any]) -> FromUnion:
+        return FromUnion(tuple(c))
+
+    def stream(self, c: list[Any]) -> FromStream:
+        return FromStream(c[0])
+
+    # ---- window ----
+
+    @v_args(meta=True)
+    def window(self, meta: Meta, c: list[Any]) -> WindowSpec:
+        fields: dict[str, Any] = {}
+        seen: dict[str, Token] = {}
+        pa: list[Column] = []
+        for entry in c[0]:
+            if isinstance(entry, Column):  # an attribute of the PA list before it
+                pa.append(entry)
+                continue
+            keyword = entry.keyword.upper()
+            key = "WA" if keyword == "WATTR" else keyword
+            if key in seen:
+                also = "" if seen[key].upper() == keyword else f" (as {seen[key].upper()}, its synonym)"
+                raise _error_at(entry.keyword, f"window parameter {keyword} given twice{also}")
+            seen[key] = entry.keyword
+            fields.update(entry.fields)
+        return WindowSpec(**fields, pa=tuple(pa), text=self._text(meta))
+
+    def wparams(self, c: list[Any]) -> list[Any]:
+        return _flatten(c)
+
+    pa_rest = wparams
+
+    def range_param(self, c: list[Any]) -> _Param:
+        if len(c) == 3:
+            return _Param(c[0], {"range": c[2], "tumbling": True})
+        if isinstance(c[1], Token):
+            return _Param(c[0], {"range_all": True})
+        return _Param(c[0], {"range": c[1]})
+
+    def slide_param(self, c: list[Any]) -> _Param:
+        return _Param(c[0], {"slide": c[1]})
+
+    def wa_param(self, c: list[Any]) -> _Param:
+        return _Param(c[0], {"wa": RowNum() if isinstance(c[1], Token) else c[1]})
+
+    def rattr_param(self, c: list[Any]) -> _Param:
+        return _Param(c[0], {"rattr": c[1]})
+
+    def sattr_param(self, c: list[Any]) -> _Param:
+        return _Param(c[0], {"sattr": RowNum() if len(c) == 2 else Rank(c[2])})
+
+    def duration(self, c: list[Any]) -> Duration:
+        amount, unit = c
+        if unit is None:
+            return Duration(float(amount), None)
+        if unit.lower() not in _UNITS:
+            raise _error_at(unit, f"unknown duration unit {_quote(unit)}; expected ms, s, min, h or day")
+        return Duration(float(amount), _UNITS[unit.lower()])
+
+    def rows(self, c: list[Any]) -> Rows:
+        if not c[0].isdigit():
+            raise _error_at(c[0], f"a row count is a whole number; got {c[0]}")
+        return Rows(int(c[0]))
+
+    # ---- expressions ----
+
+    def binop(self, c: list[Any]) -> BinaryOp:
+        left, op, right = c
+        return BinaryOp("!=" if op == "<>" else op.upper(), left, right)
+
+    def unop(self, c: list[Any]) -> UnaryOp:
+        return UnaryOp(c[0].upper(), c[1])
+
+    def func_call(self, c: list[Any]) -> FuncCall:
+        return FuncCall(c[0].lower(), tuple(c[1] or ()))
+
+    def star_call(self, c: list[Any]) -> FuncCall:
+        if c[0].lower() != "count":
+            raise _error_at(c[1], f"'*' is an argument of count only, not of {c[0]}")
+        return FuncCall("count", (Star(),))
+
+    def literal(self, c: list[Any]) -> Literal:
+        token: Token = c[0]
+        if token.type == "NUMBER":
+            return Literal(int(token) if token.isdigit() else float(token))
+        if token.type == "STRING":
+            return Literal(token[1:-1].replace("''", "'"))
+        return Literal({"TRUE": True, "FALSE": False, "NULL": None}[token.type])
+
+    def column(self, c: list[Any]) -> Column:
+        return Column(c[0]) if len(c) == 1 else Column(c[1], c[0])
+
+    def ident(self, c: list[Any]) -> str:
+        token: Token = c[0]
+        return token[1:-1].replace('""', '"') if token.type == "QUOTED_NAME" else str(token)

@@ -1,0 +1,464 @@
+"""The planner: a parsed query becomes a graph of order-insensitive operators.
+
+Input -> [Meld] -> [Select] -> ( [OA-Join -> Select] ) -> [Bucket -> WID Aggregate | Slide-by-tuple
+Aggregate | DupElim | Project]. Single-side predicates of a join are pushed below it, equalities
+across sides become join keys, the rest filter its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lowtide.batch import Batch
+from lowtide.errors import NotFound, UnsupportedQuery
+from lowtide.operators.aggregates import AggFunc, AggregateCall
+from lowtide.operators.base import Operator
+from lowtide.operators.bucket import Bucket
+from lowtide.operators.dupelim import DupElim
+from lowtide.operators.input import Input
+from lowtide.operators.meld import Meld
+from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
+from lowtide.operators.project import Project
+from lowtide.operators.select import Select
+from lowtide.operators.wid_aggregate import WIDAggregate
+from lowtide.operators.windows import Landmark, Sliding
+from lowtide.punctuation.policies import LatePolicy
+from lowtide.query.ast import BinaryOp, Column, Expr, FromItem, FromStream, FromUnion, FuncCall, Literal, Query, Star
+from lowtide.query.expr import compile_expr
+from lowtide.query.scope import Field, Scope
+from lowtide.query.windowing import SlideByTuple, to_units, window_attribute, window_of
+from lowtide.schema import INT64, ColumnType, Schema
+from lowtide.strings import StringPool
+
+AGGREGATES = {f.value for f in AggFunc if f is not AggFunc.COUNT_STAR}
+
+
+@dataclass
+class Stage:
+    """The output of a part of the graph: its last operator, visible columns and progress."""
+
+    op: Operator
+    scope: Scope
+    attributes: tuple[str, ...]  # physical progressing attribute(s)
+    window: Any = None  # the window spec written after this FROM item
+
+
+@dataclass
+class Plan:
+    output: Operator
+    inputs: list[tuple[str, Input]]
+    schema: tuple[tuple[str, ColumnType], ...]
+    progressing: tuple[str, ...]
+    operators: list[Operator] = field(default_factory=list)
+    slides: dict[str, int] = field(default_factory=dict)  # stream -> SLIDE of a time window on it
+
+    def explain(self) -> str:
+        lines = [f"{i}. {op.describe()}" for i, op in enumerate(self.operators)]
+        return "\n".join(lines)
+
+
+@dataclass
+class Context:
+    catalog: Callable[[str], Schema]
+    pool: StringPool
+    policy: LatePolicy
+    allowed_lateness: str | int | None
+    on_drop: Callable[[Batch, tuple[tuple[str, ColumnType], ...]], None]
+    plan_ops: list[Operator] = field(default_factory=list)
+    inputs: list[tuple[str, Input]] = field(default_factory=list)
+
+    def add(self, op: Operator, upstream: Operator | None = None, port: int = 0) -> Operator:
+        if upstream is not None:
+            upstream.connect(op, port)
+        self.plan_ops.append(op)
+        return op
+
+
+def plan_query(query: Query, ctx: Context) -> Plan:
+    if not 1 <= len(query.from_) <= 2:
+        raise UnsupportedQuery("FROM takes one stream (or union) or two for a join")
+    if len(query.from_) == 2:
+        stage = _join(query, ctx)
+    else:
+        stage = _from_item(query.from_[0], ctx)
+        if query.where is not None:
+            stage = _select(stage, query.where, ctx)
+    slides: dict[str, int] = {}
+    if _is_aggregate(query):
+        return _aggregate(query, stage, ctx, slides)
+    if query.window is not None:
+        raise UnsupportedQuery("a window after the select list needs an aggregate")
+    return _projection(query, stage, ctx)
+
+
+# -- FROM -------------------------------------------------------------------------------------
+def _from_item(item: FromItem, ctx: Context) -> Stage:
+    if isinstance(item, FromStream):
+        try:
+            schema = ctx.catalog(item.name)
+        except KeyError:
+            raise NotFound(f"unknown stream {item.name!r}") from None
+        stream_fields = schema.columns
+        op = Input(item.name, ctx.policy, lambda batch: ctx.on_drop(batch, stream_fields))
+        ctx.inputs.append((item.name, op))
+        ctx.add(op)
+        qualifiers = frozenset({item.name} | ({item.alias} if item.alias else set()))
+        scope = Scope(tuple(Field(name, name, kind, qualifiers) for name, kind in schema.columns))
+        return Stage(op, scope, (schema.progressing,), item.window)
+    stages = [_from_item(part, ctx) for part in item.inputs]
+    first = stages[0]
+    layout = [(f.physical, f.type) for f in first.scope.fields]
+    for other in stages[1:]:
+        if [(f.physical, f.type) for f in other.scope.fields] != layout or other.attributes != first.attributes:
+            raise UnsupportedQuery("UNION needs inputs with the same columns, types and progressing attribute")
+    meld = ctx.add(Meld(len(stages)))
+    for port, stage in enumerate(stages):
+        stage.op.connect(meld, port)
+    qualifiers = frozenset({item.alias}) if item.alias else frozenset()
+    scope = Scope(tuple(Field(f.physical, f.physical, f.type, qualifiers) for f in first.scope.fields))
+    return Stage(meld, scope, first.attributes, item.window)
+
+
+def _select(stage: Stage, predicate: Expr, ctx: Context) -> Stage:
+    compiled = compile_expr(predicate, stage.scope, ctx.pool)
+    op = ctx.add(Select(compiled.fn, _text(predicate)), stage.op)
+    return Stage(op, stage.scope, stage.attributes, stage.window)
+
+
+def _conjuncts(expr: Expr | None) -> list[Expr]:
+    if expr is None:
+        return []
+    if isinstance(expr, BinaryOp) and expr.op == "AND":
+        return _conjuncts(expr.left) + _conjuncts(expr.right)
+    return [expr]
+
+
+def _columns_of(expr: Expr) -> list[Column]:
+    if isinstance(expr, Column):
+        return [expr]
+    if isinstance(expr, BinaryOp):
+        return _columns_of(expr.left) + _columns_of(expr.right)
+    if isinstance(expr, FuncCall):
+        return [c for arg in expr.args for c in _columns_of(arg)]
+    operand = getattr(expr, "operand", None)
+    return _columns_of(operand) if operand is not None else []
+
+
+def _side_of(column: Column, left: Scope, right: Scope) -> int:
+    sides = []
+    for i, scope in enumerate((left, right)):
+        try:
+            scope.resolve(column.name, column.qualifier)
+            sides.append(i)
+        except UnsupportedQuery:
+            pass
+    if len(sides) != 1:
+        what = "ambiguous" if sides else "unknown"
+        raise UnsupportedQuery(f"column {_text(column)!r} is {what} in this join")
+    return sides[0]
+
+
+# -- joins ------------------------------------------------------------------------------------
+def _join(query: Query, ctx: Context) -> Stage:
+    items = query.from_
+    sides = [_from_item(item, ctx) for item in items]
+    prefixes = [_prefix(item) for item in items]
+    if prefixes[0] == prefixes[1]:
+        raise UnsupportedQuery("the two sides of a join need different names; add an alias")
+    left_keys: list[str] = []
+    right_keys: list[str] = []
+    residual: list[Expr] = []
+    pushed: list[list[Expr]] = [[], []]
+    for conjunct in _conjuncts(query.where):
+        used = {_side_of(c, sides[0].scope, sides[1].scope) for c in _columns_of(conjunct)}
+        pair = _equi_pair(conjunct, sides)
+        if pair is not None:
+            left_keys.append(pair[0])
+            right_keys.append(pair[1])
+        elif len(used) == 1:
+            pushed[used.pop()].append(conjunct)
+        else:
+            residual.append(conjunct)
+    for i, predicates in enumerate(pushed):
+        for predicate in predicates:
+            sides[i] = _select(sides[i], predicate, ctx)
+    window = _join_window(sides, items)
+    join_sides = [
+        JoinSide(prefix, tuple(f.physical for f in s.scope.fields), s.attributes[0], tuple(keys))
+        for prefix, s, keys in zip(prefixes, sides, (left_keys, right_keys), strict=True)
+    ]
+    op = ctx.add(OAJoin(join_sides[0], join_sides[1], window))
+    sides[0].op.connect(op, 0)
+    sides[1].op.connect(op, 1)
+    fields = tuple(
+        Field(f.name, f"{prefix}.{f.physical}", f.type, frozenset({prefix}))
+        for prefix, s in zip(prefixes, sides, strict=True)
+        for f in s.scope.fields
+    )
+    stage = Stage(op, Scope(fields), tuple(f"{p}.{s.attributes[0]}" for p, s in zip(prefixes, sides, strict=True)))
+    for predicate in residual:
+        stage = _select(stage, predicate, ctx)
+    return stage
+
+
+def _prefix(item: FromItem) -> str:
+    if item.alias:
+        return item.alias
+    if isinstance(item, FromStream):
+        return item.name
+    raise UnsupportedQuery("a UNION on one side of a join needs an alias: (A UNION B) AS name")
+
+
+def _equi_pair(conjunct: Expr, sides: list[Stage]) -> tuple[str, str] | None:
+    if not (isinstance(conjunct, BinaryOp) and conjunct.op == "="):
+        return None
+    a, b = conjunct.left, conjunct.right
+    if not (isinstance(a, Column) and isinstance(b, Column)):
+        return None
+    sa, sb = (_side_of(c, sides[0].scope, sides[1].scope) for c in (a, b))
+    if sa == sb:
+        return None
+    fa = sides[sa].scope.resolve(a.name, a.qualifier)
+    fb = sides[sb].scope.resolve(b.name, b.qualifier)
+    if fa.type.is_string != fb.type.is_string or fa.type.name == "float64" or fb.type.name == "float64":
+        raise UnsupportedQuery(f"cannot join {_text(a)} ({fa.type.name}) with {_text(b)} ({fb.type.name}) on equality")
+    return (fa.physical, fb.physical) if sa == 0 else (fb.physical, fa.physical)
+
+
+def _join_window(sides: list[Stage], items: tuple[FromItem, ...]) -> Band | Tumbling:
+    specs = [item.window for item in items]
+    kinds = [s.scope.resolve(s.attributes[0]).type for s in sides]
+    tumbling = [spec for spec in specs if spec is not None and spec.tumbling]
+    if tumbling:
+        sizes = {to_units(spec.range, kinds[0], "RANGE TUMBLING") for spec in tumbling}
+        if len(sizes) != 1 or any(spec is not None and not spec.tumbling for spec in specs):
+            raise UnsupportedQuery("both sides of a tumbling join share one RANGE TUMBLING")
+        return Tumbling(sizes.pop())
+    if any(spec is None or spec.range is None for spec in specs):
+        raise UnsupportedQuery(
+            "a join needs a window: [RANGE TUMBLING d, WA ts] after the last stream, or [RANGE r, WA ts] on each"
+        )
+    r0, r1 = (to_units(spec.range, kind, "RANGE") for spec, kind in zip(specs, kinds, strict=True))  # type: ignore[union-attr]
+    return Band(r0, r1)
+
+
+# -- aggregation ------------------------------------------------------------------------------
+def _is_aggregate(query: Query) -> bool:
+    return bool(query.group_by) or query.window is not None or any(_has_aggregate(i.expr) for i in query.select)
+
+
+def _has_aggregate(expr: Expr) -> bool:
+    if isinstance(expr, FuncCall):
+        return expr.name in AGGREGATES or any(_has_aggregate(a) for a in expr.args)
+    if isinstance(expr, BinaryOp):
+        return _has_aggregate(expr.left) or _has_aggregate(expr.right)
+    operand = getattr(expr, "operand", None)
+    return operand is not None and _has_aggregate(operand)
+
+
+def _call_of(expr: FuncCall, output: str, scope: Scope) -> AggregateCall:
+    name = expr.name
+    if name not in AGGREGATES:
+        raise UnsupportedQuery(f"unknown aggregate {name}(); expected one of {', '.join(sorted(AGGREGATES))}")
+    if name == "count" and len(expr.args) == 1 and isinstance(expr.args[0], Star):
+        return AggregateCall(AggFunc.COUNT_STAR, None, None, None, output)
+    params = {"quantile": 2, "heavy_hitters": 2}
+    want = params.get(name, 1)
+    if len(expr.args) != want or not isinstance(expr.args[0], Column):
+        shape = "(column, number)" if want == 2 else "(column)"
+        raise UnsupportedQuery(f"{name} takes {shape}")
+    column = expr.args[0]
+    f = scope.resolve(column.name, column.qualifier)
+    param = None
+    if want == 2:
+        arg = expr.args[1]
+        if not isinstance(arg, Literal) or not isinstance(arg.value, int | float) or not 0 <= arg.value <= 1:
+            raise UnsupportedQuery(f"the second argument of {name} must be a number between 0 and 1")
+        param = float(arg.value)
+    func = AggFunc(name)
+    needs_number = func not in (AggFunc.COUNT, AggFunc.COUNT_DISTINCT, AggFunc.HEAVY_HITTERS)
+    if needs_number and not (f.type.is_numeric or f.type.name == "bool"):
+        raise UnsupportedQuery(f"{name}({_text(column)}) needs a numeric column, {_text(column)} is {f.type.name}")
+    return AggregateCall(func, f.physical, f.type, param, output)
+
+
+def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int]) -> Plan:
+    spec = query.window
+    if spec is None:
+        raise UnsupportedQuery("an aggregate needs a window after the select list, e.g. [RANGE 1 minute, WA ts]")
+    scope = stage.scope
+    attr_ref = window_attribute(spec)
+    if attr_ref is None:
+        raise UnsupportedQuery("the window needs WA (or RATTR): the attribute it is defined on")
+    partition = tuple(scope.resolve(c.name, c.qualifier).physical for c in spec.pa)
+    attribute, kind = "row-num", INT64
+    if isinstance(attr_ref, Column):
+        f = scope.resolve(attr_ref.name, attr_ref.qualifier)
+        if f.physical not in stage.attributes:
+            raise UnsupportedQuery(
+                f"the window is on {_text(attr_ref)}, which is not a progressing attribute here "
+                f"({', '.join(stage.attributes)})"
+            )
+        attribute, kind = f.physical, f.type
+    window = window_of(spec, attribute, kind, partition)
+    group_physicals: list[str] = []
+    for g in query.group_by:
+        if not isinstance(g, Column):
+            raise UnsupportedQuery(f"GROUP BY takes columns, not {_text(g)}")
+        group_physicals.append(scope.resolve(g.name, g.qualifier).physical)
+    if not (hasattr(window, "partition") and window.partition):
+        group_physicals += [p for p in partition if p not in group_physicals]
+    calls: list[AggregateCall] = []
+    out_names: list[str] = []
+    renames: dict[str, str] = {}
+    names: dict[Expr, str] = {}
+    for item in query.select:
+        out = item.alias or item.text
+        if out in out_names or out in ("window_start", "window_end", "revision"):
+            raise UnsupportedQuery(f"result column {out!r} appears twice; give it an alias")
+        if isinstance(item.expr, FuncCall):
+            calls.append(_call_of(item.expr, out, scope))
+            names[item.expr] = out
+        elif isinstance(item.expr, Column):
+            physical = scope.resolve(item.expr.name, item.expr.qualifier).physical
+            if physical not in group_physicals and physical not in partition:
+                raise UnsupportedQuery(f"{item.text} must be in GROUP BY (or PA) or inside an aggregate")
+            renames[physical] = out
+        else:
+            raise UnsupportedQuery(f"select item {item.text} must be a group column or an aggregate")
+        out_names.append(out)
+    group_types = tuple(scope.resolve(p).type for p in group_physicals)
+    having = None
+    if query.having is not None:
+        for i, expr in enumerate(_aggregate_calls(query.having)):
+            if expr not in names:
+                hidden = f"__having_{i}"
+                calls.append(_call_of(expr, hidden, scope))
+                names[expr] = hidden
+        result_fields = [Field("window_start", "window_start", INT64), Field("window_end", "window_end", INT64)]
+        result_fields += [Field(p, p, t) for p, t in zip(group_physicals, group_types, strict=True)]
+        result_fields += [Field(c.output, c.output, c.result_type()) for c in calls]
+        having = compile_expr(query.having, Scope(tuple(result_fields)), ctx.pool, names).fn
+    internal = ("window_start", "window_end", *[_internal(n, renames) for n in out_names], "revision")
+    decode = ctx.pool.decode
+    lateness = 0
+    if ctx.policy is LatePolicy.UPDATE and ctx.allowed_lateness:
+        lateness = to_units(_lateness(ctx.allowed_lateness), kind, "allowed lateness")
+        if isinstance(window, Landmark | SlideByTuple) or attribute == "row-num":
+            raise UnsupportedQuery("late='update' works with time-based sliding and tumbling windows only")
+    agg: Operator
+    if isinstance(window, SlideByTuple):
+        from lowtide.operators.slide_by_tuple import SlideByTupleAggregate  # TEMP until merged
+
+        agg = SlideByTupleAggregate(
+            window.range, attribute, window.slide_rows, window.by_rank, tuple(group_physicals), group_types,
+            tuple(calls), internal, having, decode,
+        )
+        ctx.add(agg, stage.op)
+    else:
+        late_fields = tuple((f.physical, f.type) for f in scope.fields)
+        bucket = ctx.add(Bucket(window, lateness), stage.op)
+        agg = WIDAggregate(
+            window, tuple(group_physicals), group_types, tuple(calls), internal, having,
+            allowed_lateness=lateness > 0, late_sink=lambda b: ctx.on_drop(b, late_fields), decode=decode,
+        )
+        ctx.add(agg, bucket)
+        if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
+            for stream, _ in ctx.inputs:
+                slides[stream] = min(slides.get(stream, window.slide), window.slide)
+    types = {c.output: c.result_type() for c in calls}
+    types.update({renames.get(p, p): t for p, t in zip(group_physicals, group_types, strict=True)})
+    schema = (("window_start", INT64), ("window_end", INT64), *[(n, types[n]) for n in out_names], ("revision", INT64))
+    last: Operator = agg
+    if any(renames.get(p, p) != p for p in renames):
+        outputs = {name: _getter(internal_name) for name, internal_name in zip(("window_start", "window_end", *out_names, "revision"), internal, strict=True)}
+        last = ctx.add(Project(outputs, {}), agg)
+    return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides)
+
+
+def _internal(name: str, renames: dict[str, str]) -> str:
+    for physical, out in renames.items():
+        if out == name:
+            return physical
+    return name
+
+
+def _getter(name: str) -> Callable[[Any], Any]:
+    return lambda cols: cols[name]
+
+
+def _lateness(value: str | int) -> Any:
+    from lowtide.query.ast import Duration
+
+    if isinstance(value, int):
+        return Duration(value, None)
+    from lowtide.punctuation.generators import parse_duration_ms
+
+    return Duration(parse_duration_ms(value), "ms")
+
+
+def _aggregate_calls(expr: Expr) -> list[FuncCall]:
+    if isinstance(expr, FuncCall) and expr.name in AGGREGATES:
+        return [expr]
+    if isinstance(expr, BinaryOp):
+        return _aggregate_calls(expr.left) + _aggregate_calls(expr.right)
+    operand = getattr(expr, "operand", None)
+    return _aggregate_calls(operand) if operand is not None else []
+
+
+# -- projection ---------------------------------------------------------------------------------
+def _projection(query: Query, stage: Stage, ctx: Context) -> Plan:
+    outputs: dict[str, Callable[[Any], Any]] = {}
+    types: list[tuple[str, ColumnType]] = []
+    renames: dict[str, str] = {}
+    for item in query.select:
+        if isinstance(item.expr, Star):
+            for f in stage.scope.fields:
+                outputs[f.physical] = _getter(f.physical)
+                types.append((f.physical, f.type))
+            continue
+        out = item.alias or item.text
+        if out in outputs:
+            raise UnsupportedQuery(f"result column {out!r} appears twice; give it an alias")
+        compiled = compile_expr(item.expr, stage.scope, ctx.pool)
+        outputs[out] = compiled.fn
+        types.append((out, compiled.type or _literal_type(item.expr)))
+        if isinstance(item.expr, Column):
+            renames[stage.scope.resolve(item.expr.name, item.expr.qualifier).physical] = out
+    progressing = tuple(renames[a] for a in stage.attributes if a in renames)
+    last = stage.op
+    if query.distinct:
+        if not progressing:
+            raise UnsupportedQuery("SELECT DISTINCT needs the progressing attribute among its columns")
+        last = ctx.add(Project(outputs, renames), last)
+        last = ctx.add(DupElim(tuple(outputs), progressing[0]), last)
+    else:
+        last = ctx.add(Project(outputs, renames), last)
+    return Plan(last, ctx.inputs, tuple(types), progressing, ctx.plan_ops)
+
+
+def _literal_type(expr: Expr) -> ColumnType:
+    value = expr.value if isinstance(expr, Literal) else None
+    if isinstance(value, bool):
+        return ColumnType("bool")
+    if isinstance(value, int):
+        return INT64
+    if isinstance(value, str):
+        return ColumnType("string")
+    return ColumnType("float64")
+
+
+def _text(expr: Expr) -> str:
+    if isinstance(expr, Column):
+        return expr.text
+    if isinstance(expr, Literal):
+        return repr(expr.value)
+    if isinstance(expr, BinaryOp):
+        return f"{_text(expr.left)} {expr.op} {_text(expr.right)}"
+    if isinstance(expr, FuncCall):
+        return f"{expr.name}({', '.join(_text(a) for a in expr.args)})"
+    if isinstance(expr, Star):
+        return "*"
+    return f"{getattr(expr, 'op', '')} {_text(getattr(expr, 'operand'))}"  # noqa: B009

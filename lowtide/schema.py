@@ -1,0 +1,232 @@
+"""Stream schemas and the door: user batches in, typed numpy columns out.
+
+Inside the engine every column is a numpy array: int64/int32/float64/bool keep their dtype,
+``string`` becomes int64 codes of the engine's :class:`~lowtide.strings.StringPool`, and
+``timestamp[unit]`` becomes int64 counts of that unit. A batch that does not fit its schema is
+rejected whole with a one-line reason, before anything is changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lowtide.batch import Batch
+from lowtide.errors import InvalidArgument, SchemaMismatch
+from lowtide.strings import StringPool
+
+_TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns)\]$")
+_BASE_TYPES = {"int64", "int32", "float64", "bool", "string"}
+_UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+
+
+@dataclass(frozen=True)
+class ColumnType:
+    """One of ``int64, int32, float64, bool, string, timestamp[s|ms|us|ns]``."""
+
+    name: str
+
+    @staticmethod
+    def parse(name: str) -> ColumnType:
+        name = name.strip().lower()
+        if name in _BASE_TYPES or _TIMESTAMP.match(name):
+            return ColumnType(name)
+        raise InvalidArgument(
+            f"unknown column type {name!r}; expected one of int64, int32, float64, bool, string, "
+            "timestamp[s|ms|us|ns]"
+        )
+
+    @property
+    def is_string(self) -> bool:
+        return self.name == "string"
+
+    @property
+    def is_timestamp(self) -> bool:
+        return self.name.startswith("timestamp")
+
+    @property
+    def is_integer(self) -> bool:
+        return self.name in ("int64", "int32") or self.is_timestamp
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.is_integer or self.name == "float64"
+
+    @property
+    def unit(self) -> str | None:
+        match = _TIMESTAMP.match(self.name)
+        return match.group(1) if match else None
+
+    @property
+    def unit_ms(self) -> float:
+        """Milliseconds per unit of this column (integers count as milliseconds)."""
+        unit = self.unit
+        return _UNIT_MS[unit] if unit else 1.0
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of this column inside the engine."""
+        if self.name in ("int32", "float64", "bool"):
+            return np.dtype(self.name)
+        return np.dtype(np.int64)
+
+    @property
+    def is_list(self) -> bool:
+        """Result-only type ``list<element>`` (heavy hitters); never a stream column."""
+        return self.name.startswith("list<")
+
+    @property
+    def element(self) -> ColumnType:
+        return ColumnType(self.name[5:-1])
+
+    @property
+    def arrow(self) -> pa.DataType:
+        """The Arrow type this column has in results."""
+        if self.is_list:
+            return pa.list_(self.element.arrow)
+        unit = self.unit
+        if unit:
+            return pa.timestamp(unit)
+        return {
+            "int64": pa.int64(),
+            "int32": pa.int32(),
+            "float64": pa.float64(),
+            "bool": pa.bool_(),
+            "string": pa.string(),
+        }[self.name]
+
+
+INT64 = ColumnType("int64")
+FLOAT64 = ColumnType("float64")
+STRING = ColumnType("string")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Ordered column types and the progressing attribute of a stream."""
+
+    columns: tuple[tuple[str, ColumnType], ...]
+    progressing: str
+
+    @staticmethod
+    def of(columns: Mapping[str, str | ColumnType], progressing: str) -> Schema:
+        if not columns:
+            raise InvalidArgument("a schema needs at least one column")
+        typed = tuple(
+            (name, kind if isinstance(kind, ColumnType) else ColumnType.parse(kind))
+            for name, kind in columns.items()
+        )
+        schema = Schema(typed, progressing)
+        if progressing not in schema.names:
+            raise InvalidArgument(f"progressing attribute {progressing!r} is not a column of the schema")
+        if not schema.type_of(progressing).is_integer:
+            raise InvalidArgument(
+                f"progressing attribute {progressing!r} must be an integer or timestamp column, "
+                f"not {schema.type_of(progressing).name}"
+            )
+        return schema
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.columns)
+
+    def type_of(self, name: str) -> ColumnType:
+        for column, kind in self.columns:
+            if column == name:
+                return kind
+        raise KeyError(name)
+
+    def as_dict(self) -> dict[str, str]:
+        return {name: kind.name for name, kind in self.columns}
+
+
+def to_arrow_table(data: Any) -> pa.Table:
+    """Accept a dict of columns, a pandas DataFrame, or a pyarrow Table/RecordBatch."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if hasattr(data, "to_dict") and hasattr(data, "columns") and hasattr(data, "dtypes"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, Mapping):
+        arrays = {}
+        for name, values in data.items():
+            try:
+                arrays[str(name)] = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+                raise SchemaMismatch(f"column {name!r}: {exc}") from exc
+        try:
+            return pa.table(arrays)
+        except pa.ArrowInvalid as exc:
+            raise SchemaMismatch(str(exc).splitlines()[0]) from exc
+    raise SchemaMismatch(
+        f"cannot read a batch from {type(data).__name__}; send a dict of columns, numpy arrays, "
+        "a pandas DataFrame or a pyarrow Table"
+    )
+
+
+def _integers(name: str, values: pa.ChunkedArray, kind: ColumnType) -> npt.NDArray[Any]:
+    vtype = values.type
+    if pa.types.is_timestamp(vtype):
+        if not kind.is_timestamp:
+            raise SchemaMismatch(f"column {name!r} is {kind.name}, got a timestamp")
+        values = values.cast(pa.timestamp(kind.unit or "ms")).cast(pa.int64())
+    elif pa.types.is_floating(vtype):
+        as_float = values.to_numpy()
+        if not np.all(np.isfinite(as_float)) or np.any(as_float != np.floor(as_float)):
+            raise SchemaMismatch(f"column {name!r} is {kind.name}, got non-integral numbers")
+        return as_float.astype(kind.dtype)
+    elif not pa.types.is_integer(vtype):
+        raise SchemaMismatch(f"column {name!r} is {kind.name}, got {vtype}")
+    out = values.to_numpy()
+    if kind.name == "int32" and len(out) and (out.min() < -(2**31) or out.max() >= 2**31):
+        raise SchemaMismatch(f"column {name!r} is int32, got values out of its range")
+    return out.astype(kind.dtype, copy=False)
+
+
+def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPool) -> npt.NDArray[Any]:
+    vtype = values.type
+    if kind.is_string:
+        if pa.types.is_dictionary(vtype):
+            vtype = vtype.value_type
+        if not (pa.types.is_string(vtype) or pa.types.is_large_string(vtype) or pa.types.is_null(vtype)):
+            raise SchemaMismatch(f"column {name!r} is string, got {vtype}")
+        if pa.types.is_null(vtype):
+            values = values.cast(pa.string())
+        return pool.encode(values)
+    if values.null_count:
+        if kind.name != "float64":
+            raise SchemaMismatch(f"column {name!r} ({kind.name}) has nulls; only float64 and string columns may")
+        values = pc.fill_null(values.cast(pa.float64()), float("nan"))
+    if kind.is_integer:
+        return _integers(name, values, kind)
+    if kind.name == "float64":
+        if not (pa.types.is_floating(vtype) or pa.types.is_integer(vtype) or pa.types.is_null(vtype)):
+            raise SchemaMismatch(f"column {name!r} is float64, got {vtype}")
+        return np.asarray(values.to_numpy(), dtype=np.float64)
+    if not pa.types.is_boolean(vtype):
+        raise SchemaMismatch(f"column {name!r} is bool, got {vtype}")
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def admit(data: Any, schema: Schema, pool: StringPool) -> Batch:
+    """Check a user batch against ``schema`` and turn it into engine columns (the door)."""
+    table = to_arrow_table(data)
+    names = set(table.column_names)
+    if schema.progressing not in names:
+        raise SchemaMismatch(f"batch lacks the progressing attribute {schema.progressing!r}")
+    missing = [n for n in schema.names if n not in names]
+    if missing:
+        raise SchemaMismatch(f"batch lacks column(s) {', '.join(map(repr, missing))}")
+    unknown = [n for n in table.column_names if n not in schema.names]
+    if unknown:
+        raise SchemaMismatch(f"unknown column(s) {', '.join(map(repr, unknown))}")
+    columns = {name: _column(name, table.column(name), kind, pool) for name, kind in schema.columns}
+    return Batch(columns, table.num_rows)

@@ -1,0 +1,173 @@
+"""A stream at the door: schema check, sources, and progress as the Meld of its sources.
+
+Each source has its own punctuation (explicit or generated). The stream's progress is the
+minimum over its live sources - declared sources count from the start (so the stream waits for
+each of them), undeclared ones from the moment they first speak, closed ones as +inf, idle ones
+(silent for ``idle_timeout``) not at all until they speak again. Published progress never
+regresses; a tuple below it is late. Every change is checked before it is applied, so a rejected
+call changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lowtide.batch import Batch
+from lowtide.errors import NotFound, RegressingPunctuation
+from lowtide.operators.input import Input
+from lowtide.punctuation.generators import Generator
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.schema import Schema, admit
+from lowtide.strings import StringPool
+from lowtide.testing import Clock
+
+
+@dataclass
+class Source:
+    name: str
+    last_heard: float
+    punctuation: int = NO_PROGRESS
+    max_seen: int = NO_PROGRESS
+    closed: bool = False
+    idle: bool = False
+
+
+@dataclass
+class Stream:
+    name: str
+    schema: Schema
+    generator: Generator
+    clock: Clock
+    declared: tuple[str, ...] = ()
+    idle_timeout: float | None = None
+    derived: bool = False  # the result stream of a query
+    progress: int = NO_PROGRESS
+    granularity: int = 1  # generated punctuation is floored to this (the smallest SLIDE in use)
+    subscribers: list[Input] = field(default_factory=list)
+    sources: dict[str, Source] = field(default_factory=dict)
+    tuples_ingested: int = 0
+    late_tuples: int = 0
+    _next_heartbeat: float = 0.0
+
+    def __post_init__(self) -> None:
+        now = self.clock.now()
+        for name in self.declared:
+            self.sources[name] = Source(name, now)
+        self._next_heartbeat = now
+
+    @property
+    def attribute(self) -> str:
+        return self.schema.progressing
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "schema": self.schema.as_dict(),
+            "progressing": self.attribute,
+            "punctuation": self.generator.kind,
+            "sources": sorted(self.sources),
+            "low_watermark": self.progress,
+        }
+
+    # -- checks (no state change) -----------------------------------------------------------
+    def admit(self, data: Any, pool: StringPool) -> tuple[Batch, npt.NDArray[np.bool_]]:
+        """The batch as engine columns and its late mask; raises on a schema mismatch."""
+        batch = admit(data, self.schema, pool)
+        late = batch.columns[self.attribute] < self.progress
+        return batch, late
+
+    def check_punctuation(self, source: str, value: int) -> None:
+        known = self.sources.get(source)
+        if known is not None and value < known.punctuation:
+            raise RegressingPunctuation(
+                f"punctuation {value} of source {source!r} on stream {self.name!r} goes back from "
+                f"{known.punctuation}"
+            )
+        if known is not None and known.closed:
+            raise RegressingPunctuation(f"source {source!r} of stream {self.name!r} is closed")
+
+    def check_source(self, source: str) -> None:
+        if source not in self.sources:
+            raise NotFound(f"stream {self.name!r} has no source {source!r}")
+
+    # -- changes ----------------------------------------------------------------------------
+    def _heard(self, source: str) -> Source:
+        now = self.clock.now()
+        known = self.sources.get(source)
+        if known is None:
+            known = self.sources[source] = Source(source, now)
+        known.last_heard = now
+        known.idle = False
+        return known
+
+    def ingest(self, batch: Batch, late: npt.NDArray[np.bool_], source: str) -> None:
+        """Deliver a checked batch to every query reading this stream, then advance progress."""
+        known = self._heard(source)
+        self.tuples_ingested += batch.n
+        n_late = int(late.sum())
+        self.late_tuples += n_late
+        on_time = batch if n_late == 0 else batch.select(~late)
+        late_batch = batch.select(late) if n_late else None
+        for subscriber in self.subscribers:
+            if on_time.n:
+                subscriber.process(on_time)
+            if late_batch is not None:
+                subscriber.process_late(late_batch)
+        if batch.n:
+            known.max_seen = max(known.max_seen, int(batch.columns[self.attribute].max()))
+            implied = self.generator.after_batch(known.max_seen)
+            if implied is not None:
+                self._raise_source(known, self._coarsen(implied))
+        self._publish()
+
+    def punctuate(self, source: str, value: int) -> None:
+        known = self._heard(source)
+        self._raise_source(known, value)
+        self._publish()
+
+    def close(self, source: str) -> None:
+        known = self._heard(source)
+        known.closed = True
+        known.punctuation = END_OF_STREAM
+        self._publish()
+
+    def tick(self) -> None:
+        """Heartbeats and idle timeouts, on the engine's clock."""
+        now = self.clock.now()
+        changed = False
+        if self.generator.kind == "heartbeat" and now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.generator.period_ms / 1000.0
+            now_units = int(now * 1000.0 / self.schema.type_of(self.attribute).unit_ms)
+            implied = self.generator.on_timer(now_units)
+            for known in self.sources.values():
+                if implied is not None and not known.closed:
+                    self._raise_source(known, self._coarsen(implied))
+                    changed = True
+        if self.idle_timeout is not None:
+            for known in self.sources.values():
+                idle = not known.closed and now - known.last_heard >= self.idle_timeout
+                changed = changed or idle != known.idle
+                known.idle = idle
+        if changed:
+            self._publish()
+
+    def _coarsen(self, value: int) -> int:
+        return value - value % self.granularity if self.granularity > 1 else value
+
+    @staticmethod
+    def _raise_source(known: Source, value: int) -> None:
+        known.punctuation = max(known.punctuation, value)
+
+    def _publish(self) -> None:
+        live = [s.punctuation for s in self.sources.values() if not s.idle]
+        if not live:
+            return
+        low = min(live)
+        if low > self.progress:
+            self.progress = low
+            for subscriber in self.subscribers:
+                subscriber.punctuate(Punctuation(low, self.attribute))

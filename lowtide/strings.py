@@ -1,0 +1,58 @@
+"""The engine-wide string dictionary: strings become int64 codes at the door.
+
+One pool serves every stream and query of an engine, so equal strings have equal codes across
+streams: joins and predicates compare codes, never strings. Codes are dense, start at 0 and are
+never reused; ``NULL_CODE`` stands for a missing string. The pool only grows (its size is the
+number of distinct strings ever seen), which is what keeps codes stable for the engine's life.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+NULL_CODE = -1
+
+
+class StringPool:
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+        self._values = np.empty(1024, dtype=object)
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def code(self, value: str) -> int:
+        """The code of one string, added to the pool when new (predicates use this)."""
+        found = self._codes.get(value)
+        if found is not None:
+            return found
+        code = len(self._codes)
+        if code == len(self._values):
+            self._values = np.concatenate([self._values, np.empty(code, dtype=object)])
+        self._values[code] = value
+        self._codes[value] = code
+        return code
+
+    def encode(self, values: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
+        """Codes for an Arrow string array; the Python loop runs over distinct values only."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if not pa.types.is_dictionary(values.type):
+            values = pc.dictionary_encode(values)
+        dictionary = values.dictionary.to_pylist()
+        mapping = np.fromiter((self.code(s) for s in dictionary), dtype=np.int64, count=len(dictionary))
+        indices = values.indices
+        if indices.null_count:
+            filled = pc.fill_null(indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+            out = np.where(filled >= 0, mapping[np.maximum(filled, 0)], NULL_CODE)
+            return np.asarray(out, dtype=np.int64)
+        return np.asarray(mapping[indices.to_numpy(zero_copy_only=False)], dtype=np.int64)
+
+    def decode(self, codes: npt.NDArray[np.int64]) -> pa.Array:
+        """An Arrow string array for codes (``NULL_CODE`` becomes null)."""
+        null = codes == NULL_CODE
+        strings = self._values[np.where(null, 0, codes)]
+        return pa.array(strings, type=pa.string(), mask=null if null.any() else None)

@@ -1,0 +1,1 @@
+"""Order-insensitive operators of the OOP architecture, one module each."""

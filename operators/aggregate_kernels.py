@@ -1,0 +1,189 @@
+"""numba kernels of the aggregate state: per-batch updates of (window row, group) cells.
+
+Layout shared by every kernel: a state array is 2-D ``[row, group]`` where a *row* holds one
+window (WID) or one slide (landmark) and a *group* is a dense group id from the group table.
+A tuple ``i`` updates the cells ``(row_of[w - wid_base], gid[i])`` for every window id
+``w`` in ``[wid_start[i], wid_end[i])`` (the range Bucket tagged it with). ``row_of`` is an int64
+lookup array covering ``[wid_base, wid_base + len(row_of))``; -1 marks windows that need no row.
+
+Costs are O(sum over tuples of wid_end - wid_start); none of the kernels allocates per tuple.
+NaN inputs (nulls of float columns) are skipped by the value kernels, as SQL aggregates skip nulls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+Arr = npt.NDArray[Any]
+
+
+@nb.njit(cache=True, nogil=True)
+def update_count(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, state: I64) -> None:
+    """count(*): ``state[row, group] += 1`` for each window of each tuple (state mutated)."""
+    for i in range(gid.shape[0]):
+        g = gid[i]
+        for w in range(wid_start[i], wid_end[i]):
+            state[row_of[w - wid_base], g] += 1
+
+
+@nb.njit(cache=True, nogil=True)
+def update_count_valid(
+    wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: I64
+) -> None:
+    """count(x): like :func:`update_count` but only for non-NaN ``values`` (state mutated)."""
+    for i in range(gid.shape[0]):
+        v = values[i]
+        if v != v:
+            continue
+        g = gid[i]
+        for w in range(wid_start[i], wid_end[i]):
+            state[row_of[w - wid_base], g] += 1
+
+
+@nb.njit(cache=True, nogil=True)
+def update_sum(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr) -> None:
+    """sum(x): ``state[row, group] += values[i]``; int64 or float64 state (mutated)."""
+    for i in range(gid.shape[0]):
+        v = values[i]
+        if v != v:
+            continue
+        g = gid[i]
+        for w in range(wid_start[i], wid_end[i]):
+            state[row_of[w - wid_base], g] += v
+
+
+@nb.njit(cache=True, nogil=True)
+def update_min(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr) -> None:
+    """min(x): state starts at the dtype's maximum (mutated)."""
+    for i in range(gid.shape[0]):
+        v = values[i]
+        if v != v:
+            continue
+        g = gid[i]
+        for w in range(wid_start[i], wid_end[i]):
+            r = row_of[w - wid_base]
+            if v < state[r, g]:
+                state[r, g] = v
+
+
+@nb.njit(cache=True, nogil=True)
+def update_max(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr) -> None:
+    """max(x): state starts at the dtype's minimum (mutated)."""
+    for i in range(gid.shape[0]):
+        v = values[i]
+        if v != v:
+            continue
+        g = gid[i]
+        for w in range(wid_start[i], wid_end[i]):
+            r = row_of[w - wid_base]
+            if v > state[r, g]:
+                state[r, g] = v
+
+
+@nb.njit(cache=True, nogil=True)
+def update_moments(
+    wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, count: I64, mean: F64, m2: F64
+) -> None:
+    """var/stddev: Welford's update of (count, mean, m2) per cell; numerically stable (mutated)."""
+    for i in range(gid.shape[0]):
+        v = np.float64(values[i])
+        if v != v:
+            continue
+        g = gid[i]
+        for w in range(wid_start[i], wid_end[i]):
+            r = row_of[w - wid_base]
+            c = count[r, g] + 1
+            delta = v - mean[r, g]
+            mean[r, g] += delta / c
+            m2[r, g] += delta * (v - mean[r, g])
+            count[r, g] = c
+
+
+@nb.njit(cache=True, nogil=True)
+def expand_cells(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64) -> tuple[I64, I64, I64]:
+    """One (row, group, tuple index) entry per window of each tuple: the log of holistic values.
+
+    Returns three new int64 arrays of length ``sum(wid_end - wid_start)``.
+    """
+    total = 0
+    for i in range(gid.shape[0]):
+        total += max(wid_end[i] - wid_start[i], 0)
+    rows = np.empty(total, np.int64)
+    gids = np.empty(total, np.int64)
+    index = np.empty(total, np.int64)
+    k = 0
+    for i in range(gid.shape[0]):
+        for w in range(wid_start[i], wid_end[i]):
+            rows[k] = row_of[w - wid_base]
+            gids[k] = gid[i]
+            index[k] = i
+            k += 1
+    return rows, gids, index
+
+
+@nb.njit(cache=True, nogil=True)
+def quantiles_of_segments(sorted_values: F64, starts: I64, ends: I64, q: float) -> F64:
+    """Linear-interpolated quantile ``q`` of each sorted segment ``[starts[j], ends[j])``.
+
+    Matches ``numpy.quantile(..., method='linear')``; NaN for an empty segment. O(segments).
+    """
+    out = np.empty(starts.shape[0], np.float64)
+    for j in range(starts.shape[0]):
+        n = ends[j] - starts[j]
+        if n <= 0:
+            out[j] = np.nan
+            continue
+        pos = q * (n - 1)
+        lo = int(np.floor(pos))
+        hi = min(lo + 1, n - 1)
+        a = sorted_values[starts[j] + lo]
+        b = sorted_values[starts[j] + hi]
+        out[j] = a + (b - a) * (pos - lo)
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def distinct_of_segments(sorted_values: Arr, starts: I64, ends: I64) -> I64:
+    """Number of distinct values of each sorted segment (NaN entries never reach here)."""
+    out = np.zeros(starts.shape[0], np.int64)
+    for j in range(starts.shape[0]):
+        c = 0
+        for k in range(starts[j], ends[j]):
+            if k == starts[j] or sorted_values[k] != sorted_values[k - 1]:
+                c += 1
+        out[j] = c
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def heavy_hitters_of_segments(sorted_values: Arr, starts: I64, ends: I64, phi: float) -> tuple[I64, Arr, I64]:
+    """Values whose frequency is at least ``phi`` times their segment's size.
+
+    Returns (offsets[segments + 1], hitter values, hitter counts); within a segment hitters are
+    in ascending value order (the caller reorders by count).
+    """
+    nseg = starts.shape[0]
+    offsets = np.zeros(nseg + 1, np.int64)
+    hit_values = np.empty(ends[-1] - starts[0] if nseg else 0, sorted_values.dtype)
+    hit_counts = np.empty(hit_values.shape[0], np.int64)
+    k = 0
+    for j in range(nseg):
+        n = ends[j] - starts[j]
+        threshold = phi * n
+        run = 0
+        for t in range(starts[j], ends[j]):
+            run += 1
+            if t + 1 == ends[j] or sorted_values[t + 1] != sorted_values[t]:
+                if run >= threshold:
+                    hit_values[k] = sorted_values[t]
+                    hit_counts[k] = run
+                    k += 1
+                run = 0
+        offsets[j + 1] = k
+    return offsets, hit_values[:k], hit_counts[:k]

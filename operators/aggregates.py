@@ -1,0 +1,359 @@
+"""Aggregate functions over (window row, group) cells: their state, updates and final values.
+
+Every aggregate call is served by primitive accumulators, each a 2-D array ``[row, group]``
+(see :mod:`lowtide.operators.aggregate_kernels` for the layout): ``count`` for count(*), count(x)
+and the emptiness of a cell, ``sum``, ``min``, ``max``, Welford moments for var/stddev, and for
+holistic aggregates (median, quantile, count_distinct, heavy_hitters) a log of
+``(row, group, value)`` entries. Rows are recycled: ``reset_rows`` puts them back to identity.
+Results are exact; sample variance (ddof 1) like SQL's VAR_SAMP; quantiles interpolate linearly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from lowtide.batch import Batch
+from lowtide.operators import aggregate_kernels as k
+from lowtide.schema import FLOAT64, INT64, ColumnType
+
+I64 = npt.NDArray[np.int64]
+Arr = npt.NDArray[Any]
+
+
+class AggFunc(Enum):
+    COUNT_STAR = "count(*)"
+    COUNT = "count"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    VAR = "var"
+    STDDEV = "stddev"
+    MEDIAN = "median"
+    QUANTILE = "quantile"
+    COUNT_DISTINCT = "count_distinct"
+    HEAVY_HITTERS = "heavy_hitters"
+
+    @property
+    def holistic(self) -> bool:
+        return self in (AggFunc.MEDIAN, AggFunc.QUANTILE, AggFunc.COUNT_DISTINCT, AggFunc.HEAVY_HITTERS)
+
+
+@dataclass(frozen=True)
+class AggregateCall:
+    """One aggregate of a query: ``func(column[, param]) AS output``."""
+
+    func: AggFunc
+    column: str | None
+    input_type: ColumnType | None
+    param: float | None
+    output: str
+
+    def describe(self) -> str:
+        return self.output
+
+    def result_type(self) -> ColumnType:
+        func, kind = self.func, self.input_type
+        if func in (AggFunc.COUNT_STAR, AggFunc.COUNT, AggFunc.COUNT_DISTINCT):
+            return INT64
+        if func is AggFunc.SUM:
+            return FLOAT64 if kind is None or kind.name == "float64" else INT64
+        if func in (AggFunc.MIN, AggFunc.MAX) and kind is not None:
+            return kind
+        if func is AggFunc.HEAVY_HITTERS and kind is not None:
+            return ColumnType(f"list<{kind.name}>")
+        return FLOAT64
+
+
+def _value_dtype(kind: ColumnType | None) -> np.dtype[Any]:
+    if kind is None or kind.name == "float64":
+        return np.dtype(np.float64)
+    return np.dtype(np.int64)
+
+
+@dataclass
+class _ValueLog:
+    """Holistic state: one entry per (cell, tuple) - the values of each open cell."""
+
+    rows: I64
+    gids: I64
+    values: Arr
+    n: int = 0
+
+    def append(self, rows: I64, gids: I64, values: Arr) -> None:
+        need = self.n + rows.shape[0]
+        if need > self.rows.shape[0]:
+            cap = max(need, 2 * self.rows.shape[0])
+            self.rows = _grown(self.rows, cap)
+            self.gids = _grown(self.gids, cap)
+            self.values = _grown(self.values, cap)
+        self.rows[self.n : need] = rows
+        self.gids[self.n : need] = gids
+        self.values[self.n : need] = values
+        self.n = need
+
+    def keep(self, mask: npt.NDArray[np.bool_]) -> None:
+        kept = np.flatnonzero(mask)
+        m = kept.shape[0]
+        self.rows[:m] = self.rows[kept]
+        self.gids[:m] = self.gids[kept]
+        self.values[:m] = self.values[kept]
+        self.n = m
+
+
+def _grown(a: Arr, cap: int) -> Arr:
+    out = np.empty(cap, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+class CellState:
+    """Accumulators of all aggregate calls of one operator, as ``[row, group]`` arrays."""
+
+    def __init__(self, calls: tuple[AggregateCall, ...], track_revisions: bool = False) -> None:
+        self.calls = calls
+        self._identity: dict[str, Any] = {"n": 0}
+        self._dtype: dict[str, np.dtype[Any]] = {"n": np.dtype(np.int64)}
+        if track_revisions:
+            # Revision last emitted per cell (-1: never), for allowed lateness.
+            self._add("rev", -1, np.dtype(np.int64))
+        self.logs: dict[str, _ValueLog] = {}
+        for call in calls:
+            self._declare(call)
+        self.arrays: dict[str, Arr] = {
+            name: np.full((0, 0), self._identity[name], dtype=self._dtype[name]) for name in self._identity
+        }
+
+    def _declare(self, call: AggregateCall) -> None:
+        col, dtype = call.column, _value_dtype(call.input_type)
+        if call.func is AggFunc.COUNT_STAR or col is None:
+            return
+        if call.func.holistic:
+            self.logs[col] = _ValueLog(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, dtype))
+            return
+        if dtype == np.float64:
+            self._add(f"count:{col}", 0, np.dtype(np.int64))
+        if call.func is AggFunc.SUM or call.func is AggFunc.AVG:
+            self._add(f"sum:{col}", 0, dtype)
+        elif call.func is AggFunc.MIN:
+            self._add(f"min:{col}", np.inf if dtype == np.float64 else np.iinfo(np.int64).max, dtype)
+        elif call.func is AggFunc.MAX:
+            self._add(f"max:{col}", -np.inf if dtype == np.float64 else np.iinfo(np.int64).min, dtype)
+        elif call.func in (AggFunc.VAR, AggFunc.STDDEV):
+            self._add(f"mcount:{col}", 0, np.dtype(np.int64))
+            self._add(f"mean:{col}", 0.0, np.dtype(np.float64))
+            self._add(f"m2:{col}", 0.0, np.dtype(np.float64))
+
+    def _add(self, name: str, identity: Any, dtype: np.dtype[Any]) -> None:
+        self._identity[name] = identity
+        self._dtype[name] = dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, groups = self.arrays["n"].shape
+        return int(rows), int(groups)
+
+    def nbytes(self) -> int:
+        logs = sum(log.n * (16 + log.values.itemsize) for log in self.logs.values())
+        return int(sum(a.nbytes for a in self.arrays.values()) + logs)
+
+    def ensure(self, rows: int, groups: int) -> None:
+        """Grow to at least ``rows`` x ``groups`` cells (amortised doubling)."""
+        have_rows, have_groups = self.shape
+        if rows <= have_rows and groups <= have_groups:
+            return
+        new_rows = max(rows, 2 * have_rows) if rows > have_rows else have_rows
+        new_groups = max(groups, 2 * have_groups, 16) if groups > have_groups else have_groups
+        for name, old in self.arrays.items():
+            grown = np.full((new_rows, new_groups), self._identity[name], dtype=old.dtype)
+            grown[:have_rows, :have_groups] = old
+            self.arrays[name] = grown
+
+    def reset_rows(self, rows: I64) -> None:
+        """Put ``rows`` back to identity and forget their holistic entries."""
+        if rows.shape[0] == 0:
+            return
+        for name, array in self.arrays.items():
+            array[rows] = self._identity[name]
+        for log in self.logs.values():
+            if log.n:
+                log.keep(~np.isin(log.rows[: log.n], rows))
+
+    def reset_cells(self, rows: I64, gids: I64) -> None:
+        """Put single cells back to identity (partitioned windows emit cell by cell)."""
+        if rows.shape[0] == 0:
+            return
+        for name, array in self.arrays.items():
+            array[rows, gids] = self._identity[name]
+        width = self.shape[1]
+        for log in self.logs.values():
+            if log.n:
+                log.keep(~np.isin(log.rows[: log.n] * width + log.gids[: log.n], rows * width + gids))
+
+    def remap_groups(self, remap: I64, n_groups: int) -> None:
+        """Move group columns to their new ids after the group table compacted (-1: dropped)."""
+        kept = np.flatnonzero(remap >= 0)
+        for name, array in self.arrays.items():
+            fresh = np.full_like(array, self._identity[name])
+            fresh[:, remap[kept]] = array[:, kept]
+            self.arrays[name] = fresh
+        for log in self.logs.values():
+            if log.n:
+                new = remap[log.gids[: log.n]]
+                log.gids[: log.n] = new
+                log.keep(new >= 0)
+        del n_groups
+
+    def update(self, batch: Batch, ws: I64, we: I64, wid_base: int, row_of: I64, gid: I64) -> None:
+        """Add every tuple of ``batch`` to the cells of its windows ``[ws, we)``."""
+        a = self.arrays
+        k.update_count(ws, we, wid_base, row_of, gid, a["n"])
+        for name in a:
+            kind, _, col = name.partition(":")
+            if not col:
+                continue
+            values = batch.columns[col]
+            if kind == "count":
+                k.update_count_valid(ws, we, wid_base, row_of, gid, values, a[name])
+            elif kind == "sum":
+                k.update_sum(ws, we, wid_base, row_of, gid, values, a[name])
+            elif kind == "min":
+                k.update_min(ws, we, wid_base, row_of, gid, values, a[name])
+            elif kind == "max":
+                k.update_max(ws, we, wid_base, row_of, gid, values, a[name])
+            elif kind == "mcount":
+                k.update_moments(ws, we, wid_base, row_of, gid, values, a[name], a[f"mean:{col}"], a[f"m2:{col}"])
+        for col, log in self.logs.items():
+            rows, gids, index = k.expand_cells(ws, we, wid_base, row_of, gid)
+            values = batch.columns[col][index]
+            valid = values == values
+            if not valid.all():
+                rows, gids, values = rows[valid], gids[valid], values[valid]
+            log.append(rows, gids, values.astype(log.values.dtype, copy=False))
+
+    def merge_row(self, dst: int, src: int) -> None:
+        """Fold row ``src`` into row ``dst`` for every group (landmark prefixes)."""
+        a = self.arrays
+        for name, array in a.items():
+            kind, _, col = name.partition(":")
+            if kind in ("n", "count", "sum"):
+                array[dst] += array[src]
+            elif kind == "min":
+                np.minimum(array[dst], array[src], out=array[dst])
+            elif kind == "max":
+                np.maximum(array[dst], array[src], out=array[dst])
+            elif kind == "mcount":
+                # Chan et al.: combine (count, mean, m2) of two disjoint parts.
+                na, nb_ = array[dst].astype(np.float64), array[src].astype(np.float64)
+                total = na + nb_
+                mean, m2 = a[f"mean:{col}"], a[f"m2:{col}"]
+                delta = mean[src] - mean[dst]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    share = np.where(total > 0, nb_ / total, 0.0)
+                    m2[dst] += m2[src] + delta * delta * na * share
+                    mean[dst] += delta * share
+                array[dst] += array[src]
+        for log in self.logs.values():
+            log.rows[: log.n][log.rows[: log.n] == src] = dst
+
+    def finalize(self, rows: I64, gids: I64, pool_decode: Any) -> dict[str, Any]:
+        """Final value of every call for the cells ``(rows[j], gids[j])``.
+
+        numpy columns (a null float is NaN; integer results are never null because only
+        non-empty cells are finalized), heavy hitters as an Arrow list array.
+        """
+        a = self.arrays
+        out: dict[str, Any] = {}
+        n = a["n"][rows, gids]
+        for call in self.calls:
+            col = call.column
+            if call.func is AggFunc.COUNT_STAR:
+                out[call.output] = n
+                continue
+            assert col is not None
+            count = a[f"count:{col}"][rows, gids] if f"count:{col}" in a else n
+            if call.func is AggFunc.COUNT:
+                out[call.output] = count
+            elif call.func in (AggFunc.SUM, AggFunc.MIN, AggFunc.MAX):
+                state = a[f"{call.func.value}:{col}"][rows, gids]
+                out[call.output] = _typed(state, count == 0, call.input_type, call.func)
+            elif call.func is AggFunc.AVG:
+                total = a[f"sum:{col}"][rows, gids].astype(np.float64)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    out[call.output] = np.where(count > 0, total / count, np.nan)
+            elif call.func in (AggFunc.VAR, AggFunc.STDDEV):
+                c = a[f"mcount:{col}"][rows, gids]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    var = a[f"m2:{col}"][rows, gids] / (c - 1)
+                value = np.sqrt(np.maximum(var, 0.0)) if call.func is AggFunc.STDDEV else var
+                out[call.output] = np.where(c >= 2, value, np.nan)
+            else:
+                out[call.output] = self._holistic(call, rows, gids, pool_decode)
+        return out
+
+    def _holistic(self, call: AggregateCall, rows: I64, gids: I64, pool_decode: Any) -> Any:
+        assert call.column is not None
+        log = self.logs[call.column]
+        width = max(int(gids.max(initial=0)) + 1, int(log.gids[: log.n].max(initial=0)) + 1)
+        wanted = rows * width + gids
+        entry_keys = log.rows[: log.n] * width + log.gids[: log.n]
+        selected = np.isin(entry_keys, wanted)
+        keys, values = entry_keys[selected], log.values[: log.n][selected]
+        order = np.lexsort((values, keys))
+        keys, values = keys[order], values[order]
+        uniq, starts = np.unique(keys, return_index=True)
+        ends = np.append(starts[1:], keys.shape[0]).astype(np.int64)
+        starts = starts.astype(np.int64)
+        position = np.searchsorted(uniq, wanted)
+        present = (position < uniq.shape[0]) & (uniq[np.minimum(position, max(uniq.shape[0] - 1, 0))] == wanted)
+        # Cells whose values were all null have no entries: an empty segment.
+        seg_start = np.where(present, starts[np.minimum(position, max(starts.shape[0] - 1, 0))] if starts.size else 0, 0)
+        seg_end = np.where(present, ends[np.minimum(position, max(ends.shape[0] - 1, 0))] if ends.size else 0, 0)
+        seg_start, seg_end = seg_start.astype(np.int64), seg_end.astype(np.int64)
+        if call.func in (AggFunc.MEDIAN, AggFunc.QUANTILE):
+            q = 0.5 if call.func is AggFunc.MEDIAN else float(call.param or 0.0)
+            return k.quantiles_of_segments(values.astype(np.float64), seg_start, seg_end, q)
+        if call.func is AggFunc.COUNT_DISTINCT:
+            return k.distinct_of_segments(values, seg_start, seg_end)
+        return self._heavy_hitters(call, values, seg_start, seg_end, pool_decode)
+
+    def _heavy_hitters(
+        self, call: AggregateCall, values: Arr, seg_start: I64, seg_end: I64, pool_decode: Any
+    ) -> pa.Array:
+        # Segments must be laid out contiguously for the kernel: gather each cell's values.
+        lengths = seg_end - seg_start
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        gather = (
+            np.concatenate([np.arange(s, e) for s, e in zip(seg_start, seg_end, strict=True)])
+            if lengths.sum()
+            else np.empty(0, np.int64)
+        )
+        laid = values[gather.astype(np.int64)]
+        hit_offsets, hit_values, hit_counts = k.heavy_hitters_of_segments(
+            laid, offsets[:-1], offsets[1:], float(call.param or 0.0)
+        )
+        # Within each window, most frequent first; ties by value.
+        segment = np.repeat(np.arange(hit_offsets.shape[0] - 1), np.diff(hit_offsets))
+        order = np.lexsort((hit_values, -hit_counts, segment))
+        ordered = hit_values[order]
+        kind = call.input_type
+        if kind is not None and kind.is_string:
+            items = pool_decode(ordered.astype(np.int64))
+        else:
+            items = pa.array(ordered.astype(kind.dtype if kind else np.float64), type=kind.arrow if kind else None)
+        return pa.ListArray.from_arrays(pa.array(hit_offsets, type=pa.int32()), items)
+
+
+def _typed(state: Arr, empty: npt.NDArray[np.bool_], kind: ColumnType | None, func: AggFunc) -> Arr:
+    """sum over integers is int64 (SQL's widening); min/max keep the input's numpy type."""
+    if kind is None or kind.name == "float64":
+        return np.where(empty, np.nan, state.astype(np.float64))
+    if func is AggFunc.SUM:
+        return state.astype(np.int64)
+    return state.astype(kind.dtype)

@@ -1,0 +1,65 @@
+"""The operator contract shared by every node of a query graph.
+
+An operator consumes batches and punctuation on numbered input ports and pushes batches and
+punctuation to the operators connected downstream. It never sorts its input and never holds a
+tuple back to restore order: whatever it holds is state that punctuation eventually releases.
+Each subclass states in its docstring what its output punctuation promises.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from lowtide.batch import Batch
+from lowtide.punctuation.model import Punctuation
+
+
+class Operator(ABC):
+    """A node of an operator graph; ``label`` names it in ``explain`` and in metrics."""
+
+    label: str = "Operator"
+
+    def __init__(self) -> None:
+        self._outputs: list[tuple[Operator, int]] = []
+        self.tuples_in = 0
+        self.tuples_out = 0
+
+    @property
+    def outputs(self) -> list[tuple[Operator, int]]:
+        return self._outputs
+
+    def connect(self, downstream: Operator, port: int = 0) -> Operator:
+        """Send this operator's output to ``downstream``'s input ``port``; returns ``downstream``."""
+        self._outputs.append((downstream, port))
+        return downstream
+
+    @abstractmethod
+    def process(self, batch: Batch, port: int = 0) -> None:
+        """Consume a batch arriving on ``port`` (any order, any split)."""
+
+    @abstractmethod
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        """Consume punctuation arriving on ``port`` (never regressing on one port)."""
+
+    def emit(self, batch: Batch) -> None:
+        if batch.n == 0:
+            return
+        self.tuples_out += batch.n
+        for operator, port in self._outputs:
+            operator.process(batch, port)
+
+    def emit_punctuation(self, punctuation: Punctuation) -> None:
+        for operator, port in self._outputs:
+            operator.punctuate(punctuation, port)
+
+    def describe(self) -> str:
+        """One line for ``explain``: the operator and its parameters."""
+        return self.label
+
+    def state_bytes(self) -> int:
+        """Bytes of state this operator holds (0 for stateless operators)."""
+        return 0
+
+    def open_windows(self) -> int:
+        """Windows (or join buckets) currently open; 0 for operators without windows."""
+        return 0

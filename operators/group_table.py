@@ -1,0 +1,126 @@
+"""Group table: composite int64 keys to dense group ids, one numba probe per tuple.
+
+Keys are rows of an int64 matrix ``[n, k]`` (strings are already codes, floats are bit patterns,
+bools are 0/1). Group ids are dense and assigned in first-seen order, so aggregate state can be
+plain arrays indexed by group id. ``compact`` drops groups the caller no longer needs and
+renumbers the rest, which keeps the table bounded by the groups of open windows.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+_EMPTY = -1
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _hash_row(keys: I64, i: int) -> np.uint64:
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for j in range(keys.shape[1]):
+        x = np.uint64(keys[i, j]) + h
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = x ^ (x >> np.uint64(31))
+    return h
+
+
+@nb.njit(cache=True, nogil=True)
+def _lookup_or_insert(keys: I64, slots: I64, stored: I64, n_groups: int, out: I64) -> int:
+    """Group id of each key row, inserting new keys; returns the new number of groups.
+
+    keys    [n, k] int64, read only.
+    slots   [capacity] int64 open-addressing table of group ids (-1 empty); capacity is a power of
+            two at least twice the final number of groups (the caller guarantees it). Mutated.
+    stored  [capacity_groups, k] int64 key of each group id; rows past n_groups are written. Mutated.
+    out     [n] int64 group ids, written.
+    Cost: O(n * k) expected.
+    """
+    mask = np.uint64(slots.shape[0] - 1)
+    k = keys.shape[1]
+    for i in range(keys.shape[0]):
+        s = _hash_row(keys, i) & mask
+        while True:
+            g = slots[s]
+            if g == _EMPTY:
+                for j in range(k):
+                    stored[n_groups, j] = keys[i, j]
+                slots[s] = n_groups
+                out[i] = n_groups
+                n_groups += 1
+                break
+            same = True
+            for j in range(k):
+                if stored[g, j] != keys[i, j]:
+                    same = False
+                    break
+            if same:
+                out[i] = g
+                break
+            s = (s + np.uint64(1)) & mask
+    return n_groups
+
+
+@nb.njit(cache=True, nogil=True)
+def _rebuild(stored: I64, n_groups: int, slots: I64) -> None:
+    """Re-insert group ids ``0..n_groups-1`` into an empty ``slots`` table (mutated)."""
+    mask = np.uint64(slots.shape[0] - 1)
+    for g in range(n_groups):
+        s = _hash_row(stored, g) & mask
+        while slots[s] != _EMPTY:
+            s = (s + np.uint64(1)) & mask
+        slots[s] = g
+
+
+class GroupTable:
+    """Maps key rows to dense group ids; ``keys()`` gives the key of every id."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.n_groups = 0
+        self._stored = np.empty((64, width), dtype=np.int64)
+        self._slots = np.full(128, _EMPTY, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.n_groups
+
+    @property
+    def keys(self) -> I64:
+        """``[n_groups, width]`` key of each group id (a view; do not keep across inserts)."""
+        return self._stored[: self.n_groups]
+
+    def nbytes(self) -> int:
+        return int(self._stored.nbytes + self._slots.nbytes)
+
+    def ids(self, keys: I64) -> I64:
+        """Group id of every row of ``keys`` ``[n, width]``, adding new keys."""
+        n = keys.shape[0]
+        need = self.n_groups + n
+        if need > self._stored.shape[0]:
+            grown = np.empty((max(need, 2 * self._stored.shape[0]), self.width), dtype=np.int64)
+            grown[: self.n_groups] = self._stored[: self.n_groups]
+            self._stored = grown
+        if 2 * need > self._slots.shape[0]:
+            self._resize(1 << int(2 * need - 1).bit_length())
+        out = np.empty(n, dtype=np.int64)
+        self.n_groups = _lookup_or_insert(keys, self._slots, self._stored, self.n_groups, out)
+        # Shrink the probe table back when a huge batch inflated it but added few groups.
+        if self._slots.shape[0] > 8 * max(self.n_groups, 64):
+            self._resize(1 << int(2 * max(self.n_groups, 64) - 1).bit_length())
+        return out
+
+    def compact(self, keep: npt.NDArray[np.bool_]) -> I64:
+        """Keep the groups where ``keep`` is true; returns old id -> new id (-1 if dropped)."""
+        remap = np.full(self.n_groups, -1, dtype=np.int64)
+        kept = np.flatnonzero(keep[: self.n_groups])
+        remap[kept] = np.arange(kept.shape[0])
+        self._stored[: kept.shape[0]] = self._stored[kept]
+        self.n_groups = int(kept.shape[0])
+        self._resize(max(128, 1 << int(2 * max(self.n_groups, 1) - 1).bit_length()))
+        return remap
+
+    def _resize(self, capacity: int) -> None:
+        self._slots = np.full(capacity, _EMPTY, dtype=np.int64)
+        _rebuild(self._stored, self.n_groups, self._slots)

@@ -1,0 +1,37 @@
+"""Meld (Figure 8-2): the order-insensitive UNION of several inputs.
+
+Tuples pass through at once, never buffered. Output punctuation on an attribute is the minimum
+of the latest punctuation of every input on that attribute; it is emitted only when that minimum
+rises, so it is never repeated and never regresses.
+"""
+
+from __future__ import annotations
+
+from lowtide.batch import Batch
+from lowtide.operators.base import Operator
+from lowtide.punctuation.model import NO_PROGRESS, Punctuation
+
+
+class Meld(Operator):
+    label = "Meld"
+
+    def __init__(self, inputs: int) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self._bounds: dict[str, list[int]] = {}
+        self._out: dict[str, int] = {}
+
+    def describe(self) -> str:
+        return f"Meld of {self.inputs} inputs"
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        self.emit(batch)
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        bounds = self._bounds.setdefault(punctuation.attribute, [NO_PROGRESS] * self.inputs)
+        bounds[port] = max(bounds[port], punctuation.value)
+        low = min(bounds)
+        if low > self._out.get(punctuation.attribute, NO_PROGRESS):
+            self._out[punctuation.attribute] = low
+            self.emit_punctuation(Punctuation(low, punctuation.attribute))

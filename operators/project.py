@@ -1,0 +1,42 @@
+"""Project/Apply: computes the output columns of each tuple.
+
+Stateless; punctuation on a column that is projected under a new name is renamed with it (the
+output promises the same bound on that column), other punctuation passes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lowtide.batch import Batch
+from lowtide.operators.base import Operator
+from lowtide.punctuation.model import Punctuation
+
+Columns = Mapping[str, npt.NDArray[Any]]
+
+
+class Project(Operator):
+    label = "Project"
+
+    def __init__(self, outputs: dict[str, Callable[[Columns], Any]], renames: dict[str, str]) -> None:
+        super().__init__()
+        self.outputs = outputs
+        self.renames = renames  # input column -> output name, for columns passed through as they are
+
+    def describe(self) -> str:
+        return f"Project {', '.join(self.outputs)}"
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        columns = {
+            name: np.broadcast_to(np.asarray(fn(batch.columns)), (batch.n,)) for name, fn in self.outputs.items()
+        }
+        self.emit(Batch(columns, batch.n, batch.late))
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        attribute = self.renames.get(punctuation.attribute, punctuation.attribute)
+        self.emit_punctuation(Punctuation(punctuation.value, attribute))

@@ -1,0 +1,315 @@
+"""WID Aggregate (Figure 6-4): aggregates per (group, window id), emitted when punctuation covers them.
+
+Input tuples carry ``[wid_start, wid_end)`` from :class:`~lowtide.operators.bucket.Bucket`. Each
+tuple updates the cell ``(window, group)`` of every window in its range; a *row* of state holds
+one window (for landmark windows one slide, folded into a running prefix at emission).
+
+Punctuation contract. On ``Punctuation(q, "wid")`` every window ``< q`` is complete: its
+non-empty groups are emitted once, at ``revision`` 0, in one batch per punctuation, and then
+``Punctuation(end(q), "window_end")`` is emitted - no later row of revision 0 has a smaller
+``window_end``. Without allowed lateness a window's state is dropped as it is emitted, so state
+is bounded by the open windows. With allowed lateness (late policy ``update``) a window's state
+stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
+corrected row with ``revision`` + 1; tuples later than that go to the late side stream.
+Partitioned tuple windows complete partition by partition: a cell is emitted as soon as its
+partition has seen the window's last row, and the output punctuation is the minimum over
+partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lowtide.batch import Batch
+from lowtide.operators.aggregates import AggregateCall, CellState
+from lowtide.operators.base import Operator
+from lowtide.operators.bucket import key_matrix
+from lowtide.operators.group_table import GroupTable
+from lowtide.operators.windows import Landmark, Rows, Window
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.schema import ColumnType
+
+I64 = npt.NDArray[np.int64]
+Having = Callable[[dict[str, Any]], npt.NDArray[np.bool_]]
+LateSink = Callable[[Batch], None]
+
+_DENSE_SPAN = 1 << 16
+
+
+def touched_windows(ws: I64, we: I64) -> I64:
+    """Sorted window ids covered by at least one range ``[ws[i], we[i])``."""
+    lo, hi = int(ws.min()), int(we.max())
+    if hi - lo <= max(_DENSE_SPAN, 4 * ws.shape[0]):
+        span = hi - lo
+        cover = np.bincount(ws - lo, minlength=span + 1)[: span + 1] - np.bincount(we - lo, minlength=span + 1)[
+            : span + 1
+        ]
+        return np.flatnonzero(np.cumsum(cover)[:span] > 0).astype(np.int64) + lo
+    starts = np.unique(ws)
+    ranges = [np.arange(s, e) for s, e in zip(ws.tolist(), we.tolist(), strict=True)]
+    del starts
+    return np.unique(np.concatenate(ranges)).astype(np.int64)
+
+
+class WIDAggregate(Operator):
+    label = "WID Aggregate"
+
+    def __init__(
+        self,
+        window: Window,
+        group_columns: tuple[str, ...],
+        group_types: tuple[ColumnType, ...],
+        calls: tuple[AggregateCall, ...],
+        columns: tuple[str, ...],
+        having: Having | None = None,
+        allowed_lateness: bool = False,
+        late_sink: LateSink | None = None,
+        decode: Callable[[I64], Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.window = window
+        self.group_columns = group_columns
+        self.group_types = group_types
+        self.calls = calls
+        self.columns = columns
+        self.having = having
+        self.allowed_lateness = allowed_lateness
+        self.late_sink = late_sink
+        self.decode = decode
+        self.groups = GroupTable(len(group_columns))
+        self.cells = CellState(calls, track_revisions=allowed_lateness)
+        self._row_of: dict[int, int] = {}
+        self._free: list[int] = []
+        self._rows_used = 0
+        self.first_open = NO_PROGRESS
+        self.retained_from = NO_PROGRESS
+        self._out_punctuation: int | None = None
+        self.landmark = isinstance(window, Landmark)
+        self.partitioned = isinstance(window, Rows) and bool(window.partition)
+        if self.landmark:
+            self._base = self._new_row()  # the running prefix of a landmark window
+            self._next_landmark: int | None = None
+            self._landmark_start = 0
+        self._partition_rows = np.zeros(0, np.int64)  # tuples seen per partition
+        self._group_partition = np.zeros(0, np.int64)
+
+    # -- rows -------------------------------------------------------------------------------
+    def _new_row(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self._rows_used += 1
+        return self._rows_used - 1
+
+    def _release(self, wids: list[int]) -> None:
+        rows = np.array([self._row_of.pop(w) for w in wids], dtype=np.int64)
+        self.cells.reset_rows(rows)
+        self._free.extend(rows.tolist())
+
+    def open_windows(self) -> int:
+        return len(self._row_of)
+
+    def state_bytes(self) -> int:
+        return self.cells.nbytes() + self.groups.nbytes()
+
+    def describe(self) -> str:
+        by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
+        aggs = ", ".join(call.describe() for call in self.calls)
+        return f"WID Aggregate {aggs}{by}"
+
+    # -- input ------------------------------------------------------------------------------
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        if batch.n == 0:
+            return
+        ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
+        if batch.late:
+            batch, ws, we = self._admit_late(batch, ws, we)
+            if batch.n == 0:
+                return
+        gid = self.groups.ids(key_matrix(batch, self.group_columns))
+        touched = touched_windows(ws, we)
+        for w in touched.tolist():
+            if w not in self._row_of:
+                self._row_of[w] = self._new_row()
+        base = int(touched[0])
+        row_of = np.full(int(touched[-1]) - base + 1, -1, dtype=np.int64)
+        row_of[touched - base] = [self._row_of[w] for w in touched.tolist()]
+        self.cells.ensure(self._rows_used, len(self.groups))
+        self.cells.update(batch, ws, we, base, row_of, gid)
+        if self.partitioned:
+            self._count_partitions(batch.columns["partition"], gid)
+            self._emit_partitions()
+        if batch.late:
+            self._revise(ws, np.minimum(we, self.first_open), gid)
+
+    def _admit_late(self, batch: Batch, ws: I64, we: I64) -> tuple[Batch, I64, I64]:
+        """Clip late tuples to the windows still retained; the rest go to the late side stream."""
+        ws = np.maximum(ws, self.retained_from)
+        alive = ws < we
+        if not alive.all():
+            if self.late_sink is not None:
+                self.late_sink(batch.select(~alive))
+            batch, ws, we = batch.select(alive), ws[alive], we[alive]
+        return batch.with_columns({"wid_start": ws}), ws, we
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        if punctuation.attribute == "wid_retain":
+            self._forget_below(punctuation.value)
+            return
+        if punctuation.attribute != "wid":
+            return
+        q = punctuation.value
+        if q <= self.first_open:
+            return
+        if self.landmark:
+            self._emit_landmark(q)
+        elif self.partitioned:
+            if q >= END_OF_STREAM:
+                self._emit_partitions(final=True)
+        else:
+            ready = sorted(w for w in self._row_of if w < q)
+            self._emit_windows(ready)
+            if not self.allowed_lateness:
+                self._release(ready)
+                self._compact_groups()
+        self.first_open = q
+        if not self.partitioned:
+            self._punctuate_out(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
+
+    def _forget_below(self, retain: int) -> None:
+        if retain <= self.retained_from:
+            return
+        self.retained_from = retain
+        self._release(sorted(w for w in self._row_of if w < min(retain, self.first_open)))
+        self._compact_groups()
+
+    def _punctuate_out(self, value: int) -> None:
+        if self._out_punctuation is None or value > self._out_punctuation:
+            self._out_punctuation = value
+            self.emit_punctuation(Punctuation(value, "window_end"))
+
+    # -- emission ---------------------------------------------------------------------------
+    def _emit_windows(self, wids: list[int]) -> None:
+        if not wids:
+            return
+        n = self.cells.arrays["n"]
+        width = len(self.groups)
+        rows_l, gids_l, wids_l = [], [], []
+        for w in wids:
+            row = self._row_of[w]
+            g = np.flatnonzero(n[row, :width] > 0)
+            rows_l.append(np.full(g.shape[0], row, np.int64))
+            gids_l.append(g)
+            wids_l.append(np.full(g.shape[0], w, np.int64))
+        self._emit_cells(np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l))
+
+    def _emit_cells(self, rows: I64, gids: I64, wids: I64, revision: I64 | None = None) -> None:
+        if rows.shape[0] == 0:
+            return
+        if "rev" in self.cells.arrays:
+            rev = self.cells.arrays["rev"]
+            revision = rev[rows, gids] + 1
+            rev[rows, gids] = revision
+        columns: dict[str, Any] = {}
+        if isinstance(self.window, Landmark):
+            columns["window_start"] = np.full(wids.shape[0], self._landmark_start * self.window.slide, np.int64)
+            columns["window_end"] = (wids + 1) * self.window.slide
+        else:
+            columns["window_start"], columns["window_end"] = self.window.bounds(wids)
+        keys = self.groups.keys[gids]
+        for j, name in enumerate(self.group_columns):
+            columns[name] = keys[:, j].astype(self.group_types[j].dtype) if self.group_types[j].name != "float64" else keys[
+                :, j
+            ].view(np.float64)
+        columns.update(self.cells.finalize(rows, gids, self.decode))
+        columns["revision"] = revision if revision is not None else np.zeros(rows.shape[0], np.int64)
+        if self.having is not None:
+            keep = self.having(columns)
+            columns = {name: values.filter(keep) if hasattr(values, "filter") else values[keep] for name, values in columns.items()}
+        size = len(columns["revision"])
+        self.emit(Batch({name: columns[name] for name in self.columns}, size))
+
+    def _revise(self, ws: I64, we_emitted: I64, gid: I64) -> None:
+        """Re-emit the cells of already emitted windows that late tuples changed."""
+        cells: set[tuple[int, int]] = set()
+        for s, e, g in zip(ws.tolist(), we_emitted.tolist(), gid.tolist(), strict=True):
+            cells.update((w, g) for w in range(s, e))
+        if not cells:
+            return
+        ordered = sorted(cells)
+        wids = np.array([w for w, _ in ordered], np.int64)
+        gids = np.array([g for _, g in ordered], np.int64)
+        rows = np.array([self._row_of[w] for w, _ in ordered], np.int64)
+        self._emit_cells(rows, gids, wids)
+
+    def _emit_landmark(self, q: int) -> None:
+        if self._next_landmark is None:
+            if not self._row_of:
+                return
+            self._next_landmark = self._landmark_start = min(self._row_of)
+        upper = q if q < END_OF_STREAM else (max(self._row_of) + 1 if self._row_of else self._next_landmark)
+        n = self.cells.arrays["n"]
+        for w in range(self._next_landmark, upper):
+            if w in self._row_of:
+                self.cells.merge_row(self._base, self._row_of[w])
+                self._release([w])
+            g = np.flatnonzero(n[self._base, : len(self.groups)] > 0)
+            if "rev" in self.cells.arrays:
+                self.cells.arrays["rev"][self._base, g] = -1
+            self._emit_cells(np.full(g.shape[0], self._base, np.int64), g, np.full(g.shape[0], w, np.int64))
+        self._next_landmark = max(self._next_landmark, upper)
+
+    def _count_partitions(self, partition: I64, gid: I64) -> None:
+        n_part = int(partition.max()) + 1
+        if n_part > self._partition_rows.shape[0]:
+            grown = np.zeros(max(n_part, 2 * self._partition_rows.shape[0]), np.int64)
+            grown[: self._partition_rows.shape[0]] = self._partition_rows
+            self._partition_rows = grown
+        self._partition_rows[: n_part] += np.bincount(partition, minlength=n_part)
+        if len(self.groups) > self._group_partition.shape[0]:
+            grown = np.zeros(max(len(self.groups), 2 * self._group_partition.shape[0]), np.int64)
+            grown[: self._group_partition.shape[0]] = self._group_partition
+            self._group_partition = grown
+        self._group_partition[gid] = partition
+
+    def _emit_partitions(self, final: bool = False) -> None:
+        """Emit every cell whose partition has passed the cell's window (tuple windows, PA)."""
+        assert isinstance(self.window, Rows)
+        if not self._row_of:
+            return
+        n = self.cells.arrays["n"]
+        width = len(self.groups)
+        frontier = self.window.first_open_many(self._partition_rows)[self._group_partition[:width]]
+        rows_l, gids_l, wids_l = [], [], []
+        for w in sorted(self._row_of):
+            row = self._row_of[w]
+            g = np.flatnonzero((n[row, :width] > 0) & ((frontier > w) | final))
+            rows_l.append(np.full(g.shape[0], row, np.int64))
+            gids_l.append(g)
+            wids_l.append(np.full(g.shape[0], w, np.int64))
+        rows, gids, wids = np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l)
+        self._emit_cells(rows, gids, wids)
+        self.cells.reset_cells(rows, gids)
+        empty = [w for w in self._row_of if not n[self._row_of[w], :width].any()]
+        self._release(empty)
+        seen = self._partition_rows[self._partition_rows > 0]
+        if final:
+            self._punctuate_out(END_OF_STREAM)
+        elif seen.shape[0]:
+            self._punctuate_out(self.window.end_of(int(self.window.first_open_many(seen).min())))
+
+    def _compact_groups(self) -> None:
+        """Forget groups that have no cell in any open window (bounded state under key churn)."""
+        width = len(self.groups)
+        if width < 4096 or self.landmark:
+            return
+        live_rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
+        live = self.cells.arrays["n"][live_rows, :width].any(axis=0) if live_rows.size else np.zeros(width, bool)
+        if live.sum() * 2 > width:
+            return
+        remap = self.groups.compact(live)
+        self.cells.remap_groups(remap, len(self.groups))

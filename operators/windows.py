@@ -1,0 +1,121 @@
+"""Window semantics of chapter 5: ``wids()``, ``extent()`` bounds and completion by punctuation.
+
+Windows are aligned to 0 of the windowing attribute's domain (DESIGN.md §3), identified by
+integer window ids ``w`` (negative ids are windows that start before 0, and are real windows).
+
+* :class:`Sliding` (tumbling when RANGE == SLIDE): ``extent(w) = [w*SLIDE, w*SLIDE + RANGE)``,
+  so ``wids(t) = [floor((t - RANGE) / SLIDE) + 1, floor(t / SLIDE) + 1)``. RANGE need not be a
+  multiple of SLIDE; with SLIDE > RANGE some tuples fall in no window.
+* :class:`Landmark` (RANGE ALL): ``extent(w) = {t : t < (w+1)*SLIDE}``; window ids start at the
+  slide of the first tuple. Its rows are slides: ``wids`` tags a tuple with its slide only and the
+  aggregate keeps prefixes.
+* :class:`Rows` (WA row-num, optionally PA): the sliding definition over arrival positions
+  (``rank`` within the partition when partitioned).
+
+A window ``w`` is complete once punctuation ``p >= end(w)``: ``first_open(p)`` is the smallest
+window id that punctuation ``p`` does not yet complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+
+I64 = npt.NDArray[np.int64]
+
+
+def _saturating(q: int) -> int:
+    return max(NO_PROGRESS, min(END_OF_STREAM, q))
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """``[RANGE range, SLIDE slide, WA attribute]`` in the attribute's units."""
+
+    range: int
+    slide: int
+    attribute: str
+
+    def wids(self, values: I64) -> tuple[I64, I64]:
+        """``[wid_start, wid_end)`` of each value (Eq. 5.3 aligned to 0)."""
+        return (values - self.range) // self.slide + 1, values // self.slide + 1
+
+    def first_open(self, punctuation: int) -> int:
+        if punctuation >= END_OF_STREAM:
+            return END_OF_STREAM
+        if punctuation <= NO_PROGRESS:
+            return NO_PROGRESS
+        return _saturating((punctuation - self.range) // self.slide + 1)
+
+    def bounds(self, wids: I64) -> tuple[I64, I64]:
+        start = wids * self.slide
+        return start, start + self.range
+
+    def end_of(self, wid: int) -> int:
+        return _saturating(wid * self.slide + self.range)
+
+    def describe(self) -> str:
+        kind = "tumbling" if self.range == self.slide else "sliding"
+        return f"{kind} RANGE {self.range} SLIDE {self.slide} on {self.attribute}"
+
+
+@dataclass(frozen=True)
+class Landmark:
+    """``[RANGE ALL, SLIDE slide, WA attribute]``: rows are slides, windows are prefixes."""
+
+    slide: int
+    attribute: str
+
+    def wids(self, values: I64) -> tuple[I64, I64]:
+        slides = values // self.slide
+        return slides, slides + 1
+
+    def first_open(self, punctuation: int) -> int:
+        if punctuation >= END_OF_STREAM:
+            return END_OF_STREAM
+        if punctuation <= NO_PROGRESS:
+            return NO_PROGRESS
+        return punctuation // self.slide
+
+    def end_of(self, wid: int) -> int:
+        return _saturating((wid + 1) * self.slide)
+
+    def describe(self) -> str:
+        return f"landmark RANGE ALL SLIDE {self.slide} on {self.attribute}"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """``[RANGE range ROWS, SLIDE slide ROWS, WA row-num(, PA partition)]``."""
+
+    range: int
+    slide: int
+    partition: tuple[str, ...] = ()
+
+    def wids(self, positions: I64) -> tuple[I64, I64]:
+        return (positions - self.range) // self.slide + 1, positions // self.slide + 1
+
+    def first_open(self, rows_seen: int) -> int:
+        """Windows below this id hold only positions ``< rows_seen``: they are complete."""
+        return (rows_seen - self.range) // self.slide + 1
+
+    def first_open_many(self, rows_seen: I64) -> I64:
+        return (rows_seen - self.range) // self.slide + 1
+
+    def bounds(self, wids: I64) -> tuple[I64, I64]:
+        start = wids * self.slide
+        return start, start + self.range
+
+    def end_of(self, wid: int) -> int:
+        return _saturating(wid * self.slide + self.range)
+
+    def describe(self) -> str:
+        by = f" PA {', '.join(self.partition)}" if self.partition else ""
+        return f"rows RANGE {self.range} SLIDE {self.slide} on row-num{by}"
+
+
+Window = Sliding | Landmark | Rows
