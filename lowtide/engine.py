@@ -145,7 +145,9 @@ class Engine:
         running = self._plan(sql, "explain", LatePolicy.DROP, None)
         return running.plan.explain() + f"\n{len(running.plan.operators)}. {running.sink.describe()}"
 
-    def _plan(self, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None) -> RunningQuery:
+    def _plan(
+        self, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None
+    ) -> RunningQuery:
         query = parse_query(sql)
         holder: list[RunningQuery] = []
 
@@ -165,7 +167,9 @@ class Engine:
             forward=(lambda b: derived.ingest(b, b.columns[derived.attribute] < derived.progress, name))
             if derived
             else None,
-            forward_punctuation=(lambda p: derived.punctuate(name, p.value) if p.attribute == derived.attribute else None)
+            forward_punctuation=(
+                lambda p: derived.punctuate(name, p.value) if p.attribute == derived.attribute else None
+            )
             if derived
             else None,
         )
@@ -209,7 +213,9 @@ class Engine:
     def _regranulate(self) -> None:
         """Generated punctuation no finer than the windows in use need (gcd of their slides)."""
         for stream in self._streams.values():
-            slides = [q.plan.slides[stream.name] for q in self._queries.values() if stream.name in q.plan.slides]
+            slides = [
+                q.plan.slides[stream.name] for q in self._queries.values() if stream.name in q.plan.slides
+            ]
             stream.granularity = math.gcd(*slides) if slides else 1
 
     def list_queries(self) -> list[dict[str, Any]]:
@@ -240,7 +246,9 @@ class Engine:
             raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
         batch, late = target.admit(data, self.pool)
         if batch.n > self.limits.max_batch_rows:
-            raise ResourceExhausted(f"batch of {batch.n} rows is over the limit of {self.limits.max_batch_rows}")
+            raise ResourceExhausted(
+                f"batch of {batch.n} rows is over the limit of {self.limits.max_batch_rows}"
+            )
         if late.any():
             for op in target.subscribers:
                 if op.policy is LatePolicy.ERROR:

@@ -8,7 +8,7 @@ rises. It also feeds the query's result stream, which later queries may read by 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +19,8 @@ from lowtide.punctuation.model import Punctuation
 from lowtide.schema import ColumnType
 from lowtide.strings import StringPool
 
-Item = pa.Table | Punctuation
-Fields = tuple[tuple[str, ColumnType], ...]
+Item: TypeAlias = pa.Table | Punctuation
+Fields: TypeAlias = tuple[tuple[str, ColumnType], ...]
 
 
 def to_table(batch: Batch, fields: Fields, pool: StringPool) -> pa.Table:

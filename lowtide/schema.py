@@ -159,7 +159,9 @@ def to_arrow_table(data: Any) -> pa.Table:
         arrays = {}
         for name, values in data.items():
             try:
-                arrays[str(name)] = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+                arrays[str(name)] = (
+                    values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+                )
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
                 raise SchemaMismatch(f"column {name!r}: {exc}") from exc
         try:
@@ -182,13 +184,13 @@ def _integers(name: str, values: pa.ChunkedArray, kind: ColumnType) -> npt.NDArr
         as_float = values.to_numpy()
         if not np.all(np.isfinite(as_float)) or np.any(as_float != np.floor(as_float)):
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got non-integral numbers")
-        return as_float.astype(kind.dtype)
+        return np.asarray(as_float, dtype=kind.dtype)
     elif not pa.types.is_integer(vtype):
         raise SchemaMismatch(f"column {name!r} is {kind.name}, got {vtype}")
     out = values.to_numpy()
     if kind.name == "int32" and len(out) and (out.min() < -(2**31) or out.max() >= 2**31):
         raise SchemaMismatch(f"column {name!r} is int32, got values out of its range")
-    return out.astype(kind.dtype, copy=False)
+    return np.asarray(out, dtype=kind.dtype)
 
 
 def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPool) -> npt.NDArray[Any]:
@@ -203,7 +205,9 @@ def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPo
         return pool.encode(values)
     if values.null_count:
         if kind.name != "float64":
-            raise SchemaMismatch(f"column {name!r} ({kind.name}) has nulls; only float64 and string columns may")
+            raise SchemaMismatch(
+                f"column {name!r} ({kind.name}) has nulls; only float64 and string columns may"
+            )
         values = pc.fill_null(values.cast(pa.float64()), float("nan"))
     if kind.is_integer:
         return _integers(name, values, kind)

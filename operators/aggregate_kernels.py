@@ -47,7 +47,9 @@ def update_count_valid(
 
 
 @nb.njit(cache=True, nogil=True)
-def update_sum(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr) -> None:
+def update_sum(
+    wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr
+) -> None:
     """sum(x): ``state[row, group] += values[i]``; int64 or float64 state (mutated)."""
     for i in range(gid.shape[0]):
         v = values[i]
@@ -59,7 +61,9 @@ def update_sum(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I6
 
 
 @nb.njit(cache=True, nogil=True)
-def update_min(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr) -> None:
+def update_min(
+    wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr
+) -> None:
     """min(x): state starts at the dtype's maximum (mutated)."""
     for i in range(gid.shape[0]):
         v = values[i]
@@ -73,7 +77,9 @@ def update_min(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I6
 
 
 @nb.njit(cache=True, nogil=True)
-def update_max(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr) -> None:
+def update_max(
+    wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, state: Arr
+) -> None:
     """max(x): state starts at the dtype's minimum (mutated)."""
     for i in range(gid.shape[0]):
         v = values[i]
@@ -88,7 +94,15 @@ def update_max(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I6
 
 @nb.njit(cache=True, nogil=True)
 def update_moments(
-    wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: I64, values: Arr, count: I64, mean: F64, m2: F64
+    wid_start: I64,
+    wid_end: I64,
+    wid_base: int,
+    row_of: I64,
+    gid: I64,
+    values: Arr,
+    count: I64,
+    mean: F64,
+    m2: F64,
 ) -> None:
     """var/stddev: Welford's update of (count, mean, m2) per cell; numerically stable (mutated)."""
     for i in range(gid.shape[0]):

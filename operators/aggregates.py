@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
+from lowtide.operators import aggregate_kernels as k
 
 from lowtide.batch import Batch
-from lowtide.operators import aggregate_kernels as k
 from lowtide.schema import FLOAT64, INT64, ColumnType
 
 I64 = npt.NDArray[np.int64]
@@ -228,7 +229,9 @@ class CellState:
             elif kind == "max":
                 k.update_max(ws, we, wid_base, row_of, gid, values, a[name])
             elif kind == "mcount":
-                k.update_moments(ws, we, wid_base, row_of, gid, values, a[name], a[f"mean:{col}"], a[f"m2:{col}"])
+                k.update_moments(
+                    ws, we, wid_base, row_of, gid, values, a[name], a[f"mean:{col}"], a[f"m2:{col}"]
+                )
         for col, log in self.logs.items():
             rows, gids, index = k.expand_cells(ws, we, wid_base, row_of, gid)
             values = batch.columns[col][index]
@@ -310,12 +313,14 @@ class CellState:
         uniq, starts = np.unique(keys, return_index=True)
         ends = np.append(starts[1:], keys.shape[0]).astype(np.int64)
         starts = starts.astype(np.int64)
-        position = np.searchsorted(uniq, wanted)
-        present = (position < uniq.shape[0]) & (uniq[np.minimum(position, max(uniq.shape[0] - 1, 0))] == wanted)
         # Cells whose values were all null have no entries: an empty segment.
-        seg_start = np.where(present, starts[np.minimum(position, max(starts.shape[0] - 1, 0))] if starts.size else 0, 0)
-        seg_end = np.where(present, ends[np.minimum(position, max(ends.shape[0] - 1, 0))] if ends.size else 0, 0)
-        seg_start, seg_end = seg_start.astype(np.int64), seg_end.astype(np.int64)
+        seg_start = np.zeros(wanted.shape[0], np.int64)
+        seg_end = np.zeros(wanted.shape[0], np.int64)
+        if uniq.shape[0]:
+            position = np.minimum(np.searchsorted(uniq, wanted), uniq.shape[0] - 1)
+            present = uniq[position] == wanted
+            seg_start[present] = starts[position[present]]
+            seg_end[present] = ends[position[present]]
         if call.func in (AggFunc.MEDIAN, AggFunc.QUANTILE):
             q = 0.5 if call.func is AggFunc.MEDIAN else float(call.param or 0.0)
             return k.quantiles_of_segments(values.astype(np.float64), seg_start, seg_end, q)
@@ -338,15 +343,18 @@ class CellState:
         hit_offsets, hit_values, hit_counts = k.heavy_hitters_of_segments(
             laid, offsets[:-1], offsets[1:], float(call.param or 0.0)
         )
-        # Within each window, most frequent first; ties by value.
+        # Within each window, most frequent first; ties by value (strings by their text, not
+        # by their pool codes, which follow first appearance).
         segment = np.repeat(np.arange(hit_offsets.shape[0] - 1), np.diff(hit_offsets))
-        order = np.lexsort((hit_values, -hit_counts, segment))
-        ordered = hit_values[order]
         kind = call.input_type
         if kind is not None and kind.is_string:
-            items = pool_decode(ordered.astype(np.int64))
-        else:
-            items = pa.array(ordered.astype(kind.dtype if kind else np.float64), type=kind.arrow if kind else None)
+            decoded = pool_decode(hit_values.astype(np.int64))
+            by_text = np.asarray(pc.rank(decoded, sort_keys="ascending", tiebreaker="dense"), np.int64)
+            order = np.lexsort((by_text, -hit_counts, segment))
+            return pa.ListArray.from_arrays(pa.array(hit_offsets, type=pa.int32()), decoded.take(order))
+        order = np.lexsort((hit_values, -hit_counts, segment))
+        ordered = hit_values[order]
+        items = pa.array(ordered.astype(kind.dtype if kind else np.float64), type=kind.arrow if kind else None)
         return pa.ListArray.from_arrays(pa.array(hit_offsets, type=pa.int32()), items)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from lowtide.batch import Batch
 from lowtide.punctuation.model import Punctuation
+
+from lowtide.batch import Batch
 
 
 class Operator(ABC):

@@ -2,7 +2,8 @@
 
 Output tuples carry ``wid_start`` and ``wid_end`` (int64): the tuple belongs to the windows
 ``[wid_start, wid_end)`` of its window specification (``wids()`` of chapter 5). Tuples that fall in
-no window (SLIDE > RANGE gaps) are not passed on.
+no window (SLIDE > RANGE gaps) are not passed on, except for partitioned tuple windows, where the
+aggregate counts every row of a partition to know which of its windows are complete.
 
 Punctuation contract: punctuation ``p`` on the windowing attribute becomes ``Punctuation(q, "wid")``
 where ``q = first_open(p)``: every window ``< q`` is complete, so no later tuple carries a window
@@ -18,12 +19,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 import numpy.typing as npt
-
-from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+
+from lowtide.batch import Batch
 
 I64 = npt.NDArray[np.int64]
 
@@ -79,7 +80,9 @@ class Bucket(Operator):
                 assert self._partitions is not None
                 pid = self._partitions.ids(key_matrix(batch, window.partition))
                 if len(self._partitions) > self._partition_counts.shape[0]:
-                    grown = np.zeros(max(len(self._partitions), 2 * self._partition_counts.shape[0]), np.int64)
+                    grown = np.zeros(
+                        max(len(self._partitions), 2 * self._partition_counts.shape[0]), np.int64
+                    )
                     grown[: self._partition_counts.shape[0]] = self._partition_counts
                     self._partition_counts = grown
                 positions = rank_in_partition(pid, self._partition_counts)
@@ -92,7 +95,7 @@ class Bucket(Operator):
             start, end = window.wids(batch.columns[window.attribute].astype(np.int64, copy=False))
         out = batch.with_columns({"wid_start": start, "wid_end": end, **extra})
         inside = start < end
-        if not inside.all():
+        if not inside.all() and "partition" not in extra:
             out = out.select(inside)
         self.emit(out)
         if isinstance(window, Rows) and not window.partition:
@@ -109,7 +112,11 @@ class Bucket(Operator):
         p = punctuation.value
         retain = None
         if self.allowed_lateness:
-            retain = END_OF_STREAM if p >= END_OF_STREAM else window.first_open(max(NO_PROGRESS, p - self.allowed_lateness))
+            retain = (
+                END_OF_STREAM
+                if p >= END_OF_STREAM
+                else window.first_open(max(NO_PROGRESS, p - self.allowed_lateness))
+            )
         self._advance(window.first_open(p), retain)
 
     def _advance(self, first_open: int, retain: int | None) -> None:

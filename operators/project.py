@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.punctuation.model import Punctuation
+
+from lowtide.batch import Batch
 
 Columns = Mapping[str, npt.NDArray[Any]]
 
@@ -24,16 +24,17 @@ class Project(Operator):
 
     def __init__(self, outputs: dict[str, Callable[[Columns], Any]], renames: dict[str, str]) -> None:
         super().__init__()
-        self.outputs = outputs
+        self.expressions = outputs
         self.renames = renames  # input column -> output name, for columns passed through as they are
 
     def describe(self) -> str:
-        return f"Project {', '.join(self.outputs)}"
+        return f"Project {', '.join(self.expressions)}"
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
         columns = {
-            name: np.broadcast_to(np.asarray(fn(batch.columns)), (batch.n,)) for name, fn in self.outputs.items()
+            name: np.broadcast_to(np.asarray(fn(batch.columns)), (batch.n,))
+            for name, fn in self.expressions.items()
         }
         self.emit(Batch(columns, batch.n, batch.late))
 

@@ -12,8 +12,8 @@ is bounded by the open windows. With allowed lateness (late policy ``update``) a
 stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
 corrected row with ``revision`` + 1; tuples later than that go to the late side stream.
 Partitioned tuple windows complete partition by partition: a cell is emitted as soon as its
-partition has seen the window's last row, and the output punctuation is the minimum over
-partitions.
+partition has seen the window's last row. Their only output punctuation is end of stream: the
+minimum over partitions includes the partitions not seen yet, which are still at row 0.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.windows import Landmark, Rows, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+
+from lowtide.batch import Batch
 from lowtide.schema import ColumnType
 
 I64 = npt.NDArray[np.int64]
@@ -45,9 +45,10 @@ def touched_windows(ws: I64, we: I64) -> I64:
     lo, hi = int(ws.min()), int(we.max())
     if hi - lo <= max(_DENSE_SPAN, 4 * ws.shape[0]):
         span = hi - lo
-        cover = np.bincount(ws - lo, minlength=span + 1)[: span + 1] - np.bincount(we - lo, minlength=span + 1)[
-            : span + 1
-        ]
+        cover = (
+            np.bincount(ws - lo, minlength=span + 1)[: span + 1]
+            - np.bincount(we - lo, minlength=span + 1)[: span + 1]
+        )
         return np.flatnonzero(np.cumsum(cover)[:span] > 0).astype(np.int64) + lo
     starts = np.unique(ws)
     ranges = [np.arange(s, e) for s, e in zip(ws.tolist(), we.tolist(), strict=True)]
@@ -130,6 +131,15 @@ class WIDAggregate(Operator):
             batch, ws, we = self._admit_late(batch, ws, we)
             if batch.n == 0:
                 return
+        if self.partitioned:
+            # Every row of a partition counts towards its progress, also rows in no window.
+            self._count_partitions(batch.columns["partition"])
+            inside = ws < we
+            if not inside.all():
+                batch, ws, we = batch.select(inside), ws[inside], we[inside]
+            if batch.n == 0:
+                self._emit_partitions()
+                return
         gid = self.groups.ids(key_matrix(batch, self.group_columns))
         touched = touched_windows(ws, we)
         for w in touched.tolist():
@@ -141,7 +151,7 @@ class WIDAggregate(Operator):
         self.cells.ensure(self._rows_used, len(self.groups))
         self.cells.update(batch, ws, we, base, row_of, gid)
         if self.partitioned:
-            self._count_partitions(batch.columns["partition"], gid)
+            self._map_groups(batch.columns["partition"], gid)
             self._emit_partitions()
         if batch.late:
             self._revise(ws, np.minimum(we, self.first_open), gid)
@@ -216,20 +226,27 @@ class WIDAggregate(Operator):
             rev[rows, gids] = revision
         columns: dict[str, Any] = {}
         if isinstance(self.window, Landmark):
-            columns["window_start"] = np.full(wids.shape[0], self._landmark_start * self.window.slide, np.int64)
+            columns["window_start"] = np.full(
+                wids.shape[0], self._landmark_start * self.window.slide, np.int64
+            )
             columns["window_end"] = (wids + 1) * self.window.slide
         else:
             columns["window_start"], columns["window_end"] = self.window.bounds(wids)
         keys = self.groups.keys[gids]
         for j, name in enumerate(self.group_columns):
-            columns[name] = keys[:, j].astype(self.group_types[j].dtype) if self.group_types[j].name != "float64" else keys[
-                :, j
-            ].view(np.float64)
+            columns[name] = (
+                keys[:, j].astype(self.group_types[j].dtype)
+                if self.group_types[j].name != "float64"
+                else keys[:, j].view(np.float64)
+            )
         columns.update(self.cells.finalize(rows, gids, self.decode))
         columns["revision"] = revision if revision is not None else np.zeros(rows.shape[0], np.int64)
         if self.having is not None:
             keep = self.having(columns)
-            columns = {name: values.filter(keep) if hasattr(values, "filter") else values[keep] for name, values in columns.items()}
+            columns = {
+                name: values.filter(keep) if hasattr(values, "filter") else values[keep]
+                for name, values in columns.items()
+            }
         size = len(columns["revision"])
         self.emit(Batch({name: columns[name] for name in self.columns}, size))
 
@@ -263,13 +280,16 @@ class WIDAggregate(Operator):
             self._emit_cells(np.full(g.shape[0], self._base, np.int64), g, np.full(g.shape[0], w, np.int64))
         self._next_landmark = max(self._next_landmark, upper)
 
-    def _count_partitions(self, partition: I64, gid: I64) -> None:
+    def _count_partitions(self, partition: I64) -> None:
         n_part = int(partition.max()) + 1
         if n_part > self._partition_rows.shape[0]:
             grown = np.zeros(max(n_part, 2 * self._partition_rows.shape[0]), np.int64)
             grown[: self._partition_rows.shape[0]] = self._partition_rows
             self._partition_rows = grown
-        self._partition_rows[: n_part] += np.bincount(partition, minlength=n_part)
+        self._partition_rows[:n_part] += np.bincount(partition, minlength=n_part)
+
+    def _map_groups(self, partition: I64, gid: I64) -> None:
+        """Remember the partition of each group (PA columns are part of every group key)."""
         if len(self.groups) > self._group_partition.shape[0]:
             grown = np.zeros(max(len(self.groups), 2 * self._group_partition.shape[0]), np.int64)
             grown[: self._group_partition.shape[0]] = self._group_partition
@@ -280,6 +300,8 @@ class WIDAggregate(Operator):
         """Emit every cell whose partition has passed the cell's window (tuple windows, PA)."""
         assert isinstance(self.window, Rows)
         if not self._row_of:
+            if final:
+                self._punctuate_out(END_OF_STREAM)
             return
         n = self.cells.arrays["n"]
         width = len(self.groups)
@@ -296,11 +318,10 @@ class WIDAggregate(Operator):
         self.cells.reset_cells(rows, gids)
         empty = [w for w in self._row_of if not n[self._row_of[w], :width].any()]
         self._release(empty)
-        seen = self._partition_rows[self._partition_rows > 0]
+        # A partition not seen yet starts at row 0, below every partition seen: until the end
+        # of the stream no window end can be promised, whatever the seen partitions reached.
         if final:
             self._punctuate_out(END_OF_STREAM)
-        elif seen.shape[0]:
-            self._punctuate_out(self.window.end_of(int(self.window.first_open_many(seen).min())))
 
     def _compact_groups(self) -> None:
         """Forget groups that have no cell in any open window (bounded state under key churn)."""
@@ -308,7 +329,9 @@ class WIDAggregate(Operator):
         if width < 4096 or self.landmark:
             return
         live_rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        live = self.cells.arrays["n"][live_rows, :width].any(axis=0) if live_rows.size else np.zeros(width, bool)
+        live = (
+            self.cells.arrays["n"][live_rows, :width].any(axis=0) if live_rows.size else np.zeros(width, bool)
+        )
         if live.sum() * 2 > width:
             return
         remap = self.groups.compact(live)

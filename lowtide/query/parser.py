@@ -171,7 +171,7 @@ def _terminal_text(name: str) -> str:
     terminal = next((t for t in _lark().terminals if t.name == name), None)
     if terminal is None or name in _lark().ignore_tokens:
         return ""
-    value = terminal.pattern.value
+    value = str(terminal.pattern.value)
     if isinstance(terminal.pattern, PatternStr) and value.isalpha():
         return value.upper()
     return _quote(value) if isinstance(terminal.pattern, PatternStr) else name
@@ -215,7 +215,7 @@ def _flatten(children: list[Any]) -> list[Any]:
     return flat
 
 
-class _Builder(Transformer[Token, Query]):
+class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is untyped here
     """Builds the AST bottom-up; rule names are those of grammar.lark."""
 
     def __init__(self, sql: str) -> None:

@@ -25,7 +25,17 @@ from lowtide.operators.select import Select
 from lowtide.operators.wid_aggregate import WIDAggregate
 from lowtide.operators.windows import Landmark, Sliding
 from lowtide.punctuation.policies import LatePolicy
-from lowtide.query.ast import BinaryOp, Column, Expr, FromItem, FromStream, FromUnion, FuncCall, Literal, Query, Star
+from lowtide.query.ast import (
+    BinaryOp,
+    Column,
+    Expr,
+    FromItem,
+    FromStream,
+    FuncCall,
+    Literal,
+    Query,
+    Star,
+)
 from lowtide.query.expr import compile_expr
 from lowtide.query.scope import Field, Scope
 from lowtide.query.windowing import SlideByTuple, to_units, window_attribute, window_of
@@ -111,8 +121,12 @@ def _from_item(item: FromItem, ctx: Context) -> Stage:
     first = stages[0]
     layout = [(f.physical, f.type) for f in first.scope.fields]
     for other in stages[1:]:
-        if [(f.physical, f.type) for f in other.scope.fields] != layout or other.attributes != first.attributes:
-            raise UnsupportedQuery("UNION needs inputs with the same columns, types and progressing attribute")
+        if [
+            (f.physical, f.type) for f in other.scope.fields
+        ] != layout or other.attributes != first.attributes:
+            raise UnsupportedQuery(
+                "UNION needs inputs with the same columns, types and progressing attribute"
+            )
     meld = ctx.add(Meld(len(stages)))
     for port, stage in enumerate(stages):
         stage.op.connect(meld, port)
@@ -197,7 +211,9 @@ def _join(query: Query, ctx: Context) -> Stage:
         for prefix, s in zip(prefixes, sides, strict=True)
         for f in s.scope.fields
     )
-    stage = Stage(op, Scope(fields), tuple(f"{p}.{s.attributes[0]}" for p, s in zip(prefixes, sides, strict=True)))
+    stage = Stage(
+        op, Scope(fields), tuple(f"{p}.{s.attributes[0]}" for p, s in zip(prefixes, sides, strict=True))
+    )
     for predicate in residual:
         stage = _select(stage, predicate, ctx)
     return stage
@@ -223,7 +239,9 @@ def _equi_pair(conjunct: Expr, sides: list[Stage]) -> tuple[str, str] | None:
     fa = sides[sa].scope.resolve(a.name, a.qualifier)
     fb = sides[sb].scope.resolve(b.name, b.qualifier)
     if fa.type.is_string != fb.type.is_string or fa.type.name == "float64" or fb.type.name == "float64":
-        raise UnsupportedQuery(f"cannot join {_text(a)} ({fa.type.name}) with {_text(b)} ({fb.type.name}) on equality")
+        raise UnsupportedQuery(
+            f"cannot join {_text(a)} ({fa.type.name}) with {_text(b)} ({fb.type.name}) on equality"
+        )
     return (fa.physical, fb.physical) if sa == 0 else (fb.physical, fa.physical)
 
 
@@ -232,7 +250,7 @@ def _join_window(sides: list[Stage], items: tuple[FromItem, ...]) -> Band | Tumb
     kinds = [s.scope.resolve(s.attributes[0]).type for s in sides]
     tumbling = [spec for spec in specs if spec is not None and spec.tumbling]
     if tumbling:
-        sizes = {to_units(spec.range, kinds[0], "RANGE TUMBLING") for spec in tumbling}
+        sizes = {to_units(spec.range, kinds[0], "RANGE TUMBLING") for spec in tumbling if spec.range is not None}
         if len(sizes) != 1 or any(spec is not None and not spec.tumbling for spec in specs):
             raise UnsupportedQuery("both sides of a tumbling join share one RANGE TUMBLING")
         return Tumbling(sizes.pop())
@@ -240,13 +258,16 @@ def _join_window(sides: list[Stage], items: tuple[FromItem, ...]) -> Band | Tumb
         raise UnsupportedQuery(
             "a join needs a window: [RANGE TUMBLING d, WA ts] after the last stream, or [RANGE r, WA ts] on each"
         )
-    r0, r1 = (to_units(spec.range, kind, "RANGE") for spec, kind in zip(specs, kinds, strict=True))  # type: ignore[union-attr]
+    ranges = [spec.range for spec in specs if spec is not None and spec.range is not None]
+    r0, r1 = (to_units(r, kind, "RANGE") for r, kind in zip(ranges, kinds, strict=True))
     return Band(r0, r1)
 
 
 # -- aggregation ------------------------------------------------------------------------------
 def _is_aggregate(query: Query) -> bool:
-    return bool(query.group_by) or query.window is not None or any(_has_aggregate(i.expr) for i in query.select)
+    return (
+        bool(query.group_by) or query.window is not None or any(_has_aggregate(i.expr) for i in query.select)
+    )
 
 
 def _has_aggregate(expr: Expr) -> bool:
@@ -280,14 +301,18 @@ def _call_of(expr: FuncCall, output: str, scope: Scope) -> AggregateCall:
     func = AggFunc(name)
     needs_number = func not in (AggFunc.COUNT, AggFunc.COUNT_DISTINCT, AggFunc.HEAVY_HITTERS)
     if needs_number and not (f.type.is_numeric or f.type.name == "bool"):
-        raise UnsupportedQuery(f"{name}({_text(column)}) needs a numeric column, {_text(column)} is {f.type.name}")
+        raise UnsupportedQuery(
+            f"{name}({_text(column)}) needs a numeric column, {_text(column)} is {f.type.name}"
+        )
     return AggregateCall(func, f.physical, f.type, param, output)
 
 
 def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int]) -> Plan:
     spec = query.window
     if spec is None:
-        raise UnsupportedQuery("an aggregate needs a window after the select list, e.g. [RANGE 1 minute, WA ts]")
+        raise UnsupportedQuery(
+            "an aggregate needs a window after the select list, e.g. [RANGE 1 minute, WA ts]"
+        )
     scope = stage.scope
     attr_ref = window_attribute(spec)
     if attr_ref is None:
@@ -308,8 +333,9 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         if not isinstance(g, Column):
             raise UnsupportedQuery(f"GROUP BY takes columns, not {_text(g)}")
         group_physicals.append(scope.resolve(g.name, g.qualifier).physical)
-    if not (hasattr(window, "partition") and window.partition):
-        group_physicals += [p for p in partition if p not in group_physicals]
+    # A partition's windows are its own: PA columns are always part of the group key (the
+    # aggregate maps every group to exactly one partition).
+    group_physicals += [p for p in partition if p not in group_physicals]
     calls: list[AggregateCall] = []
     out_names: list[str] = []
     renames: dict[str, str] = {}
@@ -337,7 +363,10 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 hidden = f"__having_{i}"
                 calls.append(_call_of(expr, hidden, scope))
                 names[expr] = hidden
-        result_fields = [Field("window_start", "window_start", INT64), Field("window_end", "window_end", INT64)]
+        result_fields = [
+            Field("window_start", "window_start", INT64),
+            Field("window_end", "window_end", INT64),
+        ]
         result_fields += [Field(p, p, t) for p, t in zip(group_physicals, group_types, strict=True)]
         result_fields += [Field(c.output, c.output, c.result_type()) for c in calls]
         having = compile_expr(query.having, Scope(tuple(result_fields)), ctx.pool, names).fn
@@ -353,16 +382,31 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         from lowtide.operators.slide_by_tuple import SlideByTupleAggregate  # TEMP until merged
 
         agg = SlideByTupleAggregate(
-            window.range, attribute, window.slide_rows, window.by_rank, tuple(group_physicals), group_types,
-            tuple(calls), internal, having, decode,
+            window.range,
+            attribute,
+            window.slide_rows,
+            window.by_rank,
+            tuple(group_physicals),
+            group_types,
+            tuple(calls),
+            internal,
+            having,
+            decode,
         )
         ctx.add(agg, stage.op)
     else:
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
         bucket = ctx.add(Bucket(window, lateness), stage.op)
         agg = WIDAggregate(
-            window, tuple(group_physicals), group_types, tuple(calls), internal, having,
-            allowed_lateness=lateness > 0, late_sink=lambda b: ctx.on_drop(b, late_fields), decode=decode,
+            window,
+            tuple(group_physicals),
+            group_types,
+            tuple(calls),
+            internal,
+            having,
+            allowed_lateness=lateness > 0,
+            late_sink=lambda b: ctx.on_drop(b, late_fields),
+            decode=decode,
         )
         ctx.add(agg, bucket)
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
@@ -370,10 +414,20 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 slides[stream] = min(slides.get(stream, window.slide), window.slide)
     types = {c.output: c.result_type() for c in calls}
     types.update({renames.get(p, p): t for p, t in zip(group_physicals, group_types, strict=True)})
-    schema = (("window_start", INT64), ("window_end", INT64), *[(n, types[n]) for n in out_names], ("revision", INT64))
+    schema = (
+        ("window_start", INT64),
+        ("window_end", INT64),
+        *[(n, types[n]) for n in out_names],
+        ("revision", INT64),
+    )
     last: Operator = agg
     if any(renames.get(p, p) != p for p in renames):
-        outputs = {name: _getter(internal_name) for name, internal_name in zip(("window_start", "window_end", *out_names, "revision"), internal, strict=True)}
+        outputs = {
+            name: _getter(internal_name)
+            for name, internal_name in zip(
+                ("window_start", "window_end", *out_names, "revision"), internal, strict=True
+            )
+        }
         last = ctx.add(Project(outputs, {}), agg)
     return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides)
 

@@ -17,10 +17,8 @@ def to_units(value: Duration | RowCount, kind: ColumnType, what: str) -> int:
     """A duration in the attribute's units (a bare number already is); must be a positive integer."""
     if isinstance(value, RowCount):
         raise UnsupportedQuery(f"{what} is a number of rows but the window is on {kind.name} values")
-    if value.unit is None:
-        units = float(value.amount)
-    else:
-        units = value.amount * _UNIT_MS[value.unit] / kind.unit_ms
+    scale = 1.0 if value.unit is None else _UNIT_MS[value.unit] / kind.unit_ms
+    units = value.amount * scale
     whole = round(units)
     if abs(units - whole) > 1e-9 or whole <= 0:
         raise UnsupportedQuery(
