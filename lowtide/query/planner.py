@@ -22,6 +22,7 @@ from lowtide.operators.meld import Meld
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.operators.project import Project
 from lowtide.operators.select import Select
+from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
 from lowtide.operators.windows import Landmark, Sliding
 from lowtide.punctuation.policies import LatePolicy
@@ -250,7 +251,9 @@ def _join_window(sides: list[Stage], items: tuple[FromItem, ...]) -> Band | Tumb
     kinds = [s.scope.resolve(s.attributes[0]).type for s in sides]
     tumbling = [spec for spec in specs if spec is not None and spec.tumbling]
     if tumbling:
-        sizes = {to_units(spec.range, kinds[0], "RANGE TUMBLING") for spec in tumbling if spec.range is not None}
+        sizes = {
+            to_units(spec.range, kinds[0], "RANGE TUMBLING") for spec in tumbling if spec.range is not None
+        }
         if len(sizes) != 1 or any(spec is not None and not spec.tumbling for spec in specs):
             raise UnsupportedQuery("both sides of a tumbling join share one RANGE TUMBLING")
         return Tumbling(sizes.pop())
@@ -372,15 +375,16 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         having = compile_expr(query.having, Scope(tuple(result_fields)), ctx.pool, names).fn
     internal = ("window_start", "window_end", *[_internal(n, renames) for n in out_names], "revision")
     decode = ctx.pool.decode
-    lateness = 0
-    if ctx.policy is LatePolicy.UPDATE and ctx.allowed_lateness:
-        lateness = to_units(_lateness(ctx.allowed_lateness), kind, "allowed lateness")
+    lateness: int | None = None  # None: late tuples never reach the aggregate
+    if ctx.policy is LatePolicy.UPDATE:
+        # Without allowed lateness a late tuple still updates the windows not yet emitted.
+        lateness = (
+            to_units(_lateness(ctx.allowed_lateness), kind, "allowed lateness") if ctx.allowed_lateness else 0
+        )
         if isinstance(window, Landmark | SlideByTuple) or attribute == "row-num":
             raise UnsupportedQuery("late='update' works with time-based sliding and tumbling windows only")
     agg: Operator
     if isinstance(window, SlideByTuple):
-        from lowtide.operators.slide_by_tuple import SlideByTupleAggregate  # TEMP until merged
-
         agg = SlideByTupleAggregate(
             window.range,
             attribute,
@@ -404,7 +408,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             tuple(calls),
             internal,
             having,
-            allowed_lateness=lateness > 0,
+            allowed_lateness=lateness is not None,
             late_sink=lambda b: ctx.on_drop(b, late_fields),
             decode=decode,
         )

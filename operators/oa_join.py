@@ -1,0 +1,472 @@
+"""OA-Join: the order-agnostic window join of chapter 7 (Figures 7-1 and 7-2), columnar.
+
+Port 0 is the left input S0, port 1 the right input S1; each has a progressing attribute ``ts``
+(int64) and zero or more int64 equality keys. A left tuple ``l`` and a right tuple ``r`` match iff
+their keys are equal and
+
+* band join ``S0 [RANGE r0], S1 [RANGE r1]``: ``l.ts - r1 <= r.ts <= l.ts + r0`` (both inclusive);
+* tumbling join ``[RANGE TUMBLING d]``: ``l.ts // d == r.ts // d`` (floor division).
+
+Every matching pair is emitted exactly once, whatever the arrival order, batch split,
+interleaving and (honest) punctuation: a tuple probes the tuples stored from the other input,
+then is stored itself if a future tuple of the other input can still match it.
+
+Bounds. ``b0``/``b1`` is the latest punctuation of the left/right input (``NO_PROGRESS`` at first);
+every future tuple of input i has ``ts >= b_i``. Call ``T0`` (``T1``) the smallest left (right) ``ts``
+that a future right (left) tuple can still match:
+
+* band: a future right ``r`` (``r.ts >= b1``) meets ``l`` only if ``l.ts + r0 >= r.ts >= b1``, so
+  ``T0 = b1 - r0``; symmetrically ``l.ts <= r.ts + r1`` gives ``T1 = b0 - r1``;
+* tumbling: ``floor(l.ts/d) = floor(r.ts/d) >= floor(b1/d)``, so ``T0 = floor(b1/d)*d`` and
+  ``T1 = floor(b0/d)*d``.
+
+A new tuple of input i is stored only if ``ts >= T_i`` (ProcessTuple); a stored tuple of input i is
+purgeable once ``ts < T_i`` (ProcessPunctuation), and the purge is amortised (the storage is
+compacted when at least a quarter of it is purgeable): a purgeable tuple left in store can no
+longer match, because every candidate partner has ``ts >= b_{1-i}``.
+
+Output punctuation (individual punctuation, one per input timestamp, ProducePunctuation). A
+future output row either carries a future tuple of input i (``ts >= b_i``) or a stored one that
+a future tuple of the other input matches (``ts >= T_i``). Hence after every input punctuation:
+
+* on ``{left.prefix}.{left.ts}``:   ``min(b0, T0)`` = band ``min(b0, b1 - r0)``,
+  tumbling ``min(b0, floor(b1/d)*d)``;
+* on ``{right.prefix}.{right.ts}``: ``min(b1, T1)`` = band ``min(b1, b0 - r1)``,
+  tumbling ``min(b1, floor(b0/d)*d)``;
+
+each emitted only when it rises above the last value emitted for that column (never repeated,
+never regressing, never ``NO_PROGRESS``). ``NO_PROGRESS`` and ``END_OF_STREAM`` saturate as -inf and
++inf (``NO_PROGRESS - r = NO_PROGRESS``, ``floor(END_OF_STREAM/d)*d = END_OF_STREAM``), and finite
+results are clamped into the int64 domain; so when both inputs have ended both outputs are
+``END_OF_STREAM``, and when the other input has ended nothing more is stored and its partner
+store is emptied.
+
+Implementation. Each input keeps columnar storage (numpy arrays with amortised doubling) and a
+chained hash index: ``heads[hash & mask]`` is the first row of a slot, ``next[row]`` the next row
+of the same slot; the stored 64-bit hash and then every key column are verified on a hit. For a
+tumbling join the bucket ``ts // d`` is hashed and verified as an extra key. Rows are stored
+grouped by hash (each appended batch, and the whole store whenever it is compacted or its index
+grows), so a chain is a few contiguous runs and a probe reads memory sequentially. A batch is
+probed in one numba kernel that writes (probe row, stored row) pairs into reused buffers; the
+output columns are gathered with numpy. Timestamps are assumed to stay clear of the int64 ends
+by more than the ranges (the band limits saturate, the store predicates do not overflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+from lowtide.operators.base import Operator
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from numba import njit
+
+from lowtide.batch import Batch, Column
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_MIN_SLOTS = 1024
+_MIN_ROWS = 1024
+_SEED = np.uint64(0x9E3779B97F4A7C15)
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+_SH30 = np.uint64(30)
+_SH27 = np.uint64(27)
+_SH31 = np.uint64(31)
+
+
+def _jit(fn: _F) -> _F:
+    return cast(_F, njit(cache=True, nogil=True)(fn))
+
+
+@_jit
+def _hash_rows(keys: U64) -> U64:
+    """Hash each row of ``keys`` (all its columns together, splitmix64 rounds).
+
+    keys: (m, k) uint64, C-contiguous, read only (int64 keys viewed as uint64; k may be 0).
+    Returns a new (m,) uint64 array. Cost O(m * k).
+    """
+    m, k = keys.shape
+    out = np.empty(m, np.uint64)
+    for i in range(m):
+        h = _SEED
+        for c in range(k):
+            h = h + keys[i, c]
+            h ^= h >> _SH30
+            h *= _MUL1
+            h ^= h >> _SH27
+            h *= _MUL2
+            h ^= h >> _SH31
+        out[i] = h
+    return out
+
+
+@_jit
+def _link(heads: I64, nxt: I64, hashes: U64, start: int, stop: int) -> None:
+    """Insert stored rows ``start..stop-1`` at the front of their slot chains.
+
+    Rows are linked from ``stop-1`` down, so rows of a slot that are adjacent in storage are
+    adjacent, in ascending order, in its chain.
+    heads: (S,) int64, S a power of two, mutated (slot -> first row, -1 if empty).
+    nxt: (cap,) int64, mutated at rows start..stop-1 (row -> next row of its slot, -1 ends).
+    hashes: (cap,) uint64, read only (hash of each stored row). Cost O(stop - start).
+    """
+    mask = np.uint64(heads.size - 1)
+    for i in range(stop - 1, start - 1, -1):
+        s = hashes[i] & mask
+        nxt[i] = heads[s]
+        heads[s] = i
+
+
+@_jit
+def _cluster(hashes: U64, rows: I64, slots: int) -> I64:
+    """``rows`` stably ordered by hash slot (counting sort), so each chain is one contiguous run.
+
+    hashes: (cap,) uint64, read only; rows: (k,) int64 row numbers into ``hashes``, read only;
+    slots: the index size S (a power of two). Returns a new (k,) int64 array. Cost O(k + S).
+    """
+    mask = np.uint64(slots - 1)
+    start = np.zeros(slots + 1, np.int64)
+    for i in range(rows.size):
+        start[np.int64(hashes[rows[i]] & mask) + 1] += 1
+    for s in range(slots):
+        start[s + 1] += start[s]
+    out = np.empty(rows.size, np.int64)
+    for i in range(rows.size):
+        s = hashes[rows[i]] & mask
+        out[start[s]] = rows[i]
+        start[s] += 1
+    return out
+
+
+@_jit
+def _probe(
+    p_hash: U64,
+    p_keys: I64,
+    p_lo: I64,
+    p_hi: I64,
+    heads: I64,
+    nxt: I64,
+    s_hash: U64,
+    s_keys: I64,
+    s_ts: I64,
+    out_p: I64,
+    out_s: I64,
+    start: int,
+    filled: int,
+) -> tuple[int, int]:
+    """Pairs (probe row i, stored row j) with equal keys and ``p_lo[i] <= s_ts[j] <= p_hi[i]``.
+
+    p_hash: (m,) uint64; p_keys: (m, k) int64; p_lo, p_hi: (m,) int64 -- the probe batch.
+    heads: (S,) int64; nxt: (cap,) int64; s_hash: (cap,) uint64; s_keys: (cap, k) int64;
+    s_ts: (cap,) int64 -- the other input's store and index. None of these is mutated.
+    out_p, out_s: (B,) int64, mutated from index ``filled`` on. Probes rows ``start..m-1`` and
+    stops before the first probe row whose pairs no longer fit; returns (next probe row, pairs
+    filled): rows below it are complete, probe rows ascending. Cost O(m * k + rows visited + P);
+    a chain holds the rows of one hash slot, so the rows visited are ~ the stored rows with the
+    probe's keys (every stored row when k = 0).
+    """
+    mask = np.uint64(heads.size - 1)
+    k = p_keys.shape[1]
+    n = filled
+    for i in range(start, p_hash.size):
+        h = p_hash[i]
+        lo = p_lo[i]
+        hi = p_hi[i]
+        first = n
+        j = heads[h & mask]
+        while j >= 0:
+            if s_hash[j] == h and lo <= s_ts[j] <= hi:
+                same = True
+                for c in range(k):
+                    if s_keys[j, c] != p_keys[i, c]:
+                        same = False
+                        break
+                if same:
+                    if n == out_p.size:
+                        return i, first
+                    out_p[n] = i
+                    out_s[n] = j
+                    n += 1
+            j = nxt[j]
+    return p_hash.size, n
+
+
+@dataclass(frozen=True)
+class Band:
+    """Sliding-window (band) join: ``S0.ts - r1 <= S1.ts <= S0.ts + r0``, in ts units."""
+
+    r0: int
+    r1: int
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Tumbling-window join: ``S0.ts // d == S1.ts // d``."""
+
+    d: int
+
+
+@dataclass(frozen=True)
+class JoinSide:
+    """One input of the join: output prefix, carried columns, progressing attribute, keys."""
+
+    prefix: str
+    columns: tuple[str, ...]
+    ts: str
+    keys: tuple[str, ...]
+
+
+def _minus(b: int, r: int) -> int:
+    """``b - r`` with ``NO_PROGRESS``/``END_OF_STREAM`` as -inf/+inf, clamped into int64."""
+    if b <= NO_PROGRESS or b >= END_OF_STREAM:
+        return b
+    return max(b - r, NO_PROGRESS)
+
+
+def _floor_to(b: int, d: int) -> int:
+    """``floor(b/d)*d`` with ``NO_PROGRESS``/``END_OF_STREAM`` saturating, clamped into int64."""
+    if b <= NO_PROGRESS or b >= END_OF_STREAM:
+        return b
+    return max((b // d) * d, NO_PROGRESS)
+
+
+class _Store:
+    """The stored tuples of one input: columnar rows plus the chained hash index on the keys."""
+
+    def __init__(self, n_keys: int, payload: tuple[str, ...]) -> None:
+        self.n_keys = n_keys
+        self.names = payload
+        self.n = 0
+        self._release()
+
+    def _release(self) -> None:
+        self.ts: I64 = np.empty(0, np.int64)
+        self.keys: I64 = np.empty((0, self.n_keys), np.int64)
+        self.hashes: U64 = np.empty(0, np.uint64)
+        self.nxt: I64 = np.empty(0, np.int64)
+        self.payload: dict[str, Column] = {}
+        self.heads: I64 = np.full(_MIN_SLOTS, -1, np.int64)
+        self.scan_n = 0  # rows when ``purge_at`` was last computed
+        self.purge_at = END_OF_STREAM  # compact once the threshold passes this ts
+
+    def _resize(self, capacity: int) -> None:
+        n = self.n
+
+        def moved(old: Any, shape: tuple[int, ...]) -> Any:
+            new = np.empty(shape, old.dtype)
+            new[:n] = old[:n]
+            return new
+
+        self.ts = moved(self.ts, (capacity,))
+        self.keys = moved(self.keys, (capacity, self.n_keys))
+        self.hashes = moved(self.hashes, (capacity,))
+        self.nxt = moved(self.nxt, (capacity,))
+        self.payload = {c: moved(v, (capacity,)) for c, v in self.payload.items()}
+
+    def _rebuild(self, rows: I64) -> None:
+        """Keep only ``rows``, reordered by hash slot, and rebuild the index; O(k + S) per column."""
+        k = rows.size
+        slots = _MIN_SLOTS
+        while slots < 2 * k:
+            slots *= 2
+        order = _cluster(self.hashes, rows, slots)
+        capacity = self.ts.size
+        if 4 * max(k, _MIN_ROWS) < capacity:
+            capacity = 2 * max(k, _MIN_ROWS)
+
+        def kept(old: Any) -> Any:
+            new = old if old.shape[0] == capacity else np.empty((capacity, *old.shape[1:]), old.dtype)
+            new[:k] = old[order]
+            return new
+
+        self.ts, self.keys, self.hashes = kept(self.ts), kept(self.keys), kept(self.hashes)
+        self.nxt = self.nxt if capacity == self.nxt.size else np.empty(capacity, np.int64)
+        self.payload = {c: kept(v) for c, v in self.payload.items()}
+        self.n = k
+        self.heads = np.full(slots, -1, np.int64)
+        _link(self.heads, self.nxt, self.hashes, 0, k)
+
+    def _plan_purge(self) -> None:
+        """Remember the ts below which a quarter of the rows lie; O(n), once per doubling."""
+        self.scan_n = self.n
+        if self.n == 0:
+            self.purge_at = END_OF_STREAM
+        else:
+            k = self.n // 4
+            self.purge_at = int(np.partition(self.ts[: self.n], k)[k])
+
+    def append(self, ts: I64, keys: I64, hashes: U64, payload: dict[str, Column], rows: I64) -> None:
+        """Store ``rows`` of a batch, grouped by hash slot so that each key's rows are adjacent."""
+        m = rows.size
+        if m == 0:
+            return
+        if not self.payload:
+            self.payload = {c: np.empty(self.ts.size, np.asarray(payload[c]).dtype) for c in self.names}
+        start, stop = self.n, self.n + m
+        if stop > self.ts.size:
+            self._resize(max(stop, 2 * self.ts.size, _MIN_ROWS))
+        slots = _MIN_SLOTS
+        while slots < 2 * m:
+            slots *= 2
+        order = _cluster(hashes, rows, slots)
+        self.ts[start:stop] = ts[order]
+        self.keys[start:stop] = keys[order]
+        self.hashes[start:stop] = hashes[order]
+        for c in self.names:
+            self.payload[c][start:stop] = payload[c][order]
+        self.n = stop
+        if 2 * stop > self.heads.size:
+            self._rebuild(np.arange(stop, dtype=np.int64))
+        else:
+            _link(self.heads, self.nxt, self.hashes, start, stop)
+        if stop >= 2 * self.scan_n:
+            self._plan_purge()
+
+    def purge(self, threshold: int) -> None:
+        """Drop rows with ``ts < threshold`` once at least a quarter of the rows qualify."""
+        if self.n == 0 or threshold <= self.purge_at:
+            return
+        if threshold >= END_OF_STREAM:
+            self.n = 0
+            self._release()
+            return
+        self._rebuild(np.flatnonzero(self.ts[: self.n] >= threshold))
+        self._plan_purge()
+
+    def nbytes(self) -> int:
+        row = 8 * (3 + self.n_keys) + sum(v.dtype.itemsize for v in self.payload.values())
+        return self.n * row + int(self.heads.nbytes)
+
+
+class OAJoin(Operator):
+    """Order-agnostic band or tumbling window join with equality keys (see the module docstring).
+
+    Output rows: ``{left.prefix}.{c}`` for ``c`` in ``left.columns``, then ``{right.prefix}.{c}`` for
+    ``c`` in ``right.columns``. Output punctuation: individual punctuation on
+    ``{left.prefix}.{left.ts}`` (``min(b0, T0)``) and ``{right.prefix}.{right.ts}`` (``min(b1, T1)``).
+    """
+
+    label = "OA-Join"
+
+    def __init__(self, left: JoinSide, right: JoinSide, window: Band | Tumbling) -> None:
+        super().__init__()
+        if len(left.keys) != len(right.keys):
+            raise ValueError("OA-Join needs as many left keys as right keys")
+        if isinstance(window, Band) and (window.r0 < 0 or window.r1 < 0):
+            raise ValueError("band ranges must be >= 0")
+        if isinstance(window, Tumbling) and window.d <= 0:
+            raise ValueError("tumbling range must be > 0")
+        names = [f"{left.prefix}.{c}" for c in left.columns] + [f"{right.prefix}.{c}" for c in right.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate output columns in {names}")
+        self.sides = (left, right)
+        self.window = window
+        n_keys = len(left.keys) + (1 if isinstance(window, Tumbling) else 0)
+        self._stores = (_Store(n_keys, left.columns), _Store(n_keys, right.columns))
+        self._bounds = [NO_PROGRESS, NO_PROGRESS]  # b0, b1
+        self._emitted = [NO_PROGRESS, NO_PROGRESS]  # last output punctuation per ts column
+        # probe output buffers, reused across batches: about the largest recent probe output
+        self._need = 0
+        self._pairs: tuple[I64, I64] = (np.empty(_MIN_ROWS, np.int64), np.empty(_MIN_ROWS, np.int64))
+
+    def threshold(self, side: int) -> int:
+        """``T_side``: smallest ts of input ``side`` that a future tuple of the other can match."""
+        other = self._bounds[1 - side]
+        if isinstance(self.window, Tumbling):
+            return _floor_to(other, self.window.d)
+        return _minus(other, self.window.r0 if side == 0 else self.window.r1)
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        m = batch.n
+        if m == 0:
+            return
+        self.tuples_in += m
+        side = self.sides[port]
+        ts = np.ascontiguousarray(batch[side.ts], dtype=np.int64)
+        keys = np.empty((m, self._stores[port].n_keys), np.int64)
+        for c, name in enumerate(side.keys):
+            keys[:, c] = batch[name]
+        window = self.window
+        if isinstance(window, Tumbling):
+            keys[:, -1] = ts // window.d
+            lo = np.full(m, NO_PROGRESS, np.int64)
+            hi = np.full(m, END_OF_STREAM, np.int64)
+        else:  # saturating ts - below, ts + above
+            below, above = (window.r1, window.r0) if port == 0 else (window.r0, window.r1)
+            lo = np.maximum(ts, NO_PROGRESS + below) - below
+            hi = np.minimum(ts, END_OF_STREAM - above) + above
+        hashes = _hash_rows(keys.view(np.uint64))
+        other = self._stores[1 - port]
+        if other.n:
+            rows, stored = self._probe(hashes, keys, lo, hi, other)
+            if rows.size:
+                self._emit_pairs(batch, rows, other, stored, port)
+        threshold = self.threshold(port)
+        if threshold >= END_OF_STREAM:
+            return
+        rows = np.arange(m, dtype=np.int64) if threshold <= NO_PROGRESS else np.flatnonzero(ts >= threshold)
+        payload = {c: batch[c] for c in side.columns}
+        self._stores[port].append(ts, keys, hashes, payload, rows)
+
+    def _probe(self, hashes: U64, keys: I64, lo: I64, hi: I64, other: _Store) -> tuple[I64, I64]:
+        """Probe ``other`` with a batch into the reused pair buffers, doubling them as needed."""
+        buf_p, buf_s = self._pairs
+        index = (other.heads, other.nxt, other.hashes, other.keys, other.ts)
+        i = n = 0
+        while True:
+            i, n = _probe(hashes, keys, lo, hi, *index, buf_p, buf_s, i, n)
+            if i == hashes.size:
+                break
+            grown_p, grown_s = np.empty(2 * buf_p.size, np.int64), np.empty(2 * buf_p.size, np.int64)
+            grown_p[:n], grown_s[:n] = buf_p[:n], buf_s[:n]
+            buf_p, buf_s = grown_p, grown_s
+        self._need = max(n, int(0.9 * self._need))  # give back buffers far above recent needs
+        keep = 2 * max(self._need, _MIN_ROWS)
+        self._pairs = (buf_p[:keep].copy(), buf_s[:keep].copy()) if buf_p.size > 2 * keep else (buf_p, buf_s)
+        return buf_p[:n], buf_s[:n]
+
+    def _emit_pairs(self, batch: Batch, rows: I64, other: _Store, stored: I64, port: int) -> None:
+        parts: list[dict[str, Column]] = [{}, {}]
+        mine, theirs = self.sides[port], self.sides[1 - port]
+        parts[port] = {f"{mine.prefix}.{c}": batch[c][rows] for c in mine.columns}
+        parts[1 - port] = {f"{theirs.prefix}.{c}": other.payload[c][stored] for c in theirs.columns}
+        self.emit(Batch({**parts[0], **parts[1]}, int(rows.size)))
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        value = min(int(punctuation.value), END_OF_STREAM)
+        if value <= self._bounds[port]:
+            return
+        self._bounds[port] = value
+        self._stores[1 - port].purge(self.threshold(1 - port))
+        for side in (0, 1):
+            bound = min(self._bounds[side], self.threshold(side))
+            if bound > self._emitted[side]:
+                self._emitted[side] = bound
+                s = self.sides[side]
+                self.emit_punctuation(Punctuation(bound, f"{s.prefix}.{s.ts}"))
+
+    def describe(self) -> str:
+        (lp, lts), (rp, rts) = ((s.prefix, s.ts) for s in self.sides)
+        if isinstance(self.window, Tumbling):
+            d = self.window.d
+            text = f"{self.label} tumbling {lp}.{lts} // {d} = {rp}.{rts} // {d}"
+        else:
+            r0, r1 = self.window.r0, self.window.r1
+            text = f"{self.label} band {lp}.{lts} - {r1} <= {rp}.{rts} <= {lp}.{lts} + {r0}"
+        left, right = self.sides
+        on = " and ".join(f"{lp}.{a} = {rp}.{b}" for a, b in zip(left.keys, right.keys, strict=True))
+        return f"{text} on {on}" if on else text
+
+    def state_bytes(self) -> int:
+        """Bytes of the stored rows (ts, keys, hash, chain link, carried columns) and hash heads."""
+        return sum(s.nbytes() for s in self._stores)
+
+    def open_windows(self) -> int:
+        """Number of stored tuples over both inputs."""
+        return sum(s.n for s in self._stores)

@@ -1,0 +1,243 @@
+"""OA-Join (Figures 7-1 and 7-2): matching, storage, purging and individual punctuation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from lowtide.operators.base import Operator
+from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+
+from lowtide.batch import Batch
+
+
+class Sink(Operator):
+    """Records batches and punctuation in arrival order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[Batch | Punctuation] = []
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.items.append(batch)
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        self.items.append(punctuation)
+
+    def pairs(self, *names: str) -> list[tuple[int, ...]]:
+        rows: list[tuple[int, ...]] = []
+        for item in self.items:
+            if isinstance(item, Batch):
+                rows += zip(*(item[n].tolist() for n in names), strict=True)
+        return sorted(rows)
+
+    def puncts(self) -> list[tuple[str, int]]:
+        return [(p.attribute, p.value) for p in self.items if isinstance(p, Punctuation)]
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+def side(prefix: str, keys: tuple[str, ...] = ("k",), extra: tuple[str, ...] = ()) -> JoinSide:
+    return JoinSide(prefix, ("id", "ts", *keys, *extra), "ts", keys)
+
+
+def batch(**cols: Any) -> Batch:
+    arrays = {name: np.asarray(values, dtype=np.int64) for name, values in cols.items()}
+    n = len(next(iter(arrays.values())))
+    return Batch(arrays, n)
+
+
+def make(window: Band | Tumbling, keys: tuple[str, ...] = ("k",)) -> tuple[OAJoin, Sink]:
+    join = OAJoin(side("S0", keys), side("S1", keys), window)
+    sink = Sink()
+    join.connect(sink)
+    return join, sink
+
+
+def test_band_matches_inclusive_ends_in_either_arrival_order() -> None:
+    for left_first in (True, False):
+        join, sink = make(Band(r0=3, r1=2))
+        left = batch(id=[1], ts=[10], k=[7])
+        right = batch(id=[10, 11, 12, 13, 14], ts=[7, 8, 13, 14, 10], k=[7, 7, 7, 7, 8])
+        order = [(left, 0), (right, 1)] if left_first else [(right, 1), (left, 0)]
+        for b, port in order:
+            join.process(b, port)
+        # 10 - 2 <= r.ts <= 10 + 3, same key: ts 8 and 13 (both ends), not 7, 14 or key 8
+        assert sink.pairs("S0.id", "S1.id") == [(1, 11), (1, 12)]
+        assert join.tuples_in == 6 and join.tuples_out == 2
+
+
+def test_output_columns_order_and_dtypes_extra_columns_ignored() -> None:
+    left = JoinSide("A", ("ts", "f"), "ts", ("k",))
+    right = JoinSide("B", ("g", "ts"), "ts", ("k",))
+    join = OAJoin(left, right, Band(5, 5))
+    sink = Sink()
+    join.connect(sink)
+    join.process(
+        Batch({"ts": np.array([1]), "k": np.array([3]), "f": np.array([1.5]), "zz": np.array([9])}, 1)
+    )
+    join.process(Batch({"ts": np.array([2]), "k": np.array([3]), "g": np.array([4], np.int32)}, 1), 1)
+    out = sink.items[0]
+    assert isinstance(out, Batch)
+    assert list(out.columns) == ["A.ts", "A.f", "B.g", "B.ts"]
+    assert out["A.f"].dtype == np.float64 and out["B.g"].dtype == np.int32
+    assert out["A.f"].tolist() == [1.5] and out["B.g"].tolist() == [4]
+
+
+def test_tuple_that_can_no_longer_match_is_not_stored() -> None:
+    join, sink = make(Band(r0=3, r1=2))
+    join.punctuate(Punctuation(100, "ts"), 1)  # b1 = 100: left tuples need ts >= 97
+    join.process(batch(id=[1, 2, 3], ts=[96, 97, 150], k=[0, 0, 0]), 0)
+    assert join.open_windows() == 2
+    join.punctuate(Punctuation(50, "ts"), 0)  # b0 = 50: right tuples need ts >= 48
+    join.process(batch(id=[10, 11], ts=[47, 100], k=[0, 0]), 1)
+    # right 47 meets no stored left (needs [44, 49]) and is dropped; right 100 meets left 97
+    assert sink.pairs("S0.id", "S1.id") == [(2, 11)]
+    assert join.open_windows() == 3
+
+
+def test_tuple_not_stored_still_probes() -> None:
+    join, sink = make(Band(r0=3, r1=2))
+    join.process(batch(id=[10], ts=[100], k=[0]), 1)
+    join.punctuate(Punctuation(200, "ts"), 1)  # future left tuples need ts >= 197 to be stored
+    join.process(batch(id=[1], ts=[99], k=[0]), 0)  # not stored but matches the stored right
+    assert sink.pairs("S0.id", "S1.id") == [(1, 10)]
+    assert join.open_windows() == 1  # only the right tuple (b0 is still NO_PROGRESS)
+
+
+def test_tumbling_store_predicate() -> None:
+    join, _ = make(Tumbling(10))
+    join.punctuate(Punctuation(25, "ts"), 1)  # right is in bucket 2: left needs bucket >= 2
+    join.process(batch(id=[1, 2, 3], ts=[19, 20, 29], k=[0, 0, 0]), 0)
+    assert join.open_windows() == 2
+
+
+def test_purge_on_punctuation_shrinks_state() -> None:
+    join, _ = make(Band(r0=3, r1=2))
+    n = 5000
+    ts = np.arange(n)
+    join.process(batch(id=ts, ts=ts, k=ts % 7), 0)
+    join.process(batch(id=ts, ts=ts, k=ts % 7), 1)
+    assert join.open_windows() == 2 * n
+    full = join.state_bytes()
+    join.punctuate(Punctuation(4003, "ts"), 1)  # left tuples with ts + 3 < 4003 go: 4000 of 5000
+    assert join.open_windows() == n + 1000
+    assert 0 < join.state_bytes() < full
+    join.punctuate(Punctuation(2002, "ts"), 0)  # right tuples with ts + 2 < 2002 go: 2000
+    assert join.open_windows() == 1000 + 3000
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
+    assert join.open_windows() == 1000  # nothing more from the left: the right store empties
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)
+    assert join.open_windows() == 0
+    assert join.state_bytes() < full // 10
+
+
+def test_tumbling_purge_at_next_bucket() -> None:
+    join, _ = make(Tumbling(10))
+    join.process(batch(id=range(40), ts=range(40), k=[0] * 40), 0)
+    join.punctuate(Punctuation(29, "ts"), 1)  # bucket 2 still open: buckets 0 and 1 go
+    assert join.open_windows() == 20
+    join.punctuate(Punctuation(30, "ts"), 1)
+    assert join.open_windows() == 10
+
+
+def test_band_output_punctuation() -> None:
+    join, sink = make(Band(r0=3, r1=2))
+    join.punctuate(Punctuation(100, "ts"), 0)  # left: min(100, -inf - 3), right: min(-inf, 98)
+    assert sink.puncts() == []
+    join.punctuate(Punctuation(50, "ts"), 1)
+    assert sink.puncts() == [("S0.ts", 47), ("S1.ts", 50)]
+    sink.clear()
+    join.punctuate(Punctuation(60, "ts"), 1)
+    assert sink.puncts() == [("S0.ts", 57), ("S1.ts", 60)]
+    sink.clear()
+    join.punctuate(Punctuation(60, "ts"), 1)  # no advance: nothing repeated
+    join.punctuate(Punctuation(101, "ts"), 0)  # left min(101, 57) unchanged; right min(60, 99)
+    assert sink.puncts() == []
+    join.punctuate(Punctuation(200, "ts"), 1)
+    assert sink.puncts() == [("S0.ts", 101), ("S1.ts", 99)]
+    sink.clear()
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)  # right over: left bound is b0
+    assert sink.puncts() == []  # left min(b0, +inf) = 101 and right min(+inf, b0 - 2) = 99: no change
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
+    assert sink.puncts() == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
+
+
+def test_band_output_punctuation_saturates_near_domain_ends() -> None:
+    join, sink = make(Band(r0=10, r1=10))
+    join.punctuate(Punctuation(NO_PROGRESS + 3, "ts"), 1)
+    join.punctuate(Punctuation(NO_PROGRESS + 5, "ts"), 0)  # b - 10 clamps to NO_PROGRESS
+    assert sink.puncts() == []
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
+    # left: min(+inf, NO_PROGRESS + 3 - 10 -> NO_PROGRESS) stays unpublished; right: min(b1, +inf)
+    assert sink.puncts() == [("S1.ts", NO_PROGRESS + 3)]
+
+
+def test_tumbling_output_punctuation_and_negative_bounds() -> None:
+    join, sink = make(Tumbling(10))
+    join.punctuate(Punctuation(-15, "ts"), 0)
+    join.punctuate(Punctuation(-1, "ts"), 1)  # left: min(-15, floor(-1/10)*10 = -10) = -15
+    assert sink.puncts() == [("S0.ts", -15), ("S1.ts", -20)]
+    sink.clear()
+    join.punctuate(Punctuation(37, "ts"), 0)
+    assert sink.puncts() == [("S0.ts", -10), ("S1.ts", -1)]
+    sink.clear()
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)
+    assert sink.puncts() == [("S0.ts", 37), ("S1.ts", 30)]
+    sink.clear()
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
+    assert sink.puncts() == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
+
+
+def test_tumbling_negative_timestamps_use_floor_buckets() -> None:
+    join, sink = make(Tumbling(10))
+    join.process(batch(id=[1, 2, 3, 4], ts=[-1, -10, -11, 0], k=[0, 0, 0, 0]), 0)
+    join.process(batch(id=[10, 11, 12], ts=[-5, -20, 9], k=[0, 0, 0]), 1)
+    # buckets: -1 -> -1, -10 -> -1, -11 -> -2, 0 -> 0; -5 -> -1, -20 -> -2, 9 -> 0
+    assert sink.pairs("S0.id", "S1.id") == [(1, 10), (2, 10), (3, 11), (4, 12)]
+
+
+def test_multi_key_equality() -> None:
+    keys = ("a", "b")
+    join, sink = make(Band(5, 5), keys)
+    join.process(batch(id=[1, 2, 3, 4], ts=[0] * 4, a=[1, 1, 2, 2], b=[1, 2, 1, 2]), 0)
+    join.process(batch(id=[10, 11, 12], ts=[1] * 3, a=[1, 2, 2], b=[2, 1, 3]), 1)
+    assert sink.pairs("S0.id", "S1.id") == [(2, 10), (3, 11)]
+    assert sink.pairs("S0.a", "S0.b", "S1.a", "S1.b") == [(1, 2, 1, 2), (2, 1, 2, 1)]
+
+
+def test_no_keys_matches_every_pair_in_band() -> None:
+    join, sink = make(Band(r0=1, r1=0), ())
+    join.process(batch(id=[1, 2], ts=[10, 20]), 0)
+    join.process(batch(id=[10, 11, 12, 13], ts=[9, 10, 11, 21]), 1)
+    assert sink.pairs("S0.id", "S1.id") == [(1, 11), (1, 12), (2, 13)]
+
+
+def test_large_fanout_grows_output() -> None:
+    join, sink = make(Tumbling(1000), ())
+    join.process(batch(id=range(3000), ts=np.arange(3000) % 1000), 0)
+    join.process(batch(id=range(2000), ts=np.arange(2000) % 1000), 1)
+    assert len(sink.pairs("S0.id", "S1.id")) == 3000 * 2000
+
+
+def test_describe_and_validation() -> None:
+    left = JoinSide("S0", ("srcIP", "ts"), "ts", ("srcIP",))
+    right = JoinSide("S1", ("destIP", "ts"), "ts", ("destIP",))
+    assert (
+        OAJoin(left, right, Band(180000, 120000)).describe()
+        == "OA-Join band S0.ts - 120000 <= S1.ts <= S0.ts + 180000 on S0.srcIP = S1.destIP"
+    )
+    assert OAJoin(side("A", ()), side("B", ()), Tumbling(5)).describe() == (
+        "OA-Join tumbling A.ts // 5 = B.ts // 5"
+    )
+    with pytest.raises(ValueError):
+        OAJoin(left, side("S1", ("a", "b")), Band(1, 1))
+    with pytest.raises(ValueError):
+        OAJoin(left, right, Band(-1, 1))
+    with pytest.raises(ValueError):
+        OAJoin(left, right, Tumbling(0))
+    with pytest.raises(ValueError):
+        OAJoin(left, JoinSide("S0", ("ts",), "ts", ("destIP",)), Band(1, 1))
