@@ -265,6 +265,14 @@ class Engine:
         """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""
         target = self._stream(stream)
         self.tick()
+        integral = isinstance(value, int | np.integer) or (
+            isinstance(value, float | np.floating) and bool(np.isfinite(value)) and float(value).is_integer()
+        )
+        if isinstance(value, bool) or not integral:
+            raise InvalidArgument(
+                f"punctuation of stream {stream!r} must be an integer in the units of "
+                f"{target.attribute!r}, got {value!r}"
+            )
         value = int(value)
         target.check_punctuation(source, value)
         target.punctuate(source, value)

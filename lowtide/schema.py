@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument, SchemaMismatch
-from lowtide.strings import StringPool
+from lowtide.strings import NULL_CODE, StringPool
 
 _TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns)\]$")
 _BASE_TYPES = {"int64", "int32", "float64", "bool", "string"}
@@ -195,13 +195,15 @@ def _integers(name: str, values: pa.ChunkedArray, kind: ColumnType) -> npt.NDArr
 
 def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPool) -> npt.NDArray[Any]:
     vtype = values.type
+    if pa.types.is_null(vtype) and len(values) == 0:
+        return np.empty(0, dtype=kind.dtype)  # an empty list has no type of its own: it fits any column
     if kind.is_string:
         if pa.types.is_dictionary(vtype):
             vtype = vtype.value_type
         if not (pa.types.is_string(vtype) or pa.types.is_large_string(vtype) or pa.types.is_null(vtype)):
             raise SchemaMismatch(f"column {name!r} is string, got {vtype}")
-        if pa.types.is_null(vtype):
-            values = values.cast(pa.string())
+        if values.null_count == len(values):  # all null: no dictionary for the pool to map
+            return np.full(len(values), NULL_CODE, dtype=np.int64)
         return pool.encode(values)
     if values.null_count:
         if kind.name != "float64":

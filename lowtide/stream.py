@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from lowtide.batch import Batch
 from lowtide.errors import NotFound, RegressingPunctuation
@@ -110,8 +111,8 @@ class Stream:
         self.tuples_ingested += batch.n
         n_late = int(late.sum())
         self.late_tuples += n_late
-        on_time = batch if n_late == 0 else batch.select(~late)
-        late_batch = batch.select(late) if n_late else None
+        on_time = batch if n_late == 0 else _rows(batch, ~late)
+        late_batch = _rows(batch, late) if n_late else None
         for subscriber in self.subscribers:
             if on_time.n:
                 subscriber.process(on_time)
@@ -171,3 +172,15 @@ class Stream:
             self.progress = low
             for subscriber in self.subscribers:
                 subscriber.punctuate(Punctuation(low, self.attribute))
+
+
+def _rows(batch: Batch, mask: npt.NDArray[np.bool_]) -> Batch:
+    """The rows of ``mask``; a query's result stream may carry Arrow columns (heavy-hitter lists)."""
+    if not any(isinstance(v, pa.Array | pa.ChunkedArray) for v in batch.columns.values()):
+        return batch.select(mask)
+    keep = pa.array(mask)
+    columns = {
+        name: v.filter(keep) if isinstance(v, pa.Array | pa.ChunkedArray) else v[mask]
+        for name, v in batch.columns.items()
+    }
+    return Batch(columns, int(mask.sum()), batch.late)

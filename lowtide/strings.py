@@ -20,6 +20,7 @@ class StringPool:
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
         self._values = np.empty(1024, dtype=object)
+        self._next = 0
 
     def __len__(self) -> int:
         return len(self._codes)
@@ -29,12 +30,25 @@ class StringPool:
         found = self._codes.get(value)
         if found is not None:
             return found
-        code = len(self._codes)
-        if code == len(self._values):
-            self._values = np.concatenate([self._values, np.empty(code, dtype=object)])
+        code = self._next
+        self._store(value, code)
+        return code
+
+    def adopt(self, codes: dict[str, int]) -> None:
+        """Take another pool's codes for these strings (a worker mirrors the front's literals)."""
+        for value, code in codes.items():
+            if self._codes.get(value, code) != code:
+                raise ValueError(f"string {value!r} already has code {self._codes[value]}, not {code}")
+            self._store(value, code)
+
+    def _store(self, value: str, code: int) -> None:
+        if code >= len(self._values):
+            grown = np.empty(max(code + 1, 2 * len(self._values)), dtype=object)
+            grown[: len(self._values)] = self._values
+            self._values = grown
         self._values[code] = value
         self._codes[value] = code
-        return code
+        self._next = max(self._next, code + 1)
 
     def encode(self, values: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
         """Codes for an Arrow string array; the Python loop runs over distinct values only."""

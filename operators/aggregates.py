@@ -6,6 +6,7 @@ and the emptiness of a cell, ``sum``, ``min``, ``max``, Welford moments for var/
 holistic aggregates (median, quantile, count_distinct, heavy_hitters) a log of
 ``(row, group, value)`` entries. Rows are recycled: ``reset_rows`` puts them back to identity.
 Results are exact; sample variance (ddof 1) like SQL's VAR_SAMP; quantiles interpolate linearly.
+Nulls - NaN floats and the null code of strings - are skipped, as SQL aggregates skip them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from lowtide.operators import aggregate_kernels as k
 
 from lowtide.batch import Batch
+from lowtide.operators import aggregate_kernels as k
 from lowtide.schema import FLOAT64, INT64, ColumnType
+from lowtide.strings import NULL_CODE
 
 I64 = npt.NDArray[np.int64]
 Arr = npt.NDArray[Any]
@@ -124,6 +126,7 @@ class CellState:
         if track_revisions:
             # Revision last emitted per cell (-1: never), for allowed lateness.
             self._add("rev", -1, np.dtype(np.int64))
+        self.string_columns: set[str] = set()
         self.logs: dict[str, _ValueLog] = {}
         for call in calls:
             self._declare(call)
@@ -135,10 +138,12 @@ class CellState:
         col, dtype = call.column, _value_dtype(call.input_type)
         if call.func is AggFunc.COUNT_STAR or col is None:
             return
+        if call.input_type is not None and call.input_type.is_string:
+            self.string_columns.add(col)  # codes; NULL_CODE is a null
         if call.func.holistic:
             self.logs[col] = _ValueLog(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, dtype))
             return
-        if dtype == np.float64:
+        if dtype == np.float64 or col in self.string_columns:
             self._add(f"count:{col}", 0, np.dtype(np.int64))
         if call.func is AggFunc.SUM or call.func is AggFunc.AVG:
             self._add(f"sum:{col}", 0, dtype)
@@ -221,6 +226,8 @@ class CellState:
                 continue
             values = batch.columns[col]
             if kind == "count":
+                if col in self.string_columns:  # the kernel skips NaN: null codes become NaN
+                    values = np.where(values == NULL_CODE, np.nan, 0.0)
                 k.update_count_valid(ws, we, wid_base, row_of, gid, values, a[name])
             elif kind == "sum":
                 k.update_sum(ws, we, wid_base, row_of, gid, values, a[name])
@@ -235,7 +242,7 @@ class CellState:
         for col, log in self.logs.items():
             rows, gids, index = k.expand_cells(ws, we, wid_base, row_of, gid)
             values = batch.columns[col][index]
-            valid = values == values
+            valid = values != NULL_CODE if col in self.string_columns else values == values
             if not valid.all():
                 rows, gids, values = rows[valid], gids[valid], values[valid]
             log.append(rows, gids, values.astype(log.values.dtype, copy=False))
@@ -354,7 +361,9 @@ class CellState:
             return pa.ListArray.from_arrays(pa.array(hit_offsets, type=pa.int32()), decoded.take(order))
         order = np.lexsort((hit_values, -hit_counts, segment))
         ordered = hit_values[order]
-        items = pa.array(ordered.astype(kind.dtype if kind else np.float64), type=kind.arrow if kind else None)
+        items = pa.array(
+            ordered.astype(kind.dtype if kind else np.float64), type=kind.arrow if kind else None
+        )
         return pa.ListArray.from_arrays(pa.array(hit_offsets, type=pa.int32()), items)
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from lowtide.punctuation.model import Punctuation
-
 from lowtide.batch import Batch
+from lowtide.punctuation.model import Punctuation
 
 
 class Operator(ABC):

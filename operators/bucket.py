@@ -8,10 +8,11 @@ aggregate counts every row of a partition to know which of its windows are compl
 Punctuation contract: punctuation ``p`` on the windowing attribute becomes ``Punctuation(q, "wid")``
 where ``q = first_open(p)``: every window ``< q`` is complete, so no later tuple carries a window
 id below ``q``. For tuple windows progress is the arrival count itself: after each batch Bucket
-punctuates ``first_open(rows seen)``; only end of stream is taken from upstream. With allowed
-lateness ``L`` Bucket also punctuates ``"wid_retain"``: windows below it are past ``p - L`` and may
-be forgotten. For partitioned tuple windows every partition progresses on its own; Bucket adds a
-``partition`` column (a dense partition id) and the aggregate tracks each partition's count.
+punctuates ``first_open(rows seen)``; only end of stream is taken from upstream. Under the late
+policy ``update`` (allowed lateness ``L >= 0``) Bucket also punctuates ``"wid_retain"``: windows
+below it end at or before ``p - L`` and may be forgotten. For partitioned tuple windows every
+partition progresses on its own; Bucket adds a ``partition`` column (a dense partition id) and the
+aggregate tracks each partition's count.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 import numpy.typing as npt
+
+from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-
-from lowtide.batch import Batch
 
 I64 = npt.NDArray[np.int64]
 
@@ -57,7 +58,7 @@ def key_matrix(batch: Batch, columns: tuple[str, ...]) -> I64:
 class Bucket(Operator):
     label = "Bucket"
 
-    def __init__(self, window: Window, allowed_lateness: int = 0) -> None:
+    def __init__(self, window: Window, allowed_lateness: int | None = None) -> None:
         super().__init__()
         self.window = window
         self.allowed_lateness = allowed_lateness
@@ -68,7 +69,9 @@ class Bucket(Operator):
         self._partition_counts = np.zeros(0, dtype=np.int64)
 
     def describe(self) -> str:
-        late = f", retains {self.allowed_lateness} past punctuation" if self.allowed_lateness else ""
+        late = (
+            f", retains {self.allowed_lateness} past punctuation" if self.allowed_lateness is not None else ""
+        )
         return f"Bucket {self.window.describe()}{late}"
 
     def process(self, batch: Batch, port: int = 0) -> None:
@@ -111,7 +114,7 @@ class Bucket(Operator):
             return
         p = punctuation.value
         retain = None
-        if self.allowed_lateness:
+        if self.allowed_lateness is not None:
             retain = (
                 END_OF_STREAM
                 if p >= END_OF_STREAM

@@ -8,12 +8,12 @@ at or above the punctuation. Punctuation passes through unchanged.
 from __future__ import annotations
 
 import numpy as np
+
+from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.punctuation.model import Punctuation
-
-from lowtide.batch import Batch
 
 
 class DupElim(Operator):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
-
-from lowtide.batch import Batch
 
 
 class Input(Operator):

@@ -7,10 +7,9 @@ rises, so it is never repeated and never regresses.
 
 from __future__ import annotations
 
+from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
-
-from lowtide.batch import Batch
 
 
 class Meld(Operator):

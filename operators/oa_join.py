@@ -60,11 +60,11 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
-from lowtide.operators.base import Operator
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from numba import njit
 
 from lowtide.batch import Batch, Column
+from lowtide.operators.base import Operator
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

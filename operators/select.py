@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from lowtide.operators.base import Operator
-from lowtide.punctuation.model import Punctuation
 
 from lowtide.batch import Batch
+from lowtide.operators.base import Operator
+from lowtide.punctuation.model import Punctuation
 
 Predicate = Callable[[Mapping[str, npt.NDArray[Any]]], Any]
 

@@ -39,15 +39,16 @@ import numba as nb
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+
+from lowtide.batch import Batch
 from lowtide.operators import aggregate_kernels as kernels
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-
-from lowtide.batch import Batch
 from lowtide.schema import ColumnType
+from lowtide.strings import NULL_CODE
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -254,6 +255,9 @@ class SlideByTupleAggregate(Operator):
             raise ValueError("RANGE and SLIDE must be positive")
         self.range, self.rattr, self.slide_rows, self.by_rank = range_, rattr, slide_rows, by_rank
         self.group_columns, self.group_types, self.calls = group_columns, group_types, calls
+        self._string_columns = {
+            c.column for c in calls if c.input_type is not None and c.input_type.is_string
+        }
         self.columns, self.having, self.decode = columns, having, decode
         self.groups = GroupTable(len(group_columns))
         cells = CellState(calls)
@@ -374,8 +378,9 @@ class SlideByTupleAggregate(Operator):
         new = {name: values[order] for name, values in pend.items()}
         iv, fv = self._matrices(m)
         for name, kind, matrix, j in self._prims:  # accumulator values; nulls are the identity
-            col = new[name.partition(":")[2]]
-            valid = col == col
+            column = name.partition(":")[2]
+            col = new[column]
+            valid = self._valid(column, col)
             if matrix == "i":
                 iv[:, j] = valid if kind == "count" else col
             elif kind in ("min", "max"):
@@ -461,8 +466,14 @@ class SlideByTupleAggregate(Operator):
         cell = np.searchsorted(out_w * width + out_g, rows * width + gids).astype(np.int64)
         for col in self._holistic:
             values = cols[f"h:{col}"][lo:hi][index]
-            valid = values == values
+            valid = self._valid(col, values)
             carrier.logs[col].append(cell[valid], np.zeros(int(valid.sum()), np.int64), values[valid])
+
+    def _valid(self, column: str, values: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+        """Non-null entries: NaN is a null float, NULL_CODE a null string."""
+        if column in self._string_columns:
+            return np.asarray(values != NULL_CODE)
+        return np.asarray(values == values)
 
     # -- state ----------------------------------------------------------------------------
     def _resize_groups(self, rows: int) -> None:

@@ -7,10 +7,11 @@ one window (for landmark windows one slide, folded into a running prefix at emis
 Punctuation contract. On ``Punctuation(q, "wid")`` every window ``< q`` is complete: its
 non-empty groups are emitted once, at ``revision`` 0, in one batch per punctuation, and then
 ``Punctuation(end(q), "window_end")`` is emitted - no later row of revision 0 has a smaller
-``window_end``. Without allowed lateness a window's state is dropped as it is emitted, so state
-is bounded by the open windows. With allowed lateness (late policy ``update``) a window's state
-stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
-corrected row with ``revision`` + 1; tuples later than that go to the late side stream.
+``window_end`` (late tuples aside). Without allowed lateness a window's state is dropped as it is
+emitted, so state is bounded by the open windows. Under the late policy ``update`` a window's
+state stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
+corrected row with ``revision`` + 1 (a group new to an emitted window comes out late, at
+``revision`` 0); tuples later than that go to the late side stream.
 Partitioned tuple windows complete partition by partition: a cell is emitted as soon as its
 partition has seen the window's last row. Their only output punctuation is end of stream: the
 minimum over partitions includes the partitions not seen yet, which are still at row 0.
@@ -23,14 +24,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.windows import Landmark, Rows, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-
-from lowtide.batch import Batch
 from lowtide.schema import ColumnType
 
 I64 = npt.NDArray[np.int64]
@@ -50,10 +51,15 @@ def touched_windows(ws: I64, we: I64) -> I64:
             - np.bincount(we - lo, minlength=span + 1)[: span + 1]
         )
         return np.flatnonzero(np.cumsum(cover)[:span] > 0).astype(np.int64) + lo
-    starts = np.unique(ws)
-    ranges = [np.arange(s, e) for s, e in zip(ws.tolist(), we.tolist(), strict=True)]
-    del starts
-    return np.unique(np.concatenate(ranges)).astype(np.int64)
+    return np.unique(expand_ranges(ws, we)[0])
+
+
+def expand_ranges(ws: I64, we: I64) -> tuple[I64, I64]:
+    """Every ``(window id, tuple index)`` with ``ws[i] <= w < we[i]``, as two int64 arrays."""
+    lengths = np.where(we > ws, we - ws, 0)  # ends may be NO_PROGRESS: never subtract across it
+    index = np.repeat(np.arange(ws.shape[0], dtype=np.int64), lengths)
+    first = np.cumsum(lengths) - lengths
+    return ws[index] + (np.arange(index.shape[0], dtype=np.int64) - first[index]), index
 
 
 class WIDAggregate(Operator):
@@ -181,7 +187,8 @@ class WIDAggregate(Operator):
             if q >= END_OF_STREAM:
                 self._emit_partitions(final=True)
         else:
-            ready = sorted(w for w in self._row_of if w < q)
+            # Windows below first_open were emitted already (retained ones re-emit only as revisions).
+            ready = sorted(w for w in self._row_of if self.first_open <= w < q)
             self._emit_windows(ready)
             if not self.allowed_lateness:
                 self._release(ready)
@@ -220,10 +227,9 @@ class WIDAggregate(Operator):
     def _emit_cells(self, rows: I64, gids: I64, wids: I64, revision: I64 | None = None) -> None:
         if rows.shape[0] == 0:
             return
-        if "rev" in self.cells.arrays:
-            rev = self.cells.arrays["rev"]
+        rev = self.cells.arrays.get("rev")
+        if rev is not None:
             revision = rev[rows, gids] + 1
-            rev[rows, gids] = revision
         columns: dict[str, Any] = {}
         if isinstance(self.window, Landmark):
             columns["window_start"] = np.full(
@@ -241,31 +247,35 @@ class WIDAggregate(Operator):
             )
         columns.update(self.cells.finalize(rows, gids, self.decode))
         columns["revision"] = revision if revision is not None else np.zeros(rows.shape[0], np.int64)
+        keep = None
         if self.having is not None:
-            keep = self.having(columns)
+            keep = np.asarray(self.having(columns), dtype=np.bool_)
             columns = {
                 name: values.filter(keep) if hasattr(values, "filter") else values[keep]
                 for name, values in columns.items()
             }
+        if rev is not None:  # a revision counts emitted rows only: HAVING may hold one back
+            shown = slice(None) if keep is None else keep
+            rev[rows[shown], gids[shown]] = columns["revision"]
         size = len(columns["revision"])
         self.emit(Batch({name: columns[name] for name in self.columns}, size))
 
     def _revise(self, ws: I64, we_emitted: I64, gid: I64) -> None:
         """Re-emit the cells of already emitted windows that late tuples changed."""
-        cells: set[tuple[int, int]] = set()
-        for s, e, g in zip(ws.tolist(), we_emitted.tolist(), gid.tolist(), strict=True):
-            cells.update((w, g) for w in range(s, e))
-        if not cells:
+        wids, index = expand_ranges(ws, we_emitted)
+        if wids.shape[0] == 0:
             return
-        ordered = sorted(cells)
-        wids = np.array([w for w, _ in ordered], np.int64)
-        gids = np.array([g for _, g in ordered], np.int64)
-        rows = np.array([self._row_of[w] for w, _ in ordered], np.int64)
-        self._emit_cells(rows, gids, wids)
+        cells = np.unique(np.stack([wids, gid[index]], axis=1), axis=0)  # by window, then group
+        wids, gids = cells[:, 0], cells[:, 1]
+        windows = np.unique(wids)
+        row_of = np.array([self._row_of[w] for w in windows.tolist()], np.int64)
+        self._emit_cells(row_of[np.searchsorted(windows, wids)], gids, wids)
 
     def _emit_landmark(self, q: int) -> None:
         if self._next_landmark is None:
-            if not self._row_of:
+            # The first slide is fixed only once it is complete: until then a tuple of an
+            # earlier slide (still at or above the punctuation) may arrive and start the landmark.
+            if not self._row_of or min(self._row_of) >= q:
                 return
             self._next_landmark = self._landmark_start = min(self._row_of)
         upper = q if q < END_OF_STREAM else (max(self._row_of) + 1 if self._row_of else self._next_landmark)
@@ -329,9 +339,9 @@ class WIDAggregate(Operator):
         if width < 4096 or self.landmark:
             return
         live_rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        live = (
-            self.cells.arrays["n"][live_rows, :width].any(axis=0) if live_rows.size else np.zeros(width, bool)
-        )
+        live = np.zeros(width, np.bool_)
+        if live_rows.size:
+            live = np.asarray(self.cells.arrays["n"][live_rows, :width].any(axis=0), dtype=np.bool_)
         if live.sum() * 2 > width:
             return
         remap = self.groups.compact(live)

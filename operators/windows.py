@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 
 I64 = npt.NDArray[np.int64]

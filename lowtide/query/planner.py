@@ -259,7 +259,8 @@ def _join_window(sides: list[Stage], items: tuple[FromItem, ...]) -> Band | Tumb
         return Tumbling(sizes.pop())
     if any(spec is None or spec.range is None for spec in specs):
         raise UnsupportedQuery(
-            "a join needs a window: [RANGE TUMBLING d, WA ts] after the last stream, or [RANGE r, WA ts] on each"
+            "a join needs a window: [RANGE TUMBLING d, WA ts] after the last stream, "
+            "or [RANGE r, WA ts] on each"
         )
     ranges = [spec.range for spec in specs if spec is not None and spec.range is not None]
     r0, r1 = (to_units(r, kind, "RANGE") for r, kind in zip(ranges, kinds, strict=True))

@@ -6,11 +6,11 @@ import numpy as np
 import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-
-from lowtide.batch import Batch
 
 Tup = tuple[int, int, int]  # ts, key a, key b
 

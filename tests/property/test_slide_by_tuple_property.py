@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
-
-from lowtide.batch import Batch
 from lowtide.schema import ColumnType
 
 INT = ColumnType("int64")

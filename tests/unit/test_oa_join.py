@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-
-from lowtide.batch import Batch
 
 
 class Sink(Operator):

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
-
-from lowtide.batch import Batch
 from lowtide.schema import ColumnType
 
 INT = ColumnType("int64")

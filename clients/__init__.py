@@ -1,0 +1,1 @@
+"""Clients of a lowtide server: Python client, CLI helpers, Spark connector."""

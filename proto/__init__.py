@@ -1,0 +1,1 @@
+"""lowtide's wire protocol: ``lowtide.proto`` and the code generated from it at install."""

@@ -1,0 +1,1 @@
+"""The multi-process gRPC server: front end (asyncio + grpc.aio), workers, control plane."""

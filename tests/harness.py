@@ -1,0 +1,229 @@
+"""Runs a delivery (strategies.py) through an Engine, polling after every call.
+
+Beside the engine it keeps its own model of progress - per source the last punctuation (closed:
++inf), per stream the monotone minimum over its declared sources, per query the minimum over its
+streams - and checks that the engine publishes exactly that. Every polled row is recorded with
+the call after which it appeared and the progress at that moment, so tests can check when rows
+came out, not only what came out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import event as tally
+from reference import Row, Spec, covered, first_open_end
+from strategies import SCHEMA, Close, Event, Punct, Push, Sources
+
+from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LateTuple, Punctuation
+
+
+def columns(rows: Sequence[Row], schema: dict[str, str] = SCHEMA) -> dict[str, Any]:
+    return {name: [r[name] for r in rows] for name in schema}
+
+
+@dataclass
+class Model:
+    """Progress as DESIGN.md §2 defines it, computed without the engine."""
+
+    sources: Sources
+    declared: bool = True  # else a source joins the minimum when it first speaks
+    punct: dict[tuple[str, str], int] = field(default_factory=dict)
+    progress: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.declared:
+            self.punct = {(s, src): NO_PROGRESS for s, names in self.sources.items() for src in names}
+        self.progress = dict.fromkeys(self.sources, NO_PROGRESS)
+
+    def raise_to(self, stream: str, source: str, value: int) -> None:
+        self.punct[(stream, source)] = max(self.punct.get((stream, source), NO_PROGRESS), value)
+        low = min(v for (s, _), v in self.punct.items() if s == stream)
+        self.progress[stream] = max(self.progress[stream], low)
+
+
+@dataclass
+class Observed:
+    rows: list[Row] = field(default_factory=list)  # every polled row, in emission order
+    row_call: list[int] = field(default_factory=list)  # the call after which each row appeared
+    kinds: list[str] = field(default_factory=list)  # "row" / "punct" per item, in order
+    punctuation: list[int] = field(default_factory=list)
+    punct_call: list[int] = field(default_factory=list)
+    progress: list[int] = field(default_factory=list)  # query input progress after each call
+    seen: list[dict[tuple[Any, ...], int]] = field(default_factory=list)  # rows per partition, per call
+    arrivals: list[tuple[Row, int]] = field(default_factory=list)  # applied tuple, its stream's progress
+    arrival_query_progress: list[int] = field(default_factory=list)  # the query's (Meld) progress then
+    late: list[Row] = field(default_factory=list)  # the query's late side stream
+    rejected: int = 0  # batches refused with LateTuple
+    stats: dict[str, Any] = field(default_factory=dict)  # engine.stats() at the end
+
+
+def make_engine(sources: Sources, clock: Any = None, **stream_options: Any) -> Engine:
+    engine = Engine(clock=clock)
+    for stream, names in sources.items():
+        engine.create_stream(stream, SCHEMA, progressing="ts", sources=list(names), **stream_options)
+    return engine
+
+
+def run(
+    spec: Spec | None,
+    sql: str,
+    sources: Sources,
+    events: Sequence[Event],
+    late: str = "drop",
+    allowed_lateness: int | None = None,
+    partition: tuple[str, ...] = (),
+    declared: bool = True,
+) -> Observed:
+    engine = make_engine(sources if declared else {s: () for s in sources})
+    name = engine.register_query(sql, name="q", late=late, allowed_lateness=allowed_lateness)
+    model = Model(sources, declared)
+    obs = Observed()
+    seen: dict[tuple[Any, ...], int] = {}
+    del spec
+    for call, event in enumerate(events):
+        if isinstance(event, Push):
+            progress = model.progress[event.stream]
+            is_late = [r["ts"] < progress for r in event.rows]
+            if late == "error" and any(is_late):
+                try:
+                    engine.push(event.stream, columns(event.rows), source=event.source)
+                except LateTuple as exc:
+                    assert "\n" not in str(exc)
+                    obs.rejected += 1
+                else:
+                    raise AssertionError("a batch with late tuples was accepted under late='error'")
+            else:
+                engine.push(event.stream, columns(event.rows), source=event.source)
+                model.raise_to(event.stream, event.source, NO_PROGRESS)  # joins the minimum
+                for row, was_late in zip(event.rows, is_late, strict=True):
+                    obs.arrivals.append((row, progress))
+                    obs.arrival_query_progress.append(min(model.progress.values()))
+                    if not was_late or late == "update":
+                        part = tuple(row[p] for p in partition)
+                        seen[part] = seen.get(part, 0) + 1
+        elif isinstance(event, Punct):
+            engine.punctuate(event.stream, event.value, source=event.source)
+            model.raise_to(event.stream, event.source, event.value)
+        elif isinstance(event, Close) and (event.stream, event.source) not in model.punct:
+            pass  # an undeclared source that never spoke is no source of the stream (close: NotFound)
+        elif isinstance(event, Close):
+            engine.close_source(event.stream, event.source)
+            model.raise_to(event.stream, event.source, END_OF_STREAM)
+        published = {s["name"]: s["low_watermark"] for s in engine.list_streams()}
+        assert published == model.progress, (published, model.progress)
+        obs.progress.append(min(model.progress.values()))
+        obs.seen.append(dict(seen))
+        for item in engine.poll(name):
+            if isinstance(item, Punctuation):
+                assert item.attribute == "window_end"
+                obs.kinds.append("punct")
+                obs.punctuation.append(item.value)
+                obs.punct_call.append(call)
+            else:
+                assert isinstance(item, pa.Table) and item.num_rows > 0
+                for row in item.to_pylist():
+                    obs.kinds.append("row")
+                    obs.rows.append(row)
+                    obs.row_call.append(call)
+    for item in engine.poll(f"{name}.late"):
+        obs.late += item.to_pylist()
+    obs.stats = engine.stats()
+    return obs
+
+
+def max_finite(values: Sequence[int]) -> int | None:
+    finite = [v for v in values if NO_PROGRESS < v < END_OF_STREAM]
+    return max(finite) if finite else None
+
+
+def key_of(row: Row, spec: Spec) -> tuple[Any, ...]:
+    return (row["window_start"], row["window_end"], *(row[k] for k in spec.keys))
+
+
+def check_emission(obs: Observed, spec: Spec, expected: Sequence[Row]) -> None:
+    """Properties (c)-(f): once at revision 0, never before and always once punctuation covers."""
+    first_call: dict[tuple[Any, ...], int] = {}
+    for row, call in zip(obs.rows, obs.row_call, strict=True):
+        assert row["revision"] == 0, row
+        key = key_of(row, spec)
+        assert key not in first_call, f"window row {key} emitted twice"
+        first_call[key] = call
+        assert covered(spec, row, obs.progress[call], obs.seen[call]), (
+            f"{key} emitted after call {call} at progress {obs.progress[call]}"
+        )
+    bound = NO_PROGRESS  # rows at revision 0 never below an earlier output punctuation
+    values = iter(obs.punctuation)
+    rows = iter(obs.rows)
+    for kind in obs.kinds:
+        if kind == "punct":
+            bound = next(values)
+        else:
+            row = next(rows)
+            assert row["window_end"] >= bound, f"{key_of(row, spec)} after output punctuation {bound}"
+    assert all(a < b for a, b in zip(obs.punctuation, obs.punctuation[1:], strict=False)), obs.punctuation
+    if obs.progress[-1] == END_OF_STREAM:  # every source closed (undeclared ones may never speak)
+        assert obs.punctuation and obs.punctuation[-1] == END_OF_STREAM
+    promised = None  # the output punctuation after each call: the end of the first open window
+    values = iter(zip(obs.punctuation, obs.punct_call, strict=True))
+    pending = next(values, None)
+    for call, progress in enumerate(obs.progress):
+        while pending is not None and pending[1] == call:
+            promised, pending = pending[0], next(values, None)
+        want = first_open_end(spec.window, progress, sum(obs.seen[call].values()))
+        assert promised == want, f"output punctuation {promised} after call {call}, expected {want}"
+    for row in expected:  # every covered window is out by the call that covered it
+        key = key_of(row, spec)
+        due = next(
+            (i for i in range(len(obs.progress)) if covered(spec, row, obs.progress[i], obs.seen[i])), None
+        )
+        assert due is not None, f"{key} never covered"
+        assert key in first_call and first_call[key] <= due, (
+            f"{key} due after call {due}, got {first_call.get(key)}"
+        )
+
+
+def check_query(
+    spec: Spec,
+    sources: Sources,
+    data: Any,
+    tumbling_form: int = 0,
+    max_size: int = 25,
+    scale: int = 1,
+    declared: bool = True,
+) -> Observed:
+    """Draw data and a delivery, run the query and check (a) and (c)-(f) against the reference.
+
+    ``scale`` multiplies every ts (pass a window scaled alike): far apart values, same windows.
+    """
+    from reference import assert_rows_equal, evaluate
+    from strategies import deliveries, sql_of, tuples
+
+    streams = {s: data.draw(tuples(max_size=max_size), label=f"tuples {s}") for s in sources}
+    streams = {s: [{**r, "ts": r["ts"] * scale} for r in rows] for s, rows in streams.items()}
+    events = data.draw(deliveries(streams, sources), label="events")
+    partition = spec.window.partition if spec.window.kind == "rows" else ()
+    sql = sql_of(spec, list(sources), tumbling_form)
+    obs = run(spec, sql, sources, events, partition=partition, declared=declared)
+    on_time = [row for row, p in obs.arrivals if row["ts"] >= p]  # all of them when sources are declared
+    tally(f"tuples: {min(len(on_time) // 10 * 10, 40)}+, rows out: {min(len(obs.rows) // 20 * 20, 60)}+")
+    expected = evaluate(spec, on_time, progress=max_finite(obs.progress))
+    assert_rows_equal(obs.rows, expected, spec)
+    check_emission(obs, spec, expected)
+    check_late(obs, [row for row, p in obs.arrivals if row["ts"] < p])
+    assert not declared or obs.late == []
+    return obs
+
+
+def ident(row: Row) -> tuple[Any, ...]:
+    return (row["k1"], row["k2"], row["v"], row["f"], row["ts"])
+
+
+def check_late(obs: Observed, late: Sequence[Row]) -> None:
+    """The late side stream holds exactly ``late``, and the counters agree."""
+    assert Counter(map(ident, obs.late)) == Counter(map(ident, late))
+    assert obs.stats["queries"]["q"]["late"] == len(late)
