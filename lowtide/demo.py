@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 from rich.console import Console
 
@@ -47,14 +46,14 @@ START_MS = 1_700_000_000_000
 @dataclass
 class Tick:
     link: str
-    batch: dict[str, npt.NDArray[np.generic]] | None
+    batch: dict[str, Any] | None
     punctuation: int
 
 
 def packets(seconds: int, rate: int, seed: int = 1) -> Iterator[Tick]:
     """Batches of ``BATCH_MS`` of arrival time from each link in turn, each with its punctuation."""
     rng = np.random.default_rng(seed)
-    hosts = np.array([f"10.0.{i // 250}.{i % 250}" for i in range(2_000)], dtype=object)
+    hosts = pa.array([f"10.0.{i // 250}.{i % 250}" for i in range(2_000)])
     popularity = 1.0 / np.arange(1, 2_001) ** 0.9  # a few heavy sources, a long tail
     popularity /= popularity.sum()
     per_batch = rate * BATCH_MS // 1000
@@ -67,9 +66,11 @@ def packets(seconds: int, rate: int, seed: int = 1) -> Iterator[Tick]:
                 base = now + rng.integers(0, BATCH_MS, per_batch)
                 delay = np.where(rng.random(per_batch) < 0.2, rng.integers(0, MAX_DELAY_MS, per_batch), 0)
                 batch = {
-                    "srcIP": hosts[rng.choice(2_000, per_batch, p=popularity)],
+                    "srcIP": pa.DictionaryArray.from_arrays(
+                        rng.choice(2_000, per_batch, p=popularity), hosts
+                    ),
                     "srcPort": rng.integers(1024, 65535, per_batch).astype(np.int32),
-                    "destIP": hosts[rng.integers(0, 50, per_batch)],
+                    "destIP": pa.DictionaryArray.from_arrays(rng.integers(0, 50, per_batch), hosts),
                     "destPort": rng.choice(np.array([53, 80, 443], np.int32), per_batch),
                     "len": rng.integers(40, 1500, per_batch).astype(np.int32),
                     "ts": base - delay,

@@ -18,6 +18,7 @@ import numpy as np
 from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
 from lowtide.operators.base import Operator
+from lowtide.operators.input import Input
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
@@ -61,7 +62,9 @@ class RunningQuery:
     plan: Plan
     sink: Sink
     policy: LatePolicy
+    allowed_lateness: str | int | None = None
     derived: Stream | None = None
+    subscribers: list[tuple[str, Input]] = field(default_factory=list)  # (stream, what it feeds)
     late_items: list[Any] = field(default_factory=list)
     late_dropped: int = 0
 
@@ -174,7 +177,7 @@ class Engine:
             else None,
         )
         plan.output.connect(sink)
-        running = RunningQuery(name, sql, plan, sink, policy, derived)
+        running = RunningQuery(name, sql, plan, sink, policy, allowed_lateness, derived)
         holder.append(running)
         return running
 
@@ -192,22 +195,31 @@ class Engine:
         if derived is not None:
             self._streams[running.name] = derived
         self._queries[running.name] = running
-        for stream_name, op in running.plan.inputs:
+        running.subscribers = self._subscribers(running)
+        for stream_name, op in running.subscribers:
             stream = self._streams[stream_name]
             stream.subscribers.append(op)
             if stream.progress > NO_PROGRESS:
                 op.punctuate(Punctuation(stream.progress, stream.attribute))
         self._regranulate()
 
+    def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
+        """What each input stream of a query feeds: here, the query's own graph."""
+        return list(running.plan.inputs)
+
+    def _forget(self, name: str) -> None:
+        """Release what runs a dropped query (nothing beyond its graph here)."""
+
     def drop_query(self, name: str) -> None:
         running = self._query(name)
         readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
         if readers:
             raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
-        for stream_name, op in running.plan.inputs:
+        for stream_name, op in running.subscribers:
             self._streams[stream_name].subscribers.remove(op)
         self._streams.pop(name, None)
         del self._queries[name]
+        self._forget(name)
         self._regranulate()
 
     def _regranulate(self) -> None:

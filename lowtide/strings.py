@@ -34,6 +34,10 @@ class StringPool:
         self._store(value, code)
         return code
 
+    def values(self, start: int, stop: int) -> list[str]:
+        """The strings of codes ``start..stop-1`` (a mirror copies new entries from these)."""
+        return list(self._values[start:stop])
+
     def adopt(self, codes: dict[str, int]) -> None:
         """Take another pool's codes for these strings (a worker mirrors the front's literals)."""
         for value, code in codes.items():
@@ -57,7 +61,10 @@ class StringPool:
         if not pa.types.is_dictionary(values.type):
             values = pc.dictionary_encode(values)
         dictionary = values.dictionary.to_pylist()
-        mapping = np.fromiter((self.code(s) for s in dictionary), dtype=np.int64, count=len(dictionary))
+        found = list(map(self._codes.get, dictionary))  # C-level lookups; None marks a new string
+        if None in found:
+            found = [self.code(s) if c is None else c for s, c in zip(dictionary, found, strict=True)]
+        mapping = np.array(found, dtype=np.int64)
         indices = values.indices
         if indices.null_count:
             filled = pc.fill_null(indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
