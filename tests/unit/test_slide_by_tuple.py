@@ -206,3 +206,17 @@ def test_long_stream_state_is_bounded_and_groups_are_compacted() -> None:
     assert max(s[1] for s in sizes) <= 8192 and sizes[-1][1] < 4096  # group table compacted
     assert max(s[2] for s in sizes[20:]) < 4 * max(s[2] for s in sizes[5:20])
     assert sink.puncts()[-1] == END_OF_STREAM and op.open_windows() == 0
+
+
+def test_null_strings_are_not_counted() -> None:
+    from lowtide import Engine
+
+    eng = Engine()
+    eng.create_stream("A", {"k": "string", "ts": "int64"})
+    q = eng.register_query(
+        "SELECT count(k) AS c, count_distinct(k) AS d [RANGE 10, RATTR ts, SLIDE 1 row, SATTR row-num] FROM A"
+    )
+    eng.push("A", {"k": [None, "x"], "ts": [1, 2]})
+    eng.punctuate("A", 5)
+    rows = eng.poll(q)[0].to_pylist()
+    assert [(r["c"], r["d"]) for r in rows] == [(0, 0), (1, 1)]
