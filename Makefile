@@ -4,13 +4,14 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
+SOURCES := lowtide operators punctuation clients server tests bench setup.py
 
 .PHONY: setup test lint unit demo bench clean
 
 setup: $(STAMP)
 
 # Reinstall only when the project's metadata changed: quick and idempotent otherwise.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py proto/lowtide.proto
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -21,11 +22,11 @@ $(STAMP): pyproject.toml
 $(TYPECHECK): FORCE
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/lowtide
 	for f in lowtide/*; do ln -s $(CURDIR)/$$f $(TYPECHECK)/lowtide/; done
-	for d in operators punctuation clients; do ln -s $(CURDIR)/$$d $(TYPECHECK)/lowtide/$$d; done
+	for d in operators punctuation clients server proto; do ln -s $(CURDIR)/$$d $(TYPECHECK)/lowtide/$$d; done
 
 lint: setup $(TYPECHECK)
-	$(BIN)/ruff check lowtide operators punctuation clients tests bench
-	$(BIN)/ruff format --check lowtide operators punctuation clients tests bench
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy -p lowtide
 
 unit: setup

@@ -117,6 +117,10 @@ class Engine:
     def list_streams(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self._streams.values() if not s.derived]
 
+    def low_watermark(self, stream: str) -> int:
+        """The published progress of ``stream`` (NO_PROGRESS before any)."""
+        return self._stream(stream).progress
+
     def _stream(self, name: str) -> Stream:
         try:
             return self._streams[name]

@@ -24,6 +24,11 @@ class Meld(Operator):
     def describe(self) -> str:
         return f"Meld of {self.inputs} inputs"
 
+    @property
+    def low_watermark(self) -> int:
+        """The lowest output punctuation over its attributes (NO_PROGRESS before any)."""
+        return min(self._out.values(), default=NO_PROGRESS)
+
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
         self.emit(batch)

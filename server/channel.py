@@ -1,0 +1,121 @@
+"""A one-way channel between two processes: numpy columns through shared memory.
+
+The payload of a message (the columns of a batch) is copied once into a shared-memory ring; a
+small header (message kind, names, dtypes, offsets) travels over a pipe. The reader copies the
+columns out and advances the ring's read position, which it keeps in the ring's first 8 bytes.
+A writer that finds the ring full waits for the reader: that is the backpressure that slows a
+fast producer down instead of dropping or buffering without bound.
+
+Layout of the shared segment: ``[read_position: uint64][pad to 64][ring bytes ...]``. Positions
+only grow; ``position % capacity`` is the offset in the ring. A payload never wraps: when it does
+not fit before the end, the writer skips to the start of the ring.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+_HEADER = 64
+_ALIGN = 64
+Arrays = dict[str, npt.NDArray[Any]]
+
+
+def _aligned(size: int) -> int:
+    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class ChannelFull(Exception):
+    """The ring has no room for the message now; retry after the reader catches up."""
+
+
+class ChannelWriter:
+    def __init__(self, shm: shared_memory.SharedMemory, conn: Connection) -> None:
+        self._shm = shm
+        self._conn = conn
+        self._capacity = shm.size - _HEADER
+        self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
+        self._write = 0
+
+    def fileno(self) -> int:
+        return self._conn.fileno()
+
+    def try_send(self, header: tuple[Any, ...], arrays: Arrays | None = None) -> None:
+        """Send or raise :class:`ChannelFull` without blocking."""
+        layout: list[tuple[str, str, tuple[int, ...], int]] = []
+        if arrays:
+            sizes = [_aligned(a.nbytes) for a in arrays.values()]
+            total = sum(sizes)
+            if total > self._capacity:
+                raise ValueError(f"message of {total} bytes exceeds the channel's {self._capacity}")
+            start = self._write
+            offset = start % self._capacity
+            if offset + total > self._capacity:  # do not wrap a payload: skip to the ring's start
+                start += self._capacity - offset
+                offset = 0
+            if start + total - int(self._read[0]) > self._capacity:
+                raise ChannelFull()
+            ring = self._shm.buf
+            for (name, array), size in zip(arrays.items(), sizes, strict=True):
+                data = np.ascontiguousarray(array)
+                view = np.ndarray(data.shape, dtype=data.dtype, buffer=ring, offset=_HEADER + offset)
+                view[...] = data
+                layout.append((name, data.dtype.str, data.shape, offset))
+                offset += size
+            self._write = start + total
+        self._conn.send((header, layout, self._write))
+
+    def send(
+        self, header: tuple[Any, ...], arrays: Arrays | None = None, timeout: float | None = None
+    ) -> None:
+        """Send, waiting while the ring is full (for processes without an event loop)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 1e-5
+        while True:
+            try:
+                self.try_send(header, arrays)
+                return
+            except ChannelFull:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class ChannelReader:
+    def __init__(self, shm: shared_memory.SharedMemory, conn: Connection) -> None:
+        self._shm = shm
+        self._conn = conn
+        self._capacity = shm.size - _HEADER
+        self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
+
+    def fileno(self) -> int:
+        return self._conn.fileno()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self._conn.poll(timeout)
+
+    def recv(self) -> tuple[tuple[Any, ...], Arrays]:
+        """The next message: its header and its columns (copied out of the ring)."""
+        header, layout, end = self._conn.recv()
+        arrays: Arrays = {}
+        for name, dtype, shape, offset in layout:
+            view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._shm.buf, offset=_HEADER + offset)
+            arrays[name] = view.copy()
+        if layout:
+            self._read[0] = end  # the ring up to ``end`` may be written again
+        return header, arrays
+
+
+def create_segment(capacity: int) -> shared_memory.SharedMemory:
+    shm = shared_memory.SharedMemory(create=True, size=_HEADER + capacity)
+    np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)[0] = 0
+    return shm

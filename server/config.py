@@ -1,0 +1,59 @@
+"""Server configuration: command-line options over a TOML file over defaults.
+
+host = "127.0.0.1"        # bind address (loopback by default)
+port = 50051              # 0: pick a free port and print it
+workers = 2               # worker processes (default: the number of cores)
+metrics_port = 9464       # Prometheus exposition; 0: a free port; -1: off
+state_dir = ""            # reserved for checkpoints (a later issue)
+max_message_bytes = 67108864
+max_batch_rows = 1000000
+max_streams = 1000
+max_queries = 1000
+max_query_state_bytes = 1073741824
+retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from lowtide.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    workers: int = max(1, os.cpu_count() or 1)
+    metrics_port: int = 9464
+    state_dir: str = ""
+    max_message_bytes: int = 64 << 20
+    max_batch_rows: int = 1_000_000
+    max_streams: int = 1000
+    max_queries: int = 1000
+    max_query_state_bytes: int = 1 << 30
+    retained_items: int = 1024
+
+    @staticmethod
+    def load(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
+        """Defaults, then the TOML file (if any), then the non-None ``overrides``."""
+        config = ServerConfig()
+        known = {f.name: f.type for f in fields(ServerConfig)}
+        if path:
+            try:
+                data = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise InvalidArgument(f"cannot read config {path}: {exc}") from exc
+            data = data.get("server", data)
+            unknown = sorted(set(data) - set(known))
+            if unknown:
+                raise InvalidArgument(f"unknown config key(s) in {path}: {', '.join(unknown)}")
+            config = replace(config, **data)
+        config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        if config.workers < 1:
+            raise InvalidArgument("workers must be at least 1")
+        return config

@@ -1,0 +1,404 @@
+"""The front process: gRPC (grpc.aio on uvloop) in front of the engine's door and its workers.
+
+Control calls, ingestion and subscriptions all come here. Batches pass the door (schema, string
+codes, sources, progress, late detection) in :class:`~lowtide.server.runtime.FrontEngine` and go
+to the workers; worker output comes back, is melded per query and waits in a :class:`Hub` for
+subscribers. ``serve`` runs until SIGTERM or SIGINT, then drains: in-flight batches reach the
+workers, their results reach the subscribers, subscriptions end cleanly, the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import pyarrow as pa
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from lowtide.engine import Limits
+from lowtide.errors import LowtideError, NotFound, SchemaMismatch
+from lowtide.proto import lowtide_pb2 as pb
+from lowtide.proto import lowtide_pb2_grpc as pb_grpc
+from lowtide.punctuation.model import Punctuation
+from lowtide.server.config import ServerConfig
+from lowtide.server.hub import Closed, Hub
+from lowtide.server.metrics import ServerMetrics
+from lowtide.server.runtime import FrontEngine
+from lowtide.server.workers import WorkerPool
+
+VERSION = "0.1.0"
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _columns(schema: dict[str, str]) -> list[pb.Column]:
+    return [pb.Column(name=name, type=kind) for name, kind in schema.items()]
+
+
+def _read_arrow(data: bytes) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(data).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SchemaMismatch(f"malformed Arrow IPC stream: {str(exc).splitlines()[0]}") from exc
+
+
+def _arrow_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: LowtideError) -> None:
+    await context.abort(
+        grpc.StatusCode[exc.status], str(exc), trailing_metadata=(("lowtide-error", type(exc).__name__),)
+    )
+
+
+def translated(handler: Handler) -> Handler:
+    """Map lowtide errors to their gRPC status; the exception's class travels in metadata."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Service, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await handler(self, request, context)
+        except LowtideError as exc:
+            await _abort(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Front:
+    """The engine's door, the worker pool, the hubs and the metrics of one server."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.workers = WorkerPool(config.workers, self._on_message, self._on_death)
+        limits = Limits(config.max_streams, config.max_queries, config.max_batch_rows)
+        self.engine = FrontEngine(self.workers, limits=limits)
+        self.engine.on_released = self.metrics.punctuation_to_result
+        self.hubs: dict[str, Hub] = {}
+        self.applied: dict[tuple[str, str], set[int]] = {}  # (stream, source) -> batch ids applied
+        self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
+        self._tokens = itertools.count()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.workers.start()
+        self.metrics.set_snapshot(self.snapshot)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
+
+    # -- queries and their output -------------------------------------------------------------
+    def register(self, sql: str, name: str | None, late: str, allowed_lateness: str | int | None) -> str:
+        query = self.engine.register_query(sql, name, late, allowed_lateness)
+        self.hubs[query.name] = Hub(self.config.retained_items)
+        self.hubs[f"{query.name}.late"] = Hub(self.config.retained_items)
+        return query.name
+
+    def drop(self, name: str) -> None:
+        self.engine.drop_query(name)
+        for key in (name, f"{name}.late"):
+            hub = self.hubs.pop(key, None)
+            if hub is not None:
+                hub.close()
+
+    def _publish(self, name: str) -> None:
+        for key in (name, f"{name}.late"):
+            hub = self.hubs.get(key)
+            if hub is not None:
+                items = self.engine.poll(key)
+                if items:
+                    hub.publish(items)
+        remote = self.engine.remote.get(name)
+        if remote is not None and remote.failed:
+            self._close_failed(name, "ABORTED", remote.failed)
+
+    def _close_failed(self, name: str, status: str, reason: str) -> None:
+        for key in (name, f"{name}.late"):
+            hub = self.hubs.get(key)
+            if hub is not None:
+                hub.close(status, reason)
+
+    def _on_message(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any]) -> None:
+        if header[0] == "synced":
+            waiting = self._syncs.get(header[1])
+            if waiting is not None:
+                left, future = waiting
+                if left <= 1:
+                    del self._syncs[header[1]]
+                    if not future.done():
+                        future.set_result(None)
+                else:
+                    self._syncs[header[1]] = (left - 1, future)
+            return
+        name = self.engine.on_worker_message(worker, header, arrays)
+        if name is not None:
+            self._publish(name)
+            # A query's results feed the queries that read it: their hubs may have news too.
+            for other in list(self.engine.remote):
+                if other != name and any(s == name for s, _ in self.engine.remote[other].running.plan.inputs):
+                    self._publish(other)
+
+    def _on_death(self, worker: int) -> None:
+        self.metrics.worker_restarted(worker)
+        for name in self.engine.worker_died(worker):
+            self._close_failed(name, "ABORTED", self.engine.remote[name].failed or "worker died")
+
+    async def sync(self) -> None:
+        """Wait until every worker has processed everything posted to it so far."""
+        token = next(self._tokens)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._syncs[token] = (self.workers.size, future)
+        self.workers.broadcast(("sync", token))
+        await asyncio.wait_for(future, timeout=60)
+
+    async def _ticker(self) -> None:
+        """Heartbeats and idle sources every 20 ms; worker statistics and state limits every second."""
+        last_stats = 0.0
+        while True:
+            await asyncio.sleep(0.02)
+            self.engine.tick()
+            now = time.monotonic()
+            if now - last_stats >= 1.0:
+                last_stats = now
+                self.engine.request_stats()
+                self._enforce_state_limit()
+
+    def _enforce_state_limit(self) -> None:
+        limit = self.config.max_query_state_bytes
+        for name, remote in self.engine.remote.items():
+            if not remote.failed and self.engine.state_bytes(name) > limit:
+                reason = f"query {name!r} holds {self.engine.state_bytes(name)} bytes of state, over {limit}"
+                self.engine.fail(remote, reason)
+                self._close_failed(name, "RESOURCE_EXHAUSTED", reason)
+
+    def snapshot(self) -> dict[str, Any]:
+        stats = self.engine.stats()
+        queries: dict[str, Any] = {}
+        for name, remote in self.engine.remote.items():
+            per_worker = list(remote.worker_stats.values())
+            operators: dict[tuple[int, str], list[int]] = {}
+            for stats_of in per_worker:
+                for index, (label, n_in, n_out) in enumerate(stats_of.get("operators", [])):
+                    counts = operators.setdefault((index, label), [0, 0])
+                    counts[0] += n_in
+                    counts[1] += n_out
+            queries[name] = {
+                "low_watermark": remote.meld.low_watermark,
+                "late": remote.running.late_dropped,
+                "open_windows": sum(s.get("open_windows", 0) for s in per_worker),
+                "state_bytes": sum(s.get("state_bytes", 0) for s in per_worker),
+                "operators": [(i, label, c[0], c[1]) for (i, label), c in sorted(operators.items())],
+            }
+        return {"streams": stats["streams"], "queries": queries}
+
+    async def stop(self) -> None:
+        """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly."""
+        for task in self._tasks:
+            task.cancel()
+        try:
+            await self.workers.idle()
+            await self.sync()
+        except TimeoutError:
+            pass
+        for hub in self.hubs.values():
+            hub.close()
+        await self.workers.stop()
+        self.metrics.close()
+
+
+class Service(pb_grpc.LowtideServicer):
+    def __init__(self, front: Front) -> None:
+        self.front = front
+        self.engine = front.engine
+
+    @translated
+    async def CreateStream(self, request: pb.CreateStreamRequest, context: Any) -> pb.CreateStreamResponse:
+        self.engine.create_stream(
+            request.name,
+            {c.name: c.type for c in request.schema},
+            progressing=request.progressing or "ts",
+            punctuation=request.punctuation or "explicit",
+            sources=list(request.sources),
+            idle_timeout=request.idle_timeout_s or None,
+        )
+        return pb.CreateStreamResponse()
+
+    @translated
+    async def DropStream(self, request: pb.DropStreamRequest, context: Any) -> pb.DropStreamResponse:
+        self.engine.drop_stream(request.name)
+        return pb.DropStreamResponse()
+
+    @translated
+    async def ListStreams(self, request: pb.ListStreamsRequest, context: Any) -> pb.ListStreamsResponse:
+        streams = self.engine.stats()["streams"]
+        return pb.ListStreamsResponse(
+            streams=[
+                pb.StreamInfo(
+                    name=s["name"],
+                    schema=_columns(s["schema"]),
+                    progressing=s["progressing"],
+                    punctuation=s["punctuation"],
+                    sources=s["sources"],
+                    low_watermark=s["low_watermark"],
+                    tuples_ingested=streams[s["name"]]["ingested"],
+                    late_tuples=streams[s["name"]]["late"],
+                )
+                for s in self.engine.list_streams()
+            ]
+        )
+
+    @translated
+    async def RegisterQuery(self, request: pb.RegisterQueryRequest, context: Any) -> pb.RegisterQueryResponse:
+        text = request.allowed_lateness
+        lateness: str | int | None = int(text) if text.lstrip("-").isdigit() else (text or None)
+        name = self.front.register(request.sql, request.name or None, request.late or "drop", lateness)
+        running = self.engine.remote[name].running
+        return pb.RegisterQueryResponse(
+            name=name,
+            columns=[pb.Column(name=n, type=t.name) for n, t in running.plan.schema],
+            plan=running.plan.explain(),
+        )
+
+    @translated
+    async def ExplainQuery(self, request: pb.ExplainQueryRequest, context: Any) -> pb.ExplainQueryResponse:
+        return pb.ExplainQueryResponse(plan=self.engine.explain(request.sql))
+
+    @translated
+    async def DropQuery(self, request: pb.DropQueryRequest, context: Any) -> pb.DropQueryResponse:
+        self.front.drop(request.name)
+        return pb.DropQueryResponse()
+
+    @translated
+    async def ListQueries(self, request: pb.ListQueriesRequest, context: Any) -> pb.ListQueriesResponse:
+        infos = []
+        for q in self.engine.list_queries():
+            remote = self.engine.remote[q["name"]]
+            infos.append(
+                pb.QueryInfo(
+                    name=q["name"],
+                    sql=q["sql"],
+                    late=q["late"],
+                    columns=[pb.Column(name=n, type=t.name) for n, t in remote.running.plan.schema],
+                    results=q["results"],
+                    late_tuples=q["late_tuples"],
+                    low_watermark=remote.meld.low_watermark,
+                )
+            )
+        return pb.ListQueriesResponse(queries=infos)
+
+    @translated
+    async def Ingest(
+        self, request_iterator: AsyncIterator[pb.IngestRequest], context: Any
+    ) -> pb.IngestResponse:
+        front, engine = self.front, self.engine
+        stream = source = ""
+        tuples = batches = duplicates = 0
+        async for request in request_iterator:
+            if not stream:
+                stream, source = request.stream, request.source or "default"
+                if not stream:
+                    raise NotFound("the first Ingest message must name the stream")
+                engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
+            item = request.WhichOneof("item")
+            if item == "arrow":
+                applied = front.applied.setdefault((stream, source), set())
+                if request.batch_id and request.batch_id in applied:
+                    duplicates += 1
+                    continue
+                began = time.perf_counter()
+                table = _read_arrow(request.arrow)
+                engine.push(stream, table, source)
+                front.metrics.ingest_batch(stream, table.num_rows, time.perf_counter() - began)
+                if request.batch_id:
+                    applied.add(request.batch_id)
+                tuples += table.num_rows
+                batches += 1
+                await front.workers.wait_for_room()
+            elif item == "punctuation":
+                engine.punctuate(stream, request.punctuation, source)
+            elif item == "close":
+                engine.close_source(stream, source)
+        low = engine.low_watermark(stream) if stream else 0
+        return pb.IngestResponse(tuples=tuples, batches=batches, duplicates=duplicates, low_watermark=low)
+
+    async def Subscribe(
+        self, request: pb.SubscribeRequest, context: Any
+    ) -> AsyncIterator[pb.SubscribeResponse]:
+        hub = self.front.hubs.get(request.query)
+        if hub is None:
+            await _abort(context, NotFound(f"unknown query {request.query!r}"))
+            return
+        queue = hub.subscribe(request.from_oldest)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, Closed):
+                    if item.status is not None:
+                        await context.abort(grpc.StatusCode[item.status], item.reason)
+                    return
+                if isinstance(item, Punctuation):
+                    yield pb.SubscribeResponse(
+                        punctuation=pb.Punctuation(value=item.value, attribute=item.attribute)
+                    )
+                else:
+                    yield pb.SubscribeResponse(arrow=_arrow_bytes(item))
+        finally:
+            hub.unsubscribe(queue)
+
+    @translated
+    async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
+        return pb.HealthResponse(status="SERVING", workers=self.front.workers.size, version=VERSION)
+
+
+async def _serve(config: ServerConfig) -> int:
+    front = Front(config)
+    await front.start()
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+    ]
+    server = grpc.aio.server(options=options)
+    pb_grpc.add_LowtideServicer_to_server(Service(front), server)
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (
+        pb.DESCRIPTOR.services_by_name["Lowtide"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    )
+    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    metrics_url = "off"
+    if config.metrics_port >= 0:
+        bound = front.metrics.serve(config.host, config.metrics_port)
+        metrics_url = f"http://{config.host}:{bound}/metrics"
+    print(
+        f"lowtide serving on {config.host}:{port} with {config.workers} workers; metrics on {metrics_url}",
+        flush=True,
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await health_servicer.enter_graceful_shutdown()
+    stopped = asyncio.ensure_future(server.stop(grace=10))
+    await front.stop()
+    await stopped
+    return 0
+
+
+def serve(config: ServerConfig) -> int:
+    """Run a server until SIGTERM or SIGINT; returns the exit code."""
+    import uvloop
+
+    return uvloop.run(_serve(config))

@@ -1,0 +1,207 @@
+"""The front's engine: the door and the catalog here, the operator graphs in the workers.
+
+``FrontEngine`` is the in-process :class:`~lowtide.engine.Engine` with one change: a query's
+inputs do not feed local operators but :class:`Dispatch` subscribers that split each batch by the
+query's partitioning key and post the pieces to the workers owning them, and broadcast every
+punctuation. Worker outputs come back into a :class:`~lowtide.operators.meld.Meld` per query -
+results pass through, output punctuation is the minimum over the query's workers - and then into
+the query's sink, exactly where the in-process engine's graph would have delivered them.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lowtide.batch import Batch
+from lowtide.engine import Engine, Limits, RunningQuery
+from lowtide.operators.input import Input
+from lowtide.operators.meld import Meld
+from lowtide.punctuation.model import Punctuation
+from lowtide.punctuation.policies import LatePolicy
+from lowtide.results import to_table
+from lowtide.schema import ColumnType
+from lowtide.server.partitioning import Partitioning, partitioning_of, split
+from lowtide.server.worker import QuerySpec, decode_columns
+from lowtide.server.workers import WorkerPool
+from lowtide.testing import Clock
+
+
+@dataclass
+class RemoteQuery:
+    name: str
+    running: RunningQuery
+    partitioning: Partitioning
+    workers: list[int]
+    meld: Meld
+    failed: str | None = None
+    worker_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    released: dict[float, int] = field(default_factory=dict)  # punctuation sent_at -> workers done
+
+    def port(self, worker: int) -> int:
+        return self.workers.index(worker)
+
+
+class Dispatch(Input):
+    """A stream's subscriber at the front for one input of one query."""
+
+    label = "Dispatch"
+
+    def __init__(
+        self, front: FrontEngine, query: RemoteQuery, index: int, stream: str, policy: LatePolicy
+    ) -> None:
+        super().__init__(stream, policy, lambda batch: None)
+        self.front = front
+        self.query = query
+        self.index = index
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        self._send(batch, late=False)
+
+    def process_late(self, batch: Batch) -> None:
+        self.late_tuples += batch.n
+        self._send(batch, late=True)
+
+    def _send(self, batch: Batch, late: bool) -> None:
+        query = self.query
+        if query.failed or batch.n == 0:
+            return
+        self.front.sync_strings()
+        pool = self.front.workers
+        if len(query.workers) == 1:
+            pool.post(query.workers[0], ("batch", query.name, self.index, late, batch.n), batch.columns)
+            return
+        pieces = split(batch, query.partitioning.keys[self.index], len(query.workers))
+        for worker, rows in zip(query.workers, pieces, strict=True):
+            if rows.shape[0]:
+                piece = batch.select(rows)
+                pool.post(worker, ("batch", query.name, self.index, late, piece.n), piece.columns)
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        if self.query.failed:
+            return
+        sent = time.monotonic()
+        for worker in self.query.workers:
+            self.front.workers.post(
+                worker,
+                ("punctuate", self.query.name, self.index, punctuation.attribute, punctuation.value, sent),
+            )
+
+
+class FrontEngine(Engine):
+    def __init__(self, workers: WorkerPool, clock: Clock | None = None, limits: Limits | None = None) -> None:
+        super().__init__(clock, limits)
+        self.workers = workers
+        self.remote: dict[str, RemoteQuery] = {}
+        self._strings_sent = 0
+        self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
+
+    # -- registration ---------------------------------------------------------------------------
+    def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
+        plan = running.plan
+        partitioning = partitioning_of(plan)
+        n = self.workers.size
+        single = partitioning.single or n == 1
+        workers = [zlib.crc32(running.name.encode()) % n] if single else list(range(n))
+        meld = Meld(len(workers))
+        meld.connect(running.sink)
+        remote = RemoteQuery(running.name, running, partitioning, workers, meld)
+        self.remote[running.name] = remote
+        spec = QuerySpec(
+            running.sql,
+            running.policy.value,
+            running.allowed_lateness,
+            {
+                stream: (
+                    tuple((c, t.name) for c, t in self._streams[stream].schema.columns),
+                    self._streams[stream].attribute,
+                )
+                for stream, _ in plan.inputs
+            },
+        )
+        self.sync_strings()
+        for worker in workers:
+            self.workers.post(worker, ("register", running.name, spec))
+        return [
+            (stream, Dispatch(self, remote, index, stream, running.policy))
+            for index, (stream, _) in enumerate(plan.inputs)
+        ]
+
+    def sync_strings(self) -> None:
+        """Broadcast the string pool's new entries, so every worker decodes as the front does."""
+        known = len(self.pool)
+        if known > self._strings_sent:
+            self.workers.broadcast(
+                ("strings", self._strings_sent, self.pool.values(self._strings_sent, known))
+            )
+            self._strings_sent = known
+
+    def explain(self, sql: str) -> str:
+        running = self._plan(sql, "explain", LatePolicy.DROP, None)
+        placement = partitioning_of(running.plan).describe(self.workers.size)
+        return super().explain(sql) + f"\n(the query {placement})"
+
+    def _forget(self, name: str) -> None:
+        remote = self.remote.pop(name, None)
+        if remote is not None:
+            for worker in remote.workers:
+                self.workers.post(worker, ("drop", name))
+
+    # -- worker output --------------------------------------------------------------------------
+    def on_worker_message(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any]) -> str | None:
+        """Apply one message from a worker; returns the name of the query it concerns."""
+        kind = header[0]
+        if kind == "stats":
+            for name, stats in header[1].items():
+                if name in self.remote:
+                    self.remote[name].worker_stats[worker] = stats
+            return None
+        remote = self.remote.get(header[1])
+        if remote is None or worker not in remote.workers:
+            return None
+        if kind == "result":
+            remote.meld.process(Batch(decode_columns(arrays), header[2]), remote.port(worker))
+        elif kind == "punctuation":
+            remote.meld.punctuate(Punctuation(header[3], header[2]), remote.port(worker))
+        elif kind == "late":
+            fields = tuple((name, ColumnType(kind_name)) for name, kind_name in header[3])
+            remote.running.late_dropped += header[2]
+            remote.running.late_items.append(to_table(Batch(arrays, header[2]), fields, self.pool))
+        elif kind == "released":
+            done = remote.released.get(header[2], 0) + 1
+            if done < len(remote.workers):
+                remote.released[header[2]] = done
+            else:
+                remote.released.pop(header[2], None)
+                if self.on_released is not None:
+                    self.on_released(remote.name, time.monotonic() - header[2])
+        elif kind == "failed":
+            self.fail(remote, f"query {remote.name!r} failed on worker {worker}: {header[2]}")
+        return remote.name
+
+    def worker_died(self, worker: int) -> list[str]:
+        """Fail every query that had state on ``worker``; returns their names."""
+        lost = []
+        for remote in self.remote.values():
+            if worker in remote.workers and not remote.failed:
+                self.fail(remote, f"worker {worker} died; query {remote.name!r} lost its window state")
+                lost.append(remote.name)
+        return lost
+
+    def fail(self, remote: RemoteQuery, reason: str) -> None:
+        remote.failed = reason
+        for worker in remote.workers:
+            self.workers.post(worker, ("drop", remote.name))
+
+    def request_stats(self) -> None:
+        self.workers.broadcast(("stats",))
+
+    def state_bytes(self, query: str) -> int:
+        remote = self.remote.get(query)
+        if remote is None:
+            return super().state_bytes(query)
+        return int(sum(s.get("state_bytes", 0) for s in remote.worker_stats.values()))

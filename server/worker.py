@@ -1,0 +1,204 @@
+"""A worker process: runs its partition of every query's operator graph.
+
+The front process owns the door (schemas, string codes, sources, progress, late detection) and
+sends each worker the tuples of the partitions it owns, already split by the query's partitioning
+key, plus every punctuation. The worker runs the same planner and operators as the in-process
+engine and sends back result batches, output punctuation and late tuples, still as engine
+columns (string codes): the front decodes them once, after melding all workers' outputs.
+
+Messages in (front -> worker), as ``(kind, ...)`` headers with columns in the payload:
+``strings(first_code, values)`` (the worker's string pool mirrors the front's),
+``register(name, spec)``, ``drop(name)``, ``batch(query, input, late)``,
+``punctuate(query, input, attribute, value, sent_at)``, ``sync(token)``, ``stats()``, ``stop()``.
+Messages out: ``result(query)``, ``punctuation(query, attribute, value)``, ``late(query)``,
+``released(query, sent_at)`` (after the results a punctuation released), ``synced(token)``,
+``failed(query, reason)``, ``stats(dict)``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lowtide.batch import Batch
+from lowtide.errors import LowtideError
+from lowtide.operators.base import Operator
+from lowtide.operators.input import Input
+from lowtide.punctuation.model import Punctuation
+from lowtide.punctuation.policies import LatePolicy
+from lowtide.query import parse_query
+from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.schema import ColumnType, Schema
+from lowtide.server.channel import ChannelReader, ChannelWriter
+from lowtide.strings import StringPool
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    """What a worker needs to plan a query exactly as the front planned it."""
+
+    sql: str
+    late: str
+    allowed_lateness: str | int | None
+    schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
+
+
+def encode_columns(columns: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    """Engine columns as plain arrays; an Arrow list column travels as offsets and values."""
+    flat: dict[str, np.ndarray[Any, Any]] = {}
+    for name, values in columns.items():
+        if isinstance(values, pa.ListArray):
+            flat[f"{name}\x00offsets"] = values.offsets.to_numpy()
+            flat[f"{name}\x00values"] = values.values.to_numpy(zero_copy_only=False)
+        else:
+            flat[name] = np.asarray(values)
+    return flat
+
+
+def decode_columns(flat: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+    columns: dict[str, Any] = {}
+    for name, values in flat.items():
+        base, _, part = name.partition("\x00")
+        if part == "offsets":
+            columns[base] = pa.ListArray.from_arrays(pa.array(values), pa.array(flat[f"{base}\x00values"]))
+        elif not part:
+            columns[name] = values
+    return columns
+
+
+class _Forward(Operator):
+    """The end of a query graph in a worker: hands its output to the outbound channel."""
+
+    label = "Forward"
+
+    def __init__(self, query: str, out: ChannelWriter) -> None:
+        super().__init__()
+        self.query = query
+        self.out = out
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        self.out.send(("result", self.query, batch.n), encode_columns(batch.columns))
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        self.out.send(("punctuation", self.query, punctuation.attribute, punctuation.value))
+
+
+@dataclass
+class _Hosted:
+    plan: Plan
+    inputs: list[Input]
+    operators: list[Operator] = field(default_factory=list)
+
+
+class Worker:
+    def __init__(self, inbound: ChannelReader, outbound: ChannelWriter) -> None:
+        self.inbound = inbound
+        self.out = outbound
+        self.pool = StringPool()
+        self.queries: dict[str, _Hosted] = {}
+
+    def register(self, name: str, spec: QuerySpec) -> None:
+        schemas = {
+            stream: Schema(tuple((c, ColumnType(t)) for c, t in columns), progressing)
+            for stream, (columns, progressing) in spec.schemas.items()
+        }
+
+        def on_drop(batch: Batch, fields: tuple[tuple[str, ColumnType], ...]) -> None:
+            names = [n for n, _ in fields]
+            self.out.send(
+                ("late", name, batch.n, tuple((n, t.name) for n, t in fields)),
+                {n: batch.columns[n] for n in names},
+            )
+
+        ctx = Context(
+            schemas.__getitem__,
+            self.pool,
+            LatePolicy.parse(spec.late),
+            spec.allowed_lateness,
+            on_drop,
+        )
+        plan = plan_query(parse_query(spec.sql), ctx)
+        plan.output.connect(_Forward(name, self.out))
+        self.queries[name] = _Hosted(plan, [op for _, op in plan.inputs], plan.operators)
+
+    def handle(self, header: tuple[Any, ...], arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
+        kind = header[0]
+        try:
+            if kind == "batch":
+                _, query, index, late, n = header
+                hosted = self.queries.get(query)
+                if hosted is not None:
+                    batch = Batch(dict(arrays), n)
+                    target = hosted.inputs[index]
+                    if late:
+                        target.process_late(batch)
+                    else:
+                        target.process(batch)
+            elif kind == "punctuate":
+                _, query, index, attribute, value, sent = header
+                hosted = self.queries.get(query)
+                if hosted is not None:
+                    hosted.inputs[index].punctuate(Punctuation(value, attribute))
+                    # After every result this punctuation released: the front times the round trip.
+                    self.out.send(("released", query, sent))
+            elif kind == "sync":
+                self.out.send(("synced", header[1]))
+            elif kind == "strings":  # the front's new dictionary entries, codes from header[1]
+                self.pool.adopt({value: header[1] + i for i, value in enumerate(header[2])})
+            elif kind == "register":
+                self.register(header[1], header[2])
+            elif kind == "drop":
+                self.queries.pop(header[1], None)
+            elif kind == "stats":
+                self.out.send(("stats", self.stats()))
+            elif kind == "stop":
+                return False
+        except (LowtideError, ValueError, KeyError, IndexError, TypeError) as exc:
+            query = header[1] if len(header) > 1 and isinstance(header[1], str) else ""
+            self.queries.pop(query, None)
+            self.out.send(("failed", query, f"{type(exc).__name__}: {exc}"))
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            name: {
+                "operators": [(op.label, op.tuples_in, op.tuples_out) for op in hosted.operators],
+                "state_bytes": sum(op.state_bytes() for op in hosted.operators),
+                "open_windows": sum(op.open_windows() for op in hosted.operators),
+                "late": sum(op.late_tuples for op in hosted.inputs),
+            }
+            for name, hosted in self.queries.items()
+        }
+
+    def run(self) -> None:
+        while True:
+            header, arrays = self.inbound.recv()
+            if not self.handle(header, arrays):
+                return
+
+
+def worker_main(
+    inbound_name: str, inbound_conn: Connection, outbound_name: str, outbound_conn: Connection
+) -> None:
+    """Entry point of a worker process (spawned by the front)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when workers stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    inbound = shared_memory.SharedMemory(name=inbound_name)
+    outbound = shared_memory.SharedMemory(name=outbound_name)
+    worker = Worker(ChannelReader(inbound, inbound_conn), ChannelWriter(outbound, outbound_conn))
+    try:
+        worker.run()
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass  # the front went away: nothing left to serve
+    finally:
+        inbound.close()
+        outbound.close()
+        os._exit(0)

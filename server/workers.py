@@ -1,0 +1,170 @@
+"""The front's side of the worker processes: start, feed in order, listen, notice deaths.
+
+Each worker has two shared-memory channels (front -> worker, worker -> front). What the front
+posts to a worker goes into that worker's outbox, in order; one task per worker moves the outbox
+into the channel, waiting while the worker is behind. ``wait_for_room`` is the backpressure the
+ingest path awaits: a producer faster than the workers is slowed down by gRPC flow control,
+never dropped. A worker that dies is noticed at once through its process sentinel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import shared_memory
+from typing import Any
+
+from lowtide.server.channel import ChannelFull, ChannelReader, ChannelWriter, create_segment
+from lowtide.server.worker import worker_main
+
+Message = tuple[tuple[Any, ...], dict[str, Any] | None]
+OnMessage = Callable[[int, tuple[Any, ...], dict[str, Any]], None]
+OnDeath = Callable[[int], None]
+
+
+@dataclass
+class WorkerHandle:
+    index: int
+    process: Any
+    writer: ChannelWriter
+    reader: ChannelReader
+    segments: tuple[shared_memory.SharedMemory, shared_memory.SharedMemory]
+    outbox: deque[Message] = field(default_factory=deque)
+    queued_bytes: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class WorkerPool:
+    def __init__(
+        self, workers: int, on_message: OnMessage, on_death: OnDeath, channel_bytes: int = 64 << 20
+    ) -> None:
+        self.size = workers
+        self.on_message = on_message
+        self.on_death = on_death
+        self.channel_bytes = channel_bytes
+        self.max_queued_bytes = channel_bytes
+        self.handles: list[WorkerHandle] = []
+        self.restarts = 0
+        self._room = asyncio.Event()
+        self._stopping = False
+        self._ctx = mp.get_context("spawn")
+
+    def start(self) -> None:
+        self.handles = [self._spawn(i) for i in range(self.size)]
+
+    def _spawn(self, index: int) -> WorkerHandle:
+        loop = asyncio.get_running_loop()
+        to_worker, from_worker = create_segment(self.channel_bytes), create_segment(self.channel_bytes)
+        front_out, worker_in = self._ctx.Pipe()
+        worker_out, front_in = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=worker_main,
+            args=(to_worker.name, worker_in, from_worker.name, worker_out),
+            name=f"lowtide-worker-{index}",
+            daemon=True,
+        )
+        process.start()
+        worker_in.close()
+        worker_out.close()
+        handle = WorkerHandle(
+            index,
+            process,
+            ChannelWriter(to_worker, front_out),
+            ChannelReader(from_worker, front_in),
+            (to_worker, from_worker),
+        )
+        loop.add_reader(handle.reader.fileno(), self._drain, handle)
+        loop.add_reader(process.sentinel, self._died, handle)
+        handle.task = loop.create_task(self._pump(handle))
+        return handle
+
+    def post(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any] | None = None) -> None:
+        """Queue a message for a worker (in order); never blocks."""
+        handle = self.handles[worker]
+        handle.outbox.append((header, arrays))
+        if arrays:
+            handle.queued_bytes += sum(a.nbytes for a in arrays.values())
+        handle.wake.set()
+
+    def broadcast(self, header: tuple[Any, ...]) -> None:
+        for w in range(self.size):
+            self.post(w, header)
+
+    async def wait_for_room(self) -> None:
+        """Wait while any worker has more than its share of bytes queued (backpressure)."""
+        while any(h.queued_bytes > self.max_queued_bytes for h in self.handles):
+            self._room.clear()
+            await self._room.wait()
+
+    async def idle(self) -> None:
+        """Wait until every outbox has reached its worker."""
+        while any(h.outbox for h in self.handles):
+            await asyncio.sleep(0.001)
+
+    async def _pump(self, handle: WorkerHandle) -> None:
+        pause = 1e-4
+        while True:
+            while not handle.outbox:
+                handle.wake.clear()
+                await handle.wake.wait()
+            header, arrays = handle.outbox[0]
+            try:
+                handle.writer.try_send(header, arrays)
+            except ChannelFull:
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 5e-3)
+                continue
+            except (BrokenPipeError, OSError):
+                return
+            pause = 1e-4
+            handle.outbox.popleft()
+            if arrays:
+                handle.queued_bytes -= sum(a.nbytes for a in arrays.values())
+                if handle.queued_bytes <= self.max_queued_bytes:
+                    self._room.set()
+
+    def _drain(self, handle: WorkerHandle) -> None:
+        try:
+            while handle.reader.poll():
+                header, arrays = handle.reader.recv()
+                self.on_message(handle.index, header, arrays)
+        except (EOFError, OSError):
+            pass  # the sentinel reports the death
+
+    def _died(self, handle: WorkerHandle) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(handle.process.sentinel)
+        self._drain(handle)
+        self._close(handle)
+        if self._stopping:
+            return
+        self.restarts += 1
+        self.handles[handle.index] = self._spawn(handle.index)
+        self.on_death(handle.index)
+
+    def _close(self, handle: WorkerHandle) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(handle.reader.fileno())
+        if handle.task is not None:
+            handle.task.cancel()
+        handle.outbox.clear()
+        handle.queued_bytes = 0
+        self._room.set()
+        for segment in handle.segments:
+            segment.close()
+            segment.unlink()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self.idle()
+        for handle in self.handles:
+            self.post(handle.index, ("stop",))
+        await self.idle()
+        for handle in self.handles:
+            await asyncio.get_running_loop().run_in_executor(None, handle.process.join, 5)
+            if handle.process.is_alive():
+                handle.process.kill()
