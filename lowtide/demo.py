@@ -50,39 +50,43 @@ class Tick:
     punctuation: int
 
 
-def packets(seconds: int, rate: int, seed: int = 1) -> Iterator[Tick]:
-    """Batches of ``BATCH_MS`` of arrival time from each link in turn, each with its punctuation."""
-    rng = np.random.default_rng(seed)
+def link_ticks(link: str, seconds: int, rate: int) -> Iterator[Tick]:
+    """One link's traffic: a batch per ``BATCH_MS`` of arrival time, each with its punctuation."""
+    rng = np.random.default_rng(LINKS.index(link) + 1)
     hosts = pa.array([f"10.0.{i // 250}.{i % 250}" for i in range(2_000)])
     popularity = 1.0 / np.arange(1, 2_001) ** 0.9  # a few heavy sources, a long tail
     popularity /= popularity.sum()
     per_batch = rate * BATCH_MS // 1000
     for arrival in range(START_MS, START_MS + seconds * 1000, BATCH_MS):
-        for link in LINKS:
-            now = arrival - SKEW_MS[link]
-            lull = link == "Control" and START_MS + 30_000 <= arrival < START_MS + 50_000
-            batch = None
-            if not lull:
-                base = now + rng.integers(0, BATCH_MS, per_batch)
-                delay = np.where(rng.random(per_batch) < 0.2, rng.integers(0, MAX_DELAY_MS, per_batch), 0)
-                batch = {
-                    "srcIP": pa.DictionaryArray.from_arrays(
-                        rng.choice(2_000, per_batch, p=popularity), hosts
-                    ),
-                    "srcPort": rng.integers(1024, 65535, per_batch).astype(np.int32),
-                    "destIP": pa.DictionaryArray.from_arrays(rng.integers(0, 50, per_batch), hosts),
-                    "destPort": rng.choice(np.array([53, 80, 443], np.int32), per_batch),
-                    "len": rng.integers(40, 1500, per_batch).astype(np.int32),
-                    "ts": base - delay,
-                }
-            yield Tick(link, batch, now + BATCH_MS - MAX_DELAY_MS)
+        now = arrival - SKEW_MS[link]
+        lull = link == "Control" and START_MS + 30_000 <= arrival < START_MS + 50_000
+        batch = None
+        if not lull:
+            base = now + rng.integers(0, BATCH_MS, per_batch)
+            delay = np.where(rng.random(per_batch) < 0.2, rng.integers(0, MAX_DELAY_MS, per_batch), 0)
+            batch = {
+                "srcIP": pa.DictionaryArray.from_arrays(rng.choice(2_000, per_batch, p=popularity), hosts),
+                "srcPort": rng.integers(1024, 65535, per_batch).astype(np.int32),
+                "destIP": pa.DictionaryArray.from_arrays(rng.integers(0, 50, per_batch), hosts),
+                "destPort": rng.choice(np.array([53, 80, 443], np.int32), per_batch),
+                "len": rng.integers(40, 1500, per_batch).astype(np.int32),
+                "ts": base - delay,
+            }
+        yield Tick(link, batch, now + BATCH_MS - MAX_DELAY_MS)
+
+
+def packets(seconds: int, rate: int) -> Iterator[Tick]:
+    """The three links interleaved tick by tick, as they would reach one process."""
+    for ticks in zip(*(link_ticks(link, seconds, rate) for link in LINKS), strict=True):
+        yield from ticks
 
 
 def _clock(ms: int) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
 
 
-def _show(console: Console, name: str, table: pa.Table) -> int:
+def show(console: Console, name: str, table: pa.Table) -> int:
+    """Print one line per window of a result table; returns the number of windows."""
     rows = table.to_pylist()
     windows: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
@@ -116,7 +120,7 @@ def run(seconds: int = 120, rate: int = 20_000, console: Console | None = None) 
         for name in QUERIES:
             for item in engine.poll(name):
                 if not isinstance(item, Punctuation):
-                    windows += _show(console, name, item)
+                    windows += show(console, name, item)
 
     for tick in packets(seconds, rate):
         if tick.batch is not None:

@@ -89,10 +89,12 @@ class Front:
         self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
+        # Scrapes run on the exposition's thread: they read a copy the event loop refreshes.
+        self._snapshot: dict[str, Any] = {"streams": {}, "queries": {}}
 
     async def start(self) -> None:
         self.workers.start()
-        self.metrics.set_snapshot(self.snapshot)
+        self.metrics.set_snapshot(lambda: self._snapshot)
         self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
 
     # -- queries and their output -------------------------------------------------------------
@@ -170,6 +172,7 @@ class Front:
                 last_stats = now
                 self.engine.request_stats()
                 self._enforce_state_limit()
+                self._snapshot = self.snapshot()
 
     def _enforce_state_limit(self) -> None:
         limit = self.config.max_query_state_bytes
@@ -197,7 +200,9 @@ class Front:
                 "state_bytes": sum(s.get("state_bytes", 0) for s in per_worker),
                 "operators": [(i, label, c[0], c[1]) for (i, label), c in sorted(operators.items())],
             }
-        return {"streams": stats["streams"], "queries": queries}
+        inputs = {s["name"] for s in self.engine.list_streams()}  # not the queries' result streams
+        streams = {name: value for name, value in stats["streams"].items() if name in inputs}
+        return {"streams": streams, "queries": queries}
 
     async def stop(self) -> None:
         """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly."""
