@@ -91,7 +91,9 @@ def run_queue(batches: int, rows: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, default=5000)
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)

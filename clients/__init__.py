@@ -1,1 +1,24 @@
 """Clients of a lowtide server: Python client, CLI helpers, Spark connector."""
+
+from lowtide.clients._wire import DeadlineExceeded, IngestResult, ServerError, ServerUnavailable
+from lowtide.clients.client import (
+    AsyncClient,
+    AsyncProducer,
+    AsyncSubscription,
+    Client,
+    Producer,
+    Subscription,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncProducer",
+    "AsyncSubscription",
+    "Client",
+    "DeadlineExceeded",
+    "IngestResult",
+    "Producer",
+    "ServerError",
+    "ServerUnavailable",
+    "Subscription",
+]

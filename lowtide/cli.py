@@ -1,29 +1,183 @@
-"""The ``lowtide`` command. Errors print one line on stderr and exit non-zero."""
+"""The ``lowtide`` command. Errors print one line on stderr and exit non-zero.
+
+    lowtide serve [--host H] [--port P] [--workers N] [--metrics-port P] [--state-dir D] [--config F]
+    lowtide stream create NAME --schema 'srcIP:string,len:int32,ts:timestamp[ms]' [--progressing ts]
+                                [--punctuation explicit] [--sources a,b] [--idle-timeout S]
+    lowtide stream drop NAME | stream list [--format table|json]
+    lowtide query register SQL [--name N] [--late drop|update|error] [--allowed-lateness L]
+    lowtide query explain SQL | query drop NAME | query list [--format table|json]
+    lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
+    lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest] [--limit N] [--show-punctuation]
+    lowtide demo [--seconds S] [--rate R] [--workers N] [--in-process]
+
+Every command but ``serve`` and ``demo`` talks to the server named by ``--server`` (default
+``$LOWTIDE_SERVER``, else ``127.0.0.1:50051``). Exit codes: 0 success, 1 any error (one line
+``lowtide: <reason>`` on stderr), 2 a usage error (argparse), 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lowtide.errors import LowtideError
 
+DEFAULT_SERVER = "127.0.0.1:50051"
+
+
+def _schema(text: str) -> dict[str, str]:
+    """``'srcIP:string,len:int32,ts:timestamp[ms]'`` -> ``{"srcIP": "string", ...}``."""
+    schema: dict[str, str] = {}
+    for part in text.split(","):
+        name, colon, kind = part.partition(":")
+        if not colon or not name.strip() or not kind.strip():
+            raise argparse.ArgumentTypeError(f"expected NAME:TYPE[,NAME:TYPE...], got {part.strip()!r}")
+        if name.strip() in schema:
+            raise argparse.ArgumentTypeError(f"column {name.strip()!r} appears twice")
+        schema[name.strip()] = kind.strip()
+    return schema
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _punctuation(text: str) -> str | int:
+    if text in ("none", "end"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected none, end or an integer value") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lowtide", description="out-of-order stream processing")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("LOWTIDE_SERVER", DEFAULT_SERVER),
+        help=f"server address host:port (default $LOWTIDE_SERVER or {DEFAULT_SERVER})",
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per control call (default 30)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the server until SIGTERM or SIGINT")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 50051)")
+    serve.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one (default 9464)")
+    serve.add_argument("--state-dir", help="directory for server state")
+    serve.add_argument("--config", help="TOML file of server settings (options here win)")
+
+    stream = commands.add_parser("stream", help="create, drop or list streams")
+    stream_commands = stream.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = stream_commands.add_parser("create", help="create a stream")
+    create.add_argument("name")
+    create.add_argument(
+        "--schema", type=_schema, required=True, help="NAME:TYPE,... e.g. 'k:string,ts:int64'"
+    )
+    create.add_argument("--progressing", default="ts", help="progressing attribute (default ts)")
+    create.add_argument(
+        "--punctuation",
+        default="explicit",
+        help="explicit | ordered | bounded:<slack> | heartbeat:<period>,<skew> (default explicit)",
+    )
+    create.add_argument("--sources", type=_names, help="declared sources, comma-separated")
+    create.add_argument("--idle-timeout", type=float, help="seconds before a silent source goes idle")
+    stream_commands.add_parser("drop", help="drop a stream").add_argument("name")
+    stream_list = stream_commands.add_parser("list", help="list streams")
+    stream_list.add_argument("--format", choices=("table", "json"), default="table")
+
+    query = commands.add_parser("query", help="register, explain, drop or list queries")
+    query_commands = query.add_subparsers(dest="action", required=True, metavar="ACTION")
+    register = query_commands.add_parser("register", help="register a query; prints its name")
+    register.add_argument("sql", help="the query text ('-' reads it from stdin)")
+    register.add_argument("--name", help="the query's name (default: the server picks one)")
+    register.add_argument("--late", choices=("drop", "update", "error"), default="drop")
+    register.add_argument("--allowed-lateness", help="with --late update: a duration (2s) or a number")
+    query_commands.add_parser("explain", help="print a query's operator graph").add_argument(
+        "sql", help="the query text ('-' reads it from stdin)"
+    )
+    query_commands.add_parser("drop", help="drop a query").add_argument("name")
+    query_list = query_commands.add_parser("list", help="list queries")
+    query_list.add_argument("--format", choices=("table", "json"), default="table")
+
+    send = commands.add_parser("send", help="send a CSV, JSONL or Parquet file to a stream")
+    send.add_argument("stream")
+    send.add_argument(
+        "file", help="*.csv, *.jsonl / *.ndjson / *.json, *.parquet (optionally .gz, .bz2, .zst)"
+    )
+    send.add_argument("--source", default="default", help="the source sending (default 'default')")
+    send.add_argument(
+        "--punctuation",
+        type=_punctuation,
+        default="none",
+        help="after the file: none (default), end (close the source) or a punctuation value",
+    )
+    send.add_argument("--batch-rows", type=_positive, default=100_000, help="rows per batch (default 100000)")
+    send.add_argument(
+        "--format", choices=("csv", "jsonl", "parquet"), help="file format (default: by extension)"
+    )
+
+    tail = commands.add_parser("tail", help="print a query's results as they come")
+    tail.add_argument("query", help="a query name, or <query>.late for its late tuples")
+    tail.add_argument("--format", choices=("table", "jsonl", "csv"), default="table")
+    tail.add_argument("--from-oldest", action="store_true", help="replay the retained results first")
+    tail.add_argument("--limit", type=_positive, help="stop after this many result rows")
+    tail.add_argument("--show-punctuation", action="store_true", help="print punctuation markers too")
+
+    demo = commands.add_parser(
+        "demo", help="start a server and stream three generated, disordered links through Q1-2, Q6-8, Q8-1"
+    )
+    demo.add_argument("--seconds", type=int, default=120, help="event time to generate (default 120)")
+    demo.add_argument("--rate", type=int, default=40_000, help="packets per second per link (default 40000)")
+    demo.add_argument("--workers", type=int, default=2, help="server worker processes (default 2)")
+    demo.add_argument("--in-process", action="store_true", help="run the engine in this process, no server")
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lowtide", description="out-of-order stream processing")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run the engine over three generated, disordered links")
-    demo.add_argument("--seconds", type=int, default=120, help="event time to generate (default 120)")
-    demo.add_argument("--rate", type=int, default=20_000, help="packets per second per link (default 20000)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
-            from lowtide.demo import run
+            if args.in_process:
+                from lowtide.demo import run
 
-            run(args.seconds, args.rate)
+                run(args.seconds, args.rate)
+            else:
+                from lowtide.server_demo import run as run_server_demo
+
+                run_server_demo(args.seconds, args.rate, args.workers)
+            return 0
+        from lowtide.cli_commands import run_command
+
+        return run_command(args)
     except LowtideError as exc:
         print(f"lowtide: {exc}", file=sys.stderr)
         return 1
-    return 0
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``lowtide tail q | head``): not an error; keep Python quiet at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        if os.environ.get("LOWTIDE_DEBUG"):
+            raise
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"lowtide: internal error ({type(exc).__name__}): {reason}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -101,16 +101,21 @@ def show(console: Console, name: str, table: pa.Table) -> int:
     return len(windows)
 
 
+def declare(target: Any, console: Console) -> None:
+    """The demo's streams and queries, on an Engine or a Client (they take the same calls)."""
+    for link in LINKS:
+        target.create_stream(link, SCHEMA, progressing="ts", sources=["link"])
+    target.create_stream("Main", SCHEMA, progressing="ts", sources=list(LINKS))
+    for name, sql in QUERIES.items():
+        target.register_query(sql, name=name)
+        console.print(f"[dim]{name}: {sql}[/]")
+    console.print(f"[dim]{target.explain(QUERIES['Q6-8'])}[/]")
+
+
 def run(seconds: int = 120, rate: int = 20_000, console: Console | None = None) -> dict[str, float]:
     console = console or Console()
     engine = Engine()
-    for link in LINKS:
-        engine.create_stream(link, SCHEMA, progressing="ts", sources=["link"])
-    engine.create_stream("Main", SCHEMA, progressing="ts", sources=list(LINKS))
-    for name, sql in QUERIES.items():
-        engine.register_query(sql, name=name)
-        console.print(f"[dim]{name}: {sql}[/]")
-    console.print(f"[dim]{engine.explain(QUERIES['Q6-8'])}[/]")
+    declare(engine, console)
     tuples = windows = 0
     peak = 0
     began = time.perf_counter()

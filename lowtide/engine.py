@@ -95,7 +95,7 @@ class Engine:
         """Create a stream; ``idle_timeout`` is in seconds of wall time."""
         if name in self._streams or name in self._queries:
             raise AlreadyExists(f"stream {name!r} already exists")
-        if len(self._streams) >= self.limits.max_streams:
+        if sum(not s.derived for s in self._streams.values()) >= self.limits.max_streams:
             raise ResourceExhausted(f"at most {self.limits.max_streams} streams")
         if not name or "." in name:
             raise InvalidArgument(f"bad stream name {name!r}: use letters, digits and underscores")

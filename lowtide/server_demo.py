@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from lowtide.clients import Client
-from lowtide.demo import LINKS, QUERIES, SCHEMA, link_ticks, show
+from lowtide.demo import LINKS, QUERIES, declare, link_ticks, show
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 _READY = re.compile(r"serving on (\S+) with \d+ workers; metrics on (\S+)")
@@ -118,13 +118,7 @@ def run(
 
 def _drive(target: str, metrics_url: str, seconds: int, rate: int, console: Console) -> dict[str, float]:
     with Client(target) as client:
-        for link in LINKS:
-            client.create_stream(link, SCHEMA, progressing="ts", sources=["link"])
-        client.create_stream("Main", SCHEMA, progressing="ts", sources=list(LINKS))
-        for name, sql in QUERIES.items():
-            client.register_query(sql, name=name)
-            console.print(f"[dim]{name}: {sql}[/]")
-        console.print(f"[dim]{client.explain(QUERIES['Q6-8'])}[/]")
+        declare(client, console)
     results: queue.Queue[tuple[str, Any]] = queue.Queue()
     listeners = [threading.Thread(target=_subscribe, args=(target, n, results), daemon=True) for n in QUERIES]
     for listener in listeners:

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from lowtide.engine import Limits
-from lowtide.errors import LowtideError, NotFound, SchemaMismatch
+from lowtide.errors import LowtideError, NotFound, ResourceExhausted, SchemaMismatch
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
@@ -347,7 +347,11 @@ class Service(pb_grpc.LowtideServicer):
                 item = await queue.get()
                 if isinstance(item, Closed):
                     if item.status is not None:
-                        await context.abort(grpc.StatusCode[item.status], item.reason)
+                        # A limit passed (state, backlog) names its class like every other error.
+                        kind = ResourceExhausted.__name__ if item.status == ResourceExhausted.status else ""
+                        metadata = (("lowtide-error", kind),) if kind else ()
+                        code = grpc.StatusCode[item.status]
+                        await context.abort(code, item.reason, trailing_metadata=metadata)
                     return
                 if isinstance(item, Punctuation):
                     yield pb.SubscribeResponse(
@@ -366,6 +370,7 @@ class Service(pb_grpc.LowtideServicer):
 async def _serve(config: ServerConfig) -> int:
     front = Front(config)
     await front.start()
+    await front.sync()  # every worker is up and answering before the server says it serves
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),

@@ -184,7 +184,13 @@ class FrontEngine(Engine):
         return remote.name
 
     def worker_died(self, worker: int) -> list[str]:
-        """Fail every query that had state on ``worker``; returns their names."""
+        """Fail every query that had state on ``worker``; returns their names.
+
+        The pool has already respawned the worker, with an empty string pool: it gets the
+        front's whole pool first, so the queries registered on it later decode as the front does.
+        """
+        if self._strings_sent:
+            self.workers.post(worker, ("strings", 0, self.pool.values(0, self._strings_sent)))
         lost = []
         for remote in self.remote.values():
             if worker in remote.workers and not remote.failed:

@@ -51,14 +51,26 @@ class QuerySpec:
 
 
 def encode_columns(columns: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
-    """Engine columns as plain arrays; an Arrow list column travels as offsets and values."""
+    """Engine columns as plain arrays; an Arrow list column travels as offsets and values.
+
+    Strings in a list (heavy hitters of a string column) travel as a fixed-width unicode array:
+    an object array would put pointers into this process's memory on the channel.
+    """
     flat: dict[str, np.ndarray[Any, Any]] = {}
     for name, values in columns.items():
         if isinstance(values, pa.ListArray):
+            items = values.values
             flat[f"{name}\x00offsets"] = values.offsets.to_numpy()
-            flat[f"{name}\x00values"] = values.values.to_numpy(zero_copy_only=False)
+            flat[f"{name}\x00values"] = (
+                np.asarray(items.to_pylist(), dtype=np.str_)
+                if pa.types.is_string(items.type) or pa.types.is_large_string(items.type)
+                else items.to_numpy(zero_copy_only=False)
+            )
         else:
             flat[name] = np.asarray(values)
+    for name, array in flat.items():
+        if array.dtype.hasobject:  # fail the query, rather than the front reading stray pointers
+            raise TypeError(f"column {name!r} holds Python objects, which cannot cross the channel")
     return flat
 
 

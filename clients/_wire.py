@@ -1,0 +1,247 @@
+"""What the sync and async clients share: requests, responses, Arrow bytes, errors. No I/O here.
+
+Each control call is a :class:`Call` - the stub method, the request message and how to read the
+response - so the two clients differ only in how they run it (blocking or awaited).
+
+Errors come back as the exception the server raised (DESIGN.md §6): the class named by the
+``lowtide-error`` trailing metadata, else the class of the gRPC status code. Transport failures
+become client-side :class:`~lowtide.errors.LowtideError` subclasses, so one ``except
+LowtideError`` catches everything a call can raise::
+
+    LowtideError
+    ├── (every class of lowtide.errors, as the server raised it)
+    ├── ServerUnavailable      UNAVAILABLE: no server at the target, or it went away
+    ├── DeadlineExceeded       DEADLINE_EXCEEDED: the client's timeout passed
+    └── ServerError            any other status (INTERNAL, ABORTED, CANCELLED, UNKNOWN, ...)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import pyarrow as pa
+
+from lowtide import errors
+from lowtide.engine import Query
+from lowtide.errors import LowtideError, QuerySyntaxError
+from lowtide.proto import lowtide_pb2 as pb
+from lowtide.punctuation.model import Punctuation
+
+T = TypeVar("T")
+
+ERROR_METADATA_KEY = "lowtide-error"
+# Results can be large (one table per emission); what we send is bounded by the producer.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+class ServerUnavailable(LowtideError):
+    """No server answers at the target, or the connection broke."""
+
+    status = "UNAVAILABLE"
+
+
+class DeadlineExceeded(LowtideError):
+    """The call did not finish within the client's timeout."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
+class ServerError(LowtideError):
+    """Any other failure status; ``status`` names the gRPC code (INTERNAL, ABORTED, ...)."""
+
+    def __init__(self, reason: str, status: str = "UNKNOWN") -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+_BY_NAME: dict[str, type[LowtideError]] = {
+    name: kind
+    for name, kind in vars(errors).items()
+    if isinstance(kind, type) and issubclass(kind, LowtideError)
+}
+_BY_STATUS: dict[str, type[LowtideError]] = {
+    "INVALID_ARGUMENT": errors.InvalidArgument,
+    "NOT_FOUND": errors.NotFound,
+    "ALREADY_EXISTS": errors.AlreadyExists,
+    "RESOURCE_EXHAUSTED": errors.ResourceExhausted,
+    "UNAVAILABLE": ServerUnavailable,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
+}
+_SYNTAX = re.compile(r"^line (\d+), column (\d+): (.*)$")
+
+
+def translate(exc: Exception, target: str) -> LowtideError:
+    """The lowtide exception for a failed gRPC call (``raise translate(exc, t) from exc``)."""
+    if isinstance(exc, LowtideError):
+        return exc
+    rpc: Any = exc
+    try:
+        status = rpc.code().name
+        details = rpc.details() or status
+        metadata = rpc.trailing_metadata() or ()
+    except (AttributeError, TypeError):
+        return ServerError(f"{type(exc).__name__}: {exc}")
+    named = next((str(value) for key, value in metadata if key == ERROR_METADATA_KEY), None)
+    kind = _BY_NAME.get(named or "") or _BY_STATUS.get(status)
+    if kind is QuerySyntaxError:
+        match = _SYNTAX.match(" ".join(details.split()))
+        if match:
+            return QuerySyntaxError(match.group(3), int(match.group(1)), int(match.group(2)))
+        kind = errors.InvalidArgument
+    if kind is ServerUnavailable:
+        return ServerUnavailable(f"lowtide server at {target} is unavailable: {details}")
+    if kind is None:
+        return ServerError(details, status)
+    return kind(details)
+
+
+# -- Arrow ----------------------------------------------------------------------------------------
+def arrow_bytes(tables: Sequence[pa.Table]) -> bytes:
+    """One Arrow IPC stream holding every record batch of ``tables`` (all of one schema)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, tables[0].schema) as writer:
+        for table in tables:
+            writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def read_arrow(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+def subscribe_item(response: Any) -> pa.Table | Punctuation:
+    """A Subscribe message as the client's item: a result table or a punctuation marker."""
+    which = response.WhichOneof("item")
+    if which == "arrow":
+        return read_arrow(response.arrow)
+    if which == "punctuation":
+        return Punctuation(int(response.punctuation.value), response.punctuation.attribute)
+    raise ServerError(f"Subscribe sent a message without an item ({which})", "INTERNAL")
+
+
+def subscribe_request(query: str, from_oldest: bool) -> Any:
+    return pb.SubscribeRequest(query=str(query), from_oldest=from_oldest)
+
+
+# -- control calls --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """A unary call: which stub method, with what request, and what its response means."""
+
+    method: str
+    request: Any
+    parse: Callable[[Any], T]
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+def _schema(columns: Any) -> dict[str, str]:
+    return {c.name: c.type for c in columns}
+
+
+def create_stream(
+    name: str,
+    schema: Mapping[str, str],
+    progressing: str,
+    punctuation: str,
+    sources: Sequence[str] | None,
+    idle_timeout: float | None,
+) -> Call[None]:
+    if not isinstance(schema, Mapping):
+        raise errors.InvalidArgument("schema must be a mapping of column name to type")
+    if isinstance(sources, str):
+        raise errors.InvalidArgument("sources must be a list of source names, not a string")
+    request = pb.CreateStreamRequest(
+        name=name,
+        schema=[pb.Column(name=str(column), type=str(kind)) for column, kind in schema.items()],
+        progressing=progressing,
+        punctuation=punctuation,
+        sources=list(sources or ()),
+        idle_timeout_s=float(idle_timeout or 0.0),
+    )
+    return Call("CreateStream", request, _nothing)
+
+
+def drop_stream(name: str) -> Call[None]:
+    return Call("DropStream", pb.DropStreamRequest(name=name), _nothing)
+
+
+def _stream_info(s: Any) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "schema": _schema(s.schema),
+        "progressing": s.progressing,
+        "punctuation": s.punctuation,
+        "sources": list(s.sources),
+        "low_watermark": int(s.low_watermark),
+        "tuples_ingested": int(s.tuples_ingested),
+        "late_tuples": int(s.late_tuples),
+    }
+
+
+def list_streams() -> Call[list[dict[str, Any]]]:
+    return Call("ListStreams", pb.ListStreamsRequest(), lambda r: [_stream_info(s) for s in r.streams])
+
+
+def register_query(sql: str, name: str | None, late: str, allowed_lateness: str | int | None) -> Call[Query]:
+    request = pb.RegisterQueryRequest(
+        sql=sql,
+        name=name or "",
+        late=late,
+        allowed_lateness="" if allowed_lateness is None else str(allowed_lateness),
+    )
+    return Call("RegisterQuery", request, lambda r: Query(r.name, sql))
+
+
+def explain(sql: str) -> Call[str]:
+    return Call("ExplainQuery", pb.ExplainQueryRequest(sql=sql), lambda r: str(r.plan))
+
+
+def drop_query(name: str) -> Call[None]:
+    return Call("DropQuery", pb.DropQueryRequest(name=str(name)), _nothing)
+
+
+def _query_info(q: Any) -> dict[str, Any]:
+    return {
+        "name": q.name,
+        "sql": q.sql,
+        "late": q.late,
+        "columns": [c.name for c in q.columns],
+        "schema": _schema(q.columns),
+        "results": int(q.results),
+        "late_tuples": int(q.late_tuples),
+        "low_watermark": int(q.low_watermark),
+    }
+
+
+def list_queries() -> Call[list[dict[str, Any]]]:
+    return Call("ListQueries", pb.ListQueriesRequest(), lambda r: [_query_info(q) for q in r.queries])
+
+
+def health() -> Call[dict[str, Any]]:
+    return Call(
+        "Health",
+        pb.HealthRequest(),
+        lambda r: {"status": r.status, "workers": int(r.workers), "version": r.version},
+    )
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What the server applied from one producer's call (its IngestResponse)."""
+
+    tuples: int
+    batches: int
+    duplicates: int
+    low_watermark: int
+
+
+def ingest_result(response: Any) -> IngestResult:
+    return IngestResult(
+        int(response.tuples), int(response.batches), int(response.duplicates), int(response.low_watermark)
+    )

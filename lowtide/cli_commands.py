@@ -1,0 +1,191 @@
+"""What each ``lowtide`` command does (the parser lives in :mod:`lowtide.cli`).
+
+Commands raise :class:`~lowtide.errors.LowtideError` for every failure; ``cli.main`` prints it as
+one line. Listings go to stdout (a table, or JSON with ``--format json``); so do query names,
+plans and results. Progress and summaries of ``send`` go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from lowtide.errors import NotFound
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    from lowtide.clients import Client
+
+    with Client(args.server, timeout=args.timeout) as client:
+        handler = _HANDLERS[(args.command, getattr(args, "action", None))]
+        handler(client, args)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from lowtide.server.config import ServerConfig
+    from lowtide.server.front import serve
+
+    config = ServerConfig.load(
+        args.config,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        metrics_port=args.metrics_port,
+        state_dir=args.state_dir,
+    )
+    return serve(config)
+
+
+def _sql(text: str) -> str:
+    return sys.stdin.read() if text == "-" else text
+
+
+# -- streams and queries ----------------------------------------------------------------------------
+def _stream_create(client: Any, args: argparse.Namespace) -> None:
+    client.create_stream(
+        args.name,
+        args.schema,
+        progressing=args.progressing,
+        punctuation=args.punctuation,
+        sources=args.sources,
+        idle_timeout=args.idle_timeout,
+    )
+
+
+def _stream_drop(client: Any, args: argparse.Namespace) -> None:
+    client.drop_stream(args.name)
+
+
+def _watermark(value: int) -> str:
+    """A low watermark for people: blank before any progress, "end" once every source closed."""
+    if value <= NO_PROGRESS:
+        return ""
+    return "end" if value >= END_OF_STREAM else str(value)
+
+
+def _stream_list(client: Any, args: argparse.Namespace) -> None:
+    streams = client.list_streams()
+    if args.format == "json":
+        print(json.dumps(streams, indent=2))
+        return
+    rows = [
+        [
+            s["name"],
+            ",".join(f"{c}:{t}" for c, t in s["schema"].items()),
+            s["progressing"],
+            s["punctuation"],
+            ",".join(s["sources"]),
+            _watermark(s["low_watermark"]),
+            str(s["tuples_ingested"]),
+            str(s["late_tuples"]),
+        ]
+        for s in streams
+    ]
+    _print_table(
+        ["name", "schema", "progressing", "punctuation", "sources", "low_watermark", "tuples", "late"], rows
+    )
+
+
+def _query_register(client: Any, args: argparse.Namespace) -> None:
+    lateness: str | int | None = args.allowed_lateness
+    print(client.register_query(_sql(args.sql), name=args.name, late=args.late, allowed_lateness=lateness))
+
+
+def _query_explain(client: Any, args: argparse.Namespace) -> None:
+    print(client.explain(_sql(args.sql)))
+
+
+def _query_drop(client: Any, args: argparse.Namespace) -> None:
+    client.drop_query(args.name)
+
+
+def _query_list(client: Any, args: argparse.Namespace) -> None:
+    queries = client.list_queries()
+    if args.format == "json":
+        print(json.dumps(queries, indent=2))
+        return
+    rows = [
+        [
+            q["name"],
+            q["late"],
+            ",".join(q["columns"]),
+            str(q["results"]),
+            str(q["late_tuples"]),
+            _watermark(q["low_watermark"]),
+            " ".join(q["sql"].split()),
+        ]
+        for q in queries
+    ]
+    _print_table(["name", "late", "columns", "results", "late_tuples", "low_watermark", "sql"], rows)
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    from lowtide.cli_io import format_table
+
+    print(format_table(header, rows))
+
+
+# -- data -------------------------------------------------------------------------------------------
+def _send(client: Any, args: argparse.Namespace) -> None:
+    from lowtide.cli_io import LazyProgress, read_batches
+
+    schema = next((s["schema"] for s in client.list_streams() if s["name"] == args.stream), None)
+    if schema is None:
+        raise NotFound(f"unknown stream {args.stream!r}")
+    batches = read_batches(args.file, schema, args.batch_rows, args.format)
+    with (
+        LazyProgress(f"sending {args.file}", batches.total, batches.unit) as progress,
+        client.producer(args.stream, source=args.source, max_batch_rows=args.batch_rows) as producer,
+    ):
+        for batch in batches:
+            producer.send(batch)
+            progress.update(batches.done)
+        if args.punctuation == "end":
+            producer.close()
+        elif isinstance(args.punctuation, int):
+            producer.punctuate(args.punctuation)
+    result = producer.result
+    if result is not None:
+        print(
+            f"sent {result.tuples} tuples in {result.batches} batches to {args.stream} "
+            f"(source {args.source}; low watermark {_watermark(result.low_watermark) or 'none'})",
+            file=sys.stderr,
+        )
+
+
+def _tail(client: Any, args: argparse.Namespace) -> None:
+    from lowtide.cli_io import writer_for
+
+    writer = writer_for(args.format, sys.stdout)
+    rows = 0
+    with client.subscribe(args.query, from_oldest=args.from_oldest) as subscription:
+        for item in subscription:
+            if isinstance(item, Punctuation):
+                if args.show_punctuation:
+                    writer.punctuation(item)
+                continue
+            if args.limit is not None:
+                item = item.slice(0, args.limit - rows)
+            writer.table(item)
+            rows += item.num_rows
+            if args.limit is not None and rows >= args.limit:
+                break
+
+
+_HANDLERS = {
+    ("stream", "create"): _stream_create,
+    ("stream", "drop"): _stream_drop,
+    ("stream", "list"): _stream_list,
+    ("query", "register"): _query_register,
+    ("query", "explain"): _query_explain,
+    ("query", "drop"): _query_drop,
+    ("query", "list"): _query_list,
+    ("send", None): _send,
+    ("tail", None): _tail,
+}

@@ -1,0 +1,286 @@
+"""Files in and results out for the ``lowtide`` command: readers, the progress bar, writers.
+
+``read_batches`` streams a CSV, JSONL or Parquet file (chosen by extension, optionally compressed
+``.gz``/``.bz2``/``.zst``) as Arrow record batches, reading columns with the stream's types so a
+string column of digits stays a string. Progress is counted in bytes of the file (CSV, JSONL) or
+rows (Parquet). ``writer_for`` prints result tables as a table, JSON lines or CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from lowtide.errors import InvalidArgument
+from lowtide.punctuation.model import Punctuation
+
+_COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
+_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+# Stream column types the readers can force; timestamps stay inferred (integers or ISO text both fit).
+_FORCED = {
+    "string": pa.string(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+class _Counting:
+    """A binary file that counts the bytes read from it (the progress of CSV and JSONL)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.count = 0
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.count += len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self.raw.close()
+
+
+class Batches:
+    """The record batches of one input file; ``done`` of ``total`` ``unit`` read so far."""
+
+    def __init__(self, path: Path, schema: dict[str, str], batch_rows: int, fmt: str | None) -> None:
+        self.path = path
+        self.schema = schema
+        self.batch_rows = batch_rows
+        suffixes = [s.lower() for s in path.suffixes]
+        self.codec = _COMPRESSION.get(suffixes[-1]) if suffixes else None
+        plain = suffixes[-2] if self.codec and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
+        self.format = fmt or _FORMATS.get(plain, "")
+        if not self.format:
+            raise InvalidArgument(
+                f"cannot tell the format of {path}: name it *.csv, *.jsonl or *.parquet, or pass --format"
+            )
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {path}: {exc.strerror or exc}") from exc
+        self.unit = "bytes"
+        self.total = size
+        self._counter: _Counting | None = None
+        self._parquet_rows = 0
+        if self.format == "parquet":
+            self.unit = "rows"
+            self.total = self._parquet().metadata.num_rows
+
+    @property
+    def done(self) -> int:
+        if self.format == "parquet":
+            return self._parquet_rows
+        return self._counter.count if self._counter is not None else 0
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from self._read()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise InvalidArgument(f"cannot read {self.path}: {reason}") from exc
+
+    def _read(self) -> Iterator[pa.RecordBatch]:
+        if self.format == "parquet":
+            for batch in self._parquet().iter_batches(batch_size=self.batch_rows):
+                self._parquet_rows += batch.num_rows
+                yield batch
+            return
+        forced = {name: _FORCED[kind] for name, kind in self.schema.items() if kind in _FORCED}
+        if self.format == "jsonl":  # an explicit JSON schema adds its fields: keep those present
+            present = self._first_json_keys()
+            forced = {name: kind for name, kind in forced.items() if name in present}
+        with self.path.open("rb") as raw:
+            self._counter = _Counting(raw)
+            source: Any = pa.PythonFile(self._counter, mode="r")
+            if self.codec:
+                source = pa.CompressedInputStream(source, self.codec)
+            if self.format == "csv":
+                reader: Any = pa_csv.open_csv(
+                    source,
+                    read_options=pa_csv.ReadOptions(block_size=1 << 22),
+                    convert_options=pa_csv.ConvertOptions(column_types=forced),
+                )
+            else:
+                reader = pa_json.open_json(
+                    source,
+                    read_options=pa_json.ReadOptions(block_size=1 << 22),
+                    parse_options=pa_json.ParseOptions(
+                        explicit_schema=pa.schema(list(forced.items())), unexpected_field_behavior="infer"
+                    ),
+                )
+            yield from reader
+
+    def _first_json_keys(self) -> set[str]:
+        """The keys of the first object (from its first MiB): the columns the file has."""
+        with pa.input_stream(str(self.path), compression=self.codec) as stream:
+            head = stream.read(1 << 20)
+        for line in head.splitlines():
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except ValueError:
+                    return set()
+                return set(first) if isinstance(first, dict) else set()
+        return set()
+
+    def _parquet(self) -> Any:
+        try:
+            return pq.ParquetFile(self.path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InvalidArgument(f"cannot read {self.path}: {' '.join(str(exc).split())}") from exc
+
+
+def read_batches(path: str, schema: dict[str, str], batch_rows: int, fmt: str | None = None) -> Batches:
+    return Batches(Path(path), schema, batch_rows, fmt)
+
+
+class LazyProgress:
+    """A progress bar on stderr that shows only for long work: on a terminal, after ``delay_s``."""
+
+    def __init__(self, description: str, total: int, unit: str, delay_s: float = 1.0) -> None:
+        self.description = description
+        self.total = total
+        self.unit = unit
+        self.began = time.monotonic()
+        self.delay_s = delay_s
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> LazyProgress:
+        return self
+
+    def update(self, done: int) -> None:
+        if self._progress is None:
+            if time.monotonic() - self.began < self.delay_s:
+                return
+            self._start()
+            if self._progress is None:
+                return
+        self._progress.update(self._task, completed=done)
+
+    def _start(self) -> None:
+        from rich import progress as rp
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            self.delay_s = float("inf")
+            return
+        amount = rp.DownloadColumn() if self.unit == "bytes" else rp.MofNCompleteColumn()
+        self._progress = rp.Progress(
+            rp.TextColumn("{task.description}"),
+            rp.BarColumn(),
+            amount,
+            rp.TransferSpeedColumn() if self.unit == "bytes" else rp.TaskProgressColumn(),
+            rp.TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.description, total=self.total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+# -- results out -----------------------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    """A result value as JSON/CSV shows it: timestamps in ISO 8601, lists as JSON arrays."""
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return value
+
+
+class Writer:
+    """Prints result tables and (when asked) punctuation markers; flushes after each item."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+
+    def table(self, table: pa.Table) -> None:
+        raise NotImplementedError
+
+    def punctuation(self, item: Punctuation) -> None:
+        raise NotImplementedError
+
+
+class JsonLinesWriter(Writer):
+    def table(self, table: pa.Table) -> None:
+        for row in table.to_pylist():
+            self.out.write(json.dumps(row, default=_plain) + "\n")
+        self.out.flush()
+
+    def punctuation(self, item: Punctuation) -> None:
+        self.out.write(json.dumps({"punctuation": item.value, "attribute": item.attribute}) + "\n")
+        self.out.flush()
+
+
+class CsvWriter(Writer):
+    def __init__(self, out: IO[str]) -> None:
+        super().__init__(out)
+        self.csv = csv.writer(out, lineterminator="\n")
+        self.header = False
+
+    def table(self, table: pa.Table) -> None:
+        if not self.header:
+            self.csv.writerow(table.column_names)
+            self.header = True
+        for row in table.to_pylist():
+            self.csv.writerow(
+                json.dumps(v, default=_plain) if isinstance(v, list | dict) else _plain(v)
+                for v in row.values()
+            )
+        self.out.flush()
+
+    def punctuation(self, item: Punctuation) -> None:
+        self.out.write(f"# punctuation {item.attribute}={item.value}\n")
+        self.out.flush()
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns aligned with two spaces between them, nothing cut: readable and greppable."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+    return "\n".join(lines)
+
+
+class TableWriter(Writer):
+    def table(self, table: pa.Table) -> None:
+        rows = [["" if v is None else str(_plain(v)) for v in row.values()] for row in table.to_pylist()]
+        self.out.write(format_table(table.column_names, rows) + "\n\n")
+        self.out.flush()
+
+    def punctuation(self, item: Punctuation) -> None:
+        self.out.write(f"-- punctuation {item.attribute} = {item.value} --\n\n")
+        self.out.flush()
+
+
+def writer_for(fmt: str, out: IO[str]) -> Writer:
+    return {"jsonl": JsonLinesWriter, "csv": CsvWriter, "table": TableWriter}[fmt](out)

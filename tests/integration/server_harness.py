@@ -1,0 +1,197 @@
+"""A real lowtide server subprocess for one test or module, on a free loopback port.
+
+``running_server(workers=2, metrics=True, config={...})`` starts the front process (``--port 0``:
+it picks a free port and prints it on its ready line), yields a :class:`Server` (``target``,
+``port``, ``pid``, ``metrics_url``), and at the end sends SIGTERM and asserts the drain exits 0
+within 30 s. The server's stdout and stderr go to a temporary folder (removed after a clean
+stop, kept after a failure): ``server.stderr_tail()`` is what a failing test prints.
+``config`` becomes a TOML file (keys of ``lowtide.server.config``), passed as the config path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+READY = re.compile(r"lowtide serving on (\S+):(\d+) with (\d+) workers; metrics on (\S+)")
+START_TIMEOUT = 180.0  # seconds: a cold start compiles numba kernels
+STOP_TIMEOUT = 30.0
+# The ``serve`` entry point itself, independent of the CLI: argv is config path, workers, metrics port.
+SERVE = (
+    "import sys; from lowtide.server.front import serve; from lowtide.server.config import ServerConfig; "
+    "sys.exit(serve(ServerConfig.load(sys.argv[1] or None, host='127.0.0.1', port=0, "
+    "workers=int(sys.argv[2]), metrics_port=int(sys.argv[3]))))"
+)
+
+
+def _toml(config: dict[str, Any]) -> str:
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return f'"{v}"' if isinstance(v, str) else str(v)
+
+    return "".join(f"{key} = {value(v)}\n" for key, v in config.items())
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    target: str
+    port: int
+    workers: int
+    metrics_url: str | None
+    stdout: Path
+    stderr: Path
+    exit_code: int | None = field(default=None)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stderr_tail(self, lines: int = 40) -> str:
+        text = self.stderr.read_text(errors="replace") if self.stderr.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def worker_pids(self) -> list[int]:
+        """The worker processes (children running ``spawn_main``), oldest first."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid ...
+            if int(fields[1]) == self.pid and b"spawn_main" in cmdline:
+                found.append((int(fields[19]), int(entry.name)))  # starttime, pid
+        return [pid for _, pid in sorted(found)]
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM and wait for the drain; asserts exit 0 within ``timeout`` seconds."""
+        if self.exit_code is None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                self.exit_code = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError(
+                    f"server did not exit within {timeout} s of SIGTERM; stderr:\n{self.stderr_tail()}"
+                ) from None
+        assert self.exit_code == 0, (
+            f"server exited {self.exit_code} on SIGTERM; stderr:\n{self.stderr_tail()}"
+        )
+        return self.exit_code
+
+
+def start_server(workers: int = 2, metrics: bool = True, config: dict[str, Any] | None = None) -> Server:
+    """Start a server and wait for its ready line (the caller stops it)."""
+    folder = Path(tempfile.mkdtemp(prefix="lowtide-it-"))
+    config_path = ""
+    if config:
+        config_path = str(folder / "server.toml")
+        Path(config_path).write_text(_toml(config))
+    out, err = folder / "stdout.txt", folder / "stderr.txt"
+    command = [sys.executable, "-c", SERVE, config_path, str(workers), "0" if metrics else "-1"]
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        process = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, env={**os.environ, "PYTHONFAULTHANDLER": "1"}
+        )
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        match = READY.search(out.read_text(errors="replace"))
+        if match is not None:
+            break
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            tail = "\n".join(err.read_text(errors="replace").splitlines()[-40:])
+            raise RuntimeError(f"server did not start (exit {process.returncode}); stderr:\n{tail}")
+        time.sleep(0.05)
+    host, port, count, metrics_url = match.groups()
+    try:
+        _warm_up(f"{host}:{port}")
+    except Exception:
+        process.kill()
+        process.wait()
+        raise
+    return Server(
+        process,
+        f"{host}:{port}",
+        int(port),
+        int(count),
+        None if metrics_url == "off" else metrics_url,
+        out,
+        err,
+    )
+
+
+def _warm_up(target: str) -> None:
+    """Wait until every worker answers: a query on all of them, fed and closed, then dropped.
+
+    The ready line comes before the workers have imported (and, on a cold cache, compiled)
+    everything; the tests' own timeouts should not pay for that.
+    """
+    import grpc
+    import pyarrow as pa
+
+    from lowtide.proto import lowtide_pb2 as pb
+    from lowtide.proto import lowtide_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = lowtide_pb2_grpc.LowtideStub(channel)
+        schema = [pb.Column(name="k", type="int64"), pb.Column(name="ts", type="int64")]
+        stub.CreateStream(pb.CreateStreamRequest(name="warmup", schema=schema, progressing="ts"), timeout=30)
+        sql = "SELECT k, count(*) [RANGE 1, SLIDE 1, WA ts] FROM warmup GROUP BY k"
+        stub.RegisterQuery(pb.RegisterQueryRequest(sql=sql, name="warmup_q"), timeout=30)
+        sink = pa.BufferOutputStream()
+        data = pa.table({"k": pa.array(range(8), pa.int64()), "ts": pa.array(range(8), pa.int64())})
+        with pa.ipc.new_stream(sink, data.schema) as writer:
+            writer.write_table(data)
+        messages = [
+            pb.IngestRequest(stream="warmup", source="s", arrow=sink.getvalue().to_pybytes()),
+            pb.IngestRequest(close=True),
+        ]
+        subscription = stub.Subscribe(
+            pb.SubscribeRequest(query="warmup_q", from_oldest=True), timeout=START_TIMEOUT
+        )
+        stub.Ingest(iter(messages), timeout=30)
+        for item in subscription:
+            if item.WhichOneof("item") == "punctuation" and item.punctuation.value == 2**63 - 1:
+                break
+        subscription.cancel()
+        stub.DropQuery(pb.DropQueryRequest(name="warmup_q"), timeout=30)
+        stub.DropStream(pb.DropStreamRequest(name="warmup"), timeout=30)
+
+
+@contextlib.contextmanager
+def running_server(
+    workers: int = 2, metrics: bool = True, config: dict[str, Any] | None = None
+) -> Iterator[Server]:
+    """A server for the ``with`` block; stopped with SIGTERM at its end (exit 0 asserted)."""
+    server = start_server(workers, metrics, config)
+    try:
+        yield server
+    except BaseException:
+        with contextlib.suppress(AssertionError):  # the test's own failure is the one to report
+            server.stop()
+        raise  # the logs stay in server.stderr's folder
+    server.stop()
+    shutil.rmtree(server.stderr.parent, ignore_errors=True)

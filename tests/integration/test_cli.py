@@ -1,0 +1,143 @@
+"""The ``lowtide`` command end to end, as subprocesses against a real server."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import lowtide_command
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120
+
+
+def lowtide(target: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*lowtide_command(), "--server", target, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def ok(target: str, *args: str) -> str:
+    done = lowtide(target, *args)
+    assert done.returncode == 0, f"lowtide {' '.join(args)} exited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+def fails(target: str, *args: str, code: int = 1) -> str:
+    """Runs a command that must fail; returns its single stderr line."""
+    done = lowtide(target, *args)
+    assert done.returncode == code, f"exit {done.returncode}, stderr {done.stderr!r}"
+    lines = done.stderr.strip().splitlines()
+    if code == 1:
+        assert len(lines) == 1, f"expected one line on stderr, got {done.stderr!r}"
+        assert lines[0].startswith("lowtide: ")
+    return lines[-1]
+
+
+def rows(n: int, offset: int, key: str) -> list[dict[str, object]]:
+    return [{"srcIP": f"{key}{i % 3:02d}", "len": 40 + i, "ts": offset + i * 7} for i in range(n)]
+
+
+def write_files(folder: Path) -> dict[str, list[dict[str, object]]]:
+    data = {"csv": rows(300, 0, "10."), "jsonl": rows(200, 3, "11."), "parquet": rows(500, 5, "12.")}
+    with (folder / "data.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=["srcIP", "len", "ts"])
+        writer.writeheader()
+        writer.writerows(data["csv"])
+    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data["jsonl"]))
+    pq.write_table(pa.Table.from_pylist(data["parquet"]), folder / "data.parquet")
+    return data
+
+
+def test_cli_end_to_end(target: str, fresh: Callable[[str], str], tmp_path: Path) -> None:
+    stream, query = fresh("Main"), fresh("q")
+    sql = f"SELECT srcIP, count(*) AS n [RANGE 1 second, SLIDE 1 second, WA ts] FROM {stream} GROUP BY srcIP"
+    data = write_files(tmp_path)
+
+    assert ok(target, "stream", "create", stream, "--schema", "srcIP:string,len:int32,ts:timestamp[ms]",
+              "--sources", "csv,jsonl,parquet") == ""  # fmt: skip
+    assert "Aggregate" in ok(target, "query", "explain", sql)
+    assert ok(target, "query", "register", sql, "--name", query).strip() == query
+    for fmt in ("csv", "jsonl", "parquet"):
+        done = lowtide(target, "send", stream, str(tmp_path / f"data.{fmt}"), "--source", fmt,
+                       "--punctuation", "end", "--batch-rows", "128")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"sent {len(data[fmt])} tuples" in done.stderr
+
+    every = [r for part in data.values() for r in part]
+    want = Counter((int(r["ts"]) // 1000 * 1000, r["srcIP"]) for r in every)  # type: ignore[call-overload]
+    out = ok(target, "tail", query, "--from-oldest", "--format", "jsonl", "--limit", str(len(want)))
+    got = [json.loads(line) for line in out.splitlines()]
+    assert len(got) == len(want)
+    assert Counter({(r["window_start"], r["srcIP"]): r["n"] for r in got}) == want
+
+    out = ok(target, "tail", query, "--from-oldest", "--format", "csv", "--limit", "2", "--show-punctuation")
+    lines = out.splitlines()
+    assert lines[0] == "window_start,window_end,srcIP,n,revision"
+    assert len([line for line in lines[1:] if not line.startswith("#")]) == 2
+    assert "n" in ok(target, "tail", query, "--from-oldest", "--limit", "1")  # table
+
+    streams = json.loads(ok(target, "stream", "list", "--format", "json"))
+    info = next(s for s in streams if s["name"] == stream)
+    assert info["tuples_ingested"] == len(every)
+    assert info["schema"] == {"srcIP": "string", "len": "int32", "ts": "timestamp[ms]"}
+    assert stream in ok(target, "stream", "list")
+    queries = json.loads(ok(target, "query", "list", "--format", "json"))
+    assert next(q for q in queries if q["name"] == query)["results"] == len(want)
+    assert query in ok(target, "query", "list")
+
+    assert "read by query" in fails(target, "stream", "drop", stream)
+    assert ok(target, "query", "drop", query) == ""
+    assert ok(target, "stream", "drop", stream) == ""
+
+
+def test_cli_send_punctuation_value_and_stdin_sql(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64", "--idle-timeout", "60")
+    path = tmp_path / "rows.ndjson"
+    path.write_text("".join(json.dumps({"k": "007", "ts": i}) for i in range(5)).replace("}{", "}\n{") + "\n")
+    done = lowtide(target, "send", stream, str(path), "--punctuation", "3")
+    assert done.returncode == 0, done.stderr
+    info = next(
+        s for s in json.loads(ok(target, "stream", "list", "--format", "json")) if s["name"] == stream
+    )
+    assert (info["tuples_ingested"], info["low_watermark"]) == (5, 3)
+    sql = f"SELECT k, count(*) [RANGE 10, WA ts] FROM {stream} GROUP BY k"
+    name = lowtide(target, "query", "register", "-", stdin=sql).stdout.strip()
+    assert name
+    ok(target, "query", "drop", name)
+    ok(target, "stream", "drop", stream)
+
+
+def test_cli_errors_are_one_line(target: str, fresh: Callable[[str], str], tmp_path: Path) -> None:
+    stream = fresh("S")
+    assert "unknown stream" in fails(target, "stream", "drop", stream)
+    assert "unknown query" in fails(target, "query", "drop", stream)
+    assert "line 1, column 1" in fails(target, "query", "register", "SELEC x FROM y")
+    assert "unknown column type" in fails(target, "stream", "create", stream, "--schema", "k:strin,ts:int64")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64")
+    assert "already exists" in fails(target, "stream", "create", stream, "--schema", "k:string,ts:int64")
+    assert "cannot read" in fails(target, "send", stream, str(tmp_path / "missing.csv"))
+    assert "cannot tell the format" in fails(target, "send", stream, str(tmp_path / "data.txt"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("k,ts,extra\na,1,2\n")
+    assert "unknown column" in fails(target, "send", stream, str(bad))
+    assert "unknown query" in fails(target, "tail", fresh("q"))
+    assert "unavailable" in fails("127.0.0.1:1", "stream", "list")
+    assert "--schema" in fails(target, "stream", "create", stream, code=2)  # usage error: argparse
+    assert "positive integer" in fails(target, "send", stream, str(bad), "--batch-rows", "0", code=2)
+    ok(target, "stream", "drop", stream)
