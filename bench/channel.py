@@ -45,8 +45,9 @@ def _queue_reader(queue: Any, done: Connection, batches: int) -> None:
     queue.get()
     done.send("ready")
     for _ in range(batches):
-        header, columns = queue.get()
-        {name: values.copy() for name, values in columns.items()}
+        _, columns = queue.get()
+        for values in columns.values():
+            np.copyto(np.empty_like(values), values)  # the copy out that a worker makes
     done.send("done")
 
 
