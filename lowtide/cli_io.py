@@ -3,7 +3,8 @@
 ``read_batches`` streams a CSV, JSONL or Parquet file (chosen by extension, optionally compressed
 ``.gz``/``.bz2``/``.zst``) as Arrow record batches, reading columns with the stream's types so a
 string column of digits stays a string. Progress is counted in bytes of the file (CSV, JSONL) or
-rows (Parquet). ``writer_for`` prints result tables as a table, JSON lines or CSV.
+rows (Parquet); the readers parse one 4 MiB block at a time so the bytes read track the bytes
+sent. ``writer_for`` prints result tables as a table, JSON lines or CSV.
 """
 
 from __future__ import annotations
@@ -118,13 +119,13 @@ class Batches:
             if self.format == "csv":
                 reader: Any = pa_csv.open_csv(
                     source,
-                    read_options=pa_csv.ReadOptions(block_size=1 << 22),
+                    read_options=pa_csv.ReadOptions(block_size=1 << 22, use_threads=False),
                     convert_options=pa_csv.ConvertOptions(column_types=forced),
                 )
             else:
                 reader = pa_json.open_json(
                     source,
-                    read_options=pa_json.ReadOptions(block_size=1 << 22),
+                    read_options=pa_json.ReadOptions(block_size=1 << 22, use_threads=False),
                     parse_options=pa_json.ParseOptions(
                         explicit_schema=pa.schema(list(forced.items())), unexpected_field_behavior="infer"
                     ),
@@ -174,12 +175,12 @@ class LazyProgress:
         if self._progress is None:
             if time.monotonic() - self.began < self.delay_s:
                 return
-            self._start()
+            self._start(done)
             if self._progress is None:
                 return
         self._progress.update(self._task, completed=done)
 
-    def _start(self) -> None:
+    def _start(self, done: int) -> None:
         from rich import progress as rp
         from rich.console import Console
 
@@ -198,7 +199,7 @@ class LazyProgress:
             transient=True,
         )
         self._progress.start()
-        self._task = self._progress.add_task(self.description, total=self.total)
+        self._task = self._progress.add_task(self.description, total=self.total, completed=done)
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

@@ -47,6 +47,9 @@ class Query(str):
     def name(self) -> str:
         return str(self)
 
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]
+        return (str(self), self.sql)  # so a Query pickles (e.g. into a spawned process)
+
 
 @dataclass
 class Limits:
