@@ -323,3 +323,44 @@ def test_prometheus_scrapes_lowtide_metrics(prometheus_binary: Path, tmp_path: P
             assert prometheus.query(state), "the state-bytes panel's query returns no series"
     finally:
         fed.metrics.close()
+
+
+def test_prometheus_scrapes_a_real_server(prometheus_binary: Path, tmp_path: Path) -> None:
+    """``lowtide serve`` with its workers: what the workers counted reaches Prometheus."""
+    from server_harness import running_server
+    from wire import connect, create_stream, ingest, register, table
+
+    with running_server(workers=2, metrics=True) as server:
+        assert server.metrics_url is not None
+        metrics_port = urllib.parse.urlsplit(server.metrics_url).port
+        assert metrics_port is not None
+        stub = connect(server.target)
+        schema = {"srcIP": "string", "ts": "int64"}
+        create_stream(stub, "Main", schema)
+        register(stub, "SELECT srcIP, count(*) AS n [RANGE 1000, WA ts] FROM Main GROUP BY srcIP", "q1")
+        rows = [{"srcIP": f"10.0.0.{i % 9}", "ts": i} for i in range(500)]
+        late = table(rows[:7], schema)  # below the punctuation that precedes it
+        ingest(stub, "Main", "s1", [table(rows, schema), 1_000, late])
+        with run_prometheus(prometheus_binary, tmp_path, metrics_port) as prometheus:
+
+            def scraped(promql: str, expected: float) -> Callable[[], float | None]:
+                def probe() -> float | None:
+                    result = prometheus.query(promql)
+                    value = float(result[0]["value"][1]) if result else None
+                    return value if value == expected else None
+
+                return probe
+
+            # The front counts ingestion; the workers' operator counts arrive through the front.
+            wait_for(
+                "ingested == 507",
+                scraped('lowtide_ingested_tuples_total{stream="Main"}', 507),
+                prometheus.tail,
+            )
+            wait_for("late == 7", scraped('lowtide_query_late_tuples_total{query="q1"}', 7), prometheus.tail)
+            aggregate_in = 'sum(lowtide_operator_tuples_in_total{query="q1", operator="2:WID Aggregate"})'
+            wait_for("aggregate saw 500", scraped(aggregate_in, 500), prometheus.tail)
+            latency = 'sum(lowtide_punctuation_to_result_seconds_count{query="q1"})'
+            assert wait_for(
+                "a latency observation", lambda: prometheus.query(latency) or None, prometheus.tail
+            )
