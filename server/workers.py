@@ -46,7 +46,7 @@ class WorkerPool:
         self.on_message = on_message
         self.on_death = on_death
         self.channel_bytes = channel_bytes
-        self.max_queued_bytes = channel_bytes
+        self.max_queued_bytes = 4 << 20  # what may wait ahead of a punctuation: bounds its latency
         self.handles: list[WorkerHandle] = []
         self.restarts = 0
         self._room = asyncio.Event()
