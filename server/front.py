@@ -143,10 +143,6 @@ class Front:
         name = self.engine.on_worker_message(worker, header, arrays)
         if name is not None:
             self._publish(name)
-            # A query's results feed the queries that read it: their hubs may have news too.
-            for other in list(self.engine.remote):
-                if other != name and any(s == name for s, _ in self.engine.remote[other].running.plan.inputs):
-                    self._publish(other)
 
     def _on_death(self, worker: int) -> None:
         self.metrics.worker_restarted(worker)
