@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 _EMPTY = -1
 
 
@@ -25,6 +26,18 @@ def _hash_row(keys: I64, i: int) -> np.uint64:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         h = x ^ (x >> np.uint64(31))
     return h
+
+
+@nb.njit(cache=True, nogil=True)
+def hash_rows(keys: I64) -> U64:
+    """The splitmix64 hash of each key row (all its columns together), as the table probes it.
+
+    keys [n, k] int64, read only (k may be 0). Returns a new [n] uint64 array. Cost O(n * k).
+    """
+    out = np.empty(keys.shape[0], np.uint64)
+    for i in range(keys.shape[0]):
+        out[i] = _hash_row(keys, i)
+    return out
 
 
 @nb.njit(cache=True, nogil=True)

@@ -64,6 +64,7 @@ from numba import njit
 
 from lowtide.batch import Batch, Column
 from lowtide.operators.base import Operator
+from lowtide.operators.group_table import hash_rows
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 I64 = npt.NDArray[np.int64]
@@ -72,38 +73,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 _MIN_SLOTS = 1024
 _MIN_ROWS = 1024
-_SEED = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-_SH30 = np.uint64(30)
-_SH27 = np.uint64(27)
-_SH31 = np.uint64(31)
 
 
 def _jit(fn: _F) -> _F:
     return cast(_F, njit(cache=True, nogil=True)(fn))
-
-
-@_jit
-def _hash_rows(keys: U64) -> U64:
-    """Hash each row of ``keys`` (all its columns together, splitmix64 rounds).
-
-    keys: (m, k) uint64, C-contiguous, read only (int64 keys viewed as uint64; k may be 0).
-    Returns a new (m,) uint64 array. Cost O(m * k).
-    """
-    m, k = keys.shape
-    out = np.empty(m, np.uint64)
-    for i in range(m):
-        h = _SEED
-        for c in range(k):
-            h = h + keys[i, c]
-            h ^= h >> _SH30
-            h *= _MUL1
-            h ^= h >> _SH27
-            h *= _MUL2
-            h ^= h >> _SH31
-        out[i] = h
-    return out
 
 
 @_jit
@@ -401,7 +374,7 @@ class OAJoin(Operator):
             below, above = (window.r1, window.r0) if port == 0 else (window.r0, window.r1)
             lo = np.maximum(ts, NO_PROGRESS + below) - below
             hi = np.minimum(ts, END_OF_STREAM - above) + above
-        hashes = _hash_rows(keys.view(np.uint64))
+        hashes = hash_rows(keys)
         other = self._stores[1 - port]
         if other.n:
             rows, stored = self._probe(hashes, keys, lo, hi, other)

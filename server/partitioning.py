@@ -19,6 +19,7 @@ from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.dupelim import DupElim
+from lowtide.operators.group_table import hash_rows
 from lowtide.operators.oa_join import OAJoin
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
@@ -83,17 +84,10 @@ def partitioning_of(plan: Plan) -> Partitioning:
     return Partitioning(False, tuple(() for _ in plan.inputs))
 
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
 def split(batch: Batch, key: tuple[str, ...], workers: int) -> list[npt.NDArray[np.intp]]:
     """Row indices of ``batch`` for each worker: by a hash of ``key``, or by position."""
     if not key:
         owner = np.arange(batch.n, dtype=np.uint64) % np.uint64(workers)
     else:
-        h = np.zeros(batch.n, dtype=np.uint64)
-        for column in key_matrix(batch, key).T:
-            h = (h ^ column.view(np.uint64)) * _MIX
-            h ^= h >> np.uint64(29)
-        owner = h % np.uint64(workers)
+        owner = hash_rows(key_matrix(batch, key)) % np.uint64(workers)
     return [np.flatnonzero(owner == w) for w in range(workers)]
