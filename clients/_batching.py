@@ -111,12 +111,20 @@ class Batcher:
         return []
 
     def add_batch(self, table: pa.Table, batch_id: int) -> list[Any]:
-        """A batch with its own exactly-once id: sent alone, after what is pending."""
+        """A batch with its own exactly-once id, sent after what is pending, alone: in as many
+        parts (each of at most ``max_batch_rows`` rows and about MAX_MESSAGE_BYTES) as it needs,
+        which the server applies together once the last has arrived."""
         if batch_id < 1:
             raise InvalidArgument("batch_id must be a positive integer (0 means no id)")
         due = self.flush()
-        if table.num_rows:
-            due.append(self._message(arrow=arrow_bytes([table]), batch_id=batch_id))
+        step = self.max_batch_rows
+        parts = [
+            piece
+            for start in range(0, table.num_rows, step)
+            for piece in _pieces(table.slice(start, step))
+        ]
+        for part in parts:
+            due.append(self._message(arrow=arrow_bytes([part]), batch_id=batch_id, batch_parts=len(parts)))
         return due
 
     def _seal_rows(self) -> None:

@@ -181,6 +181,7 @@ def _stream_info(s: Any) -> dict[str, Any]:
         "low_watermark": int(s.low_watermark),
         "tuples_ingested": int(s.tuples_ingested),
         "late_tuples": int(s.late_tuples),
+        "source_punctuation": {k: int(v) for k, v in s.source_punctuation.items()},
     }
 
 

@@ -77,13 +77,20 @@ class Producer:
     """One source of one stream over one Ingest call (see the module docstring). Thread-safe."""
 
     def __init__(
-        self, stub: Any, target: str, stream: str, source: str, linger_ms: float, max_batch_rows: int
+        self,
+        stub: Any,
+        target: str,
+        stream: str,
+        source: str,
+        linger_ms: float,
+        max_batch_rows: int,
+        timeout: float | None = None,
     ) -> None:
         self._state = _ProducerState(target, stream, source, linger_ms, max_batch_rows)
         self._cond = threading.Condition()  # guards everything below and the batcher
         self._outbox: deque[Any] = deque()
         self._call_done = False
-        self._future = stub.Ingest.future(self._requests())
+        self._future = stub.Ingest.future(self._requests(), timeout=timeout)
         self._future.add_done_callback(self._on_done)
 
     def __enter__(self) -> Producer:
@@ -306,10 +313,16 @@ class Client:
         return self._run(wire.health())
 
     def producer(
-        self, stream: str, source: str = "default", linger_ms: float = 5, max_batch_rows: int = 100_000
+        self,
+        stream: str,
+        source: str = "default",
+        linger_ms: float = 5,
+        max_batch_rows: int = 100_000,
+        timeout: float | None = None,
     ) -> Producer:
-        """A producer for one source of ``stream`` (a context manager)."""
-        return Producer(self._stub, self.target, stream, source, linger_ms, max_batch_rows)
+        """A producer for one source of ``stream`` (a context manager); ``timeout`` (seconds)
+        bounds its whole Ingest call, which otherwise runs unbounded."""
+        return Producer(self._stub, self.target, stream, source, linger_ms, max_batch_rows, timeout)
 
     def subscribe(self, query: str, from_oldest: bool = False) -> Subscription:
         """Result tables and punctuation of ``query`` (or ``"<query>.late"``), from now or the oldest."""
@@ -321,9 +334,17 @@ class AsyncProducer:
     """:class:`Producer` for asyncio: the same calls, awaited; lingering rows leave from a task."""
 
     def __init__(
-        self, stub: Any, target: str, stream: str, source: str, linger_ms: float, max_batch_rows: int
+        self,
+        stub: Any,
+        target: str,
+        stream: str,
+        source: str,
+        linger_ms: float,
+        max_batch_rows: int,
+        timeout: float | None = None,
     ) -> None:
         self._stub = stub
+        self._timeout = timeout
         self._state = _ProducerState(target, stream, source, linger_ms, max_batch_rows)
         self._lock = asyncio.Lock()  # one writer at a time: the caller or the linger task
         self._call: Any = None
@@ -392,7 +413,7 @@ class AsyncProducer:
 
     def _open(self) -> Any:
         if self._call is None:
-            self._call = self._stub.Ingest()
+            self._call = self._stub.Ingest(timeout=self._timeout)
         return self._call
 
     async def _write(self, messages: list[Any]) -> None:
@@ -527,9 +548,14 @@ class AsyncClient:
         return await self._run(wire.health())
 
     def producer(
-        self, stream: str, source: str = "default", linger_ms: float = 5, max_batch_rows: int = 100_000
+        self,
+        stream: str,
+        source: str = "default",
+        linger_ms: float = 5,
+        max_batch_rows: int = 100_000,
+        timeout: float | None = None,
     ) -> AsyncProducer:
-        return AsyncProducer(self._stub, self.target, stream, source, linger_ms, max_batch_rows)
+        return AsyncProducer(self._stub, self.target, stream, source, linger_ms, max_batch_rows, timeout)
 
     def subscribe(self, query: str, from_oldest: bool = False) -> AsyncSubscription:
         return AsyncSubscription(self._stub, self.target, query, from_oldest)

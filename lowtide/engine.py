@@ -9,11 +9,12 @@ engine is called, or when :meth:`Engine.tick` is.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
@@ -259,10 +260,22 @@ class Engine:
     # -- data ---------------------------------------------------------------------------------
     def push(self, stream: str, data: Any, source: str = DEFAULT_SOURCE) -> None:
         """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
+        self.push_parts(stream, [data], source)
+
+    def push_parts(self, stream: str, parts: Sequence[Any], source: str = DEFAULT_SOURCE) -> None:
+        """Send one batch cut into parts, each within the row limit: all parts are checked
+        before any is applied, and they count as one batch (late against the same progress)."""
         target = self._stream(stream)
         self.tick()
         if target.derived:
             raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
+        known = target.sources.get(source)
+        if known is not None and known.closed:
+            raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
+        admitted = [self._admit(target, data) for data in parts]
+        target.ingest_parts(admitted, source)
+
+    def _admit(self, target: Stream, data: Any) -> tuple[Batch, npt.NDArray[np.bool_]]:
         batch, late = target.admit(data, self.pool)
         if batch.n > self.limits.max_batch_rows:
             raise ResourceExhausted(
@@ -272,13 +285,10 @@ class Engine:
             for op in target.subscribers:
                 if op.policy is LatePolicy.ERROR:
                     raise LateTuple(
-                        f"{int(late.sum())} tuple(s) of stream {stream!r} are below its punctuation "
-                        f"{target.progress} and a query reading it has late='error'"
+                        f"{int(late.sum())} tuple(s) of stream {target.name!r} are below its "
+                        f"punctuation {target.progress} and a query reading it has late='error'"
                     )
-        known = target.sources.get(source)
-        if known is not None and known.closed:
-            raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
-        target.ingest(batch, late, source)
+        return batch, late
 
     def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
         """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""

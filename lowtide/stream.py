@@ -10,6 +10,7 @@ call changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,7 @@ class Stream:
             "punctuation": self.generator.kind,
             "sources": sorted(self.sources),
             "low_watermark": self.progress,
+            "source_punctuation": {s.name: s.punctuation for s in self.sources.values()},
         }
 
     # -- checks (no state change) -----------------------------------------------------------
@@ -107,7 +109,22 @@ class Stream:
 
     def ingest(self, batch: Batch, late: npt.NDArray[np.bool_], source: str) -> None:
         """Deliver a checked batch to every query reading this stream, then advance progress."""
+        self.ingest_parts([(batch, late)], source)
+
+    def ingest_parts(self, parts: Sequence[tuple[Batch, npt.NDArray[np.bool_]]], source: str) -> None:
+        """Deliver the checked parts of one batch, then advance progress once, after all of them."""
         known = self._heard(source)
+        for batch, late in parts:
+            self._deliver(batch, late)
+            if batch.n:
+                known.max_seen = max(known.max_seen, int(batch.columns[self.attribute].max()))
+        if any(batch.n for batch, _ in parts):
+            implied = self.generator.after_batch(known.max_seen)
+            if implied is not None:
+                self._raise_source(known, self._coarsen(implied))
+        self._publish()
+
+    def _deliver(self, batch: Batch, late: npt.NDArray[np.bool_]) -> None:
         self.tuples_ingested += batch.n
         n_late = int(late.sum())
         self.late_tuples += n_late
@@ -118,12 +135,6 @@ class Stream:
                 subscriber.process(on_time)
             if late_batch is not None:
                 subscriber.process_late(late_batch)
-        if batch.n:
-            known.max_seen = max(known.max_seen, int(batch.columns[self.attribute].max()))
-            implied = self.generator.after_batch(known.max_seen)
-            if implied is not None:
-                self._raise_source(known, self._coarsen(implied))
-        self._publish()
 
     def punctuate(self, source: str, value: int) -> None:
         known = self._heard(source)

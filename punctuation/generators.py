@@ -19,18 +19,26 @@ from dataclasses import dataclass
 
 from lowtide.errors import InvalidArgument
 
-_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|sec|min|m|h|d|day)?\s*$", re.IGNORECASE)
-_MS = {None: 1.0, "ms": 1.0, "s": 1000.0, "sec": 1000.0, "min": 60_000.0, "m": 60_000.0, "h": 3_600_000.0}
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-z]+)?\s*$", re.IGNORECASE)
+_MS = {"ms": 1.0, "s": 1000.0, "min": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0}
+# Spelled-out units as Spark's withWatermark takes them ("10 seconds", "1 minute").
+_UNIT = {
+    "ms": "ms", "millisecond": "ms", "milliseconds": "ms",
+    "s": "s", "sec": "s", "second": "s", "seconds": "s",
+    "m": "min", "min": "min", "minute": "min", "minutes": "min",
+    "h": "h", "hour": "h", "hours": "h",
+    "d": "d", "day": "d", "days": "d",
+}  # fmt: skip
 
 
 def parse_duration_ms(text: str) -> float:
-    """``"500ms"``, ``"2s"``, ``"1min"``, ``"1h"``, ``"1d"`` or a bare number of milliseconds."""
+    """``"500ms"``, ``"2s"``, ``"10 seconds"``, ``"1min"``, ``"1h"``, ``"1d"`` or a bare number of
+    milliseconds."""
     match = _DURATION.match(text)
-    if not match:
-        raise InvalidArgument(f"cannot read duration {text!r}; write e.g. 500ms, 2s, 1min")
-    unit = (match.group(2) or "").lower() or None
-    scale = 86_400_000.0 if unit in ("d", "day") else _MS[unit]
-    return float(match.group(1)) * scale
+    unit = _UNIT.get((match.group(2) or "ms").lower()) if match else None
+    if match is None or unit is None:
+        raise InvalidArgument(f"cannot read duration {text!r}; write e.g. 500ms, 2s, 10 seconds, 1min")
+    return float(match.group(1)) * _MS[unit]
 
 
 @dataclass(frozen=True)
@@ -50,13 +58,13 @@ class Generator:
         if kind in ("explicit", "ordered") and not arg:
             return Generator(kind)
         if kind == "bounded" and arg:
-            return Generator(kind, slack=_units(arg, unit_ms))
+            return Generator(kind, slack=duration_units(arg, unit_ms))
         if kind == "heartbeat" and arg.count(",") == 1:
             period, skew = arg.split(",")
             period_ms = parse_duration_ms(period)
             if period_ms <= 0:
                 raise InvalidArgument("heartbeat period must be positive")
-            return Generator(kind, period_ms=period_ms, skew=_units(skew, unit_ms))
+            return Generator(kind, period_ms=period_ms, skew=duration_units(skew, unit_ms))
         raise InvalidArgument(
             f"unknown punctuation generator {spec!r}; expected explicit, ordered, bounded:<slack> "
             "or heartbeat:<period>,<skew>"
@@ -75,7 +83,8 @@ class Generator:
         return now_units - self.skew if self.kind == "heartbeat" else None
 
 
-def _units(text: str, unit_ms: float) -> int:
+def duration_units(text: str, unit_ms: float) -> int:
+    """A duration in units of ``unit_ms`` milliseconds; a bare integer is already in units."""
     text = text.strip()
     if re.fullmatch(r"-?\d+", text):
         return int(text)  # a bare integer is in the attribute's own units

@@ -23,10 +23,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from lowtide.engine import Limits
-from lowtide.errors import LowtideError, NotFound, ResourceExhausted, SchemaMismatch
+from lowtide.errors import InvalidArgument, LowtideError, NotFound, ResourceExhausted, SchemaMismatch
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
+from lowtide.server.batches import AppliedBatches, PartialBatch
 from lowtide.server.config import ServerConfig
 from lowtide.server.hub import Closed, Hub
 from lowtide.server.metrics import ServerMetrics
@@ -85,7 +86,7 @@ class Front:
         self.engine = FrontEngine(self.workers, limits=limits)
         self.engine.on_released = self.metrics.punctuation_to_result
         self.hubs: dict[str, Hub] = {}
-        self.applied: dict[tuple[str, str], set[int]] = {}  # (stream, source) -> batch ids applied
+        self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source
         self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,6 +111,14 @@ class Front:
             hub = self.hubs.pop(key, None)
             if hub is not None:
                 hub.close()
+
+    def applied_batches(self, stream: str, source: str) -> AppliedBatches:
+        return self.applied.setdefault((stream, source), AppliedBatches())
+
+    def drop_stream(self, name: str) -> None:
+        self.engine.drop_stream(name)
+        for key in [k for k in self.applied if k[0] == name]:
+            del self.applied[key]
 
     def _publish(self, name: str) -> None:
         for key in (name, f"{name}.late"):
@@ -234,7 +243,7 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def DropStream(self, request: pb.DropStreamRequest, context: Any) -> pb.DropStreamResponse:
-        self.engine.drop_stream(request.name)
+        self.front.drop_stream(request.name)
         return pb.DropStreamResponse()
 
     @translated
@@ -251,6 +260,7 @@ class Service(pb_grpc.LowtideServicer):
                     low_watermark=s["low_watermark"],
                     tuples_ingested=streams[s["name"]]["ingested"],
                     late_tuples=streams[s["name"]]["late"],
+                    source_punctuation=s["source_punctuation"],
                 )
                 for s in self.engine.list_streams()
             ]
@@ -302,6 +312,7 @@ class Service(pb_grpc.LowtideServicer):
         front, engine = self.front, self.engine
         stream = source = ""
         tuples = batches = duplicates = 0
+        partial: PartialBatch | None = None  # a multi-part batch until its last part arrives
         async for request in request_iterator:
             if not stream:
                 stream, source = request.stream, request.source or "default"
@@ -310,23 +321,34 @@ class Service(pb_grpc.LowtideServicer):
                 engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
             item = request.WhichOneof("item")
             if item == "arrow":
-                applied = front.applied.setdefault((stream, source), set())
-                if request.batch_id and request.batch_id in applied:
+                if partial is None:
+                    batch_id = request.batch_id
+                    duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
+                    partial = PartialBatch(batch_id, max(1, request.batch_parts), duplicate)
+                table = None if partial.duplicate else _read_arrow(request.arrow)
+                if not partial.take(request.batch_id, max(1, request.batch_parts), table):
+                    continue
+                whole, partial = partial, None
+                if whole.duplicate:
                     duplicates += 1
                     continue
                 began = time.perf_counter()
-                table = _read_arrow(request.arrow)
-                engine.push(stream, table, source)
-                front.metrics.ingest_batch(stream, table.num_rows, time.perf_counter() - began)
-                if request.batch_id:
-                    applied.add(request.batch_id)
-                tuples += table.num_rows
+                engine.push_parts(stream, whole.tables, source)
+                rows = sum(t.num_rows for t in whole.tables)
+                front.metrics.ingest_batch(stream, rows, time.perf_counter() - began)
+                if whole.batch_id:
+                    front.applied_batches(stream, source).add(whole.batch_id)
+                tuples += rows
                 batches += 1
                 await front.workers.wait_for_room()
+            elif partial is not None:
+                raise InvalidArgument(partial.cut_short())
             elif item == "punctuation":
                 engine.punctuate(stream, request.punctuation, source)
             elif item == "close":
                 engine.close_source(stream, source)
+        if partial is not None:
+            raise InvalidArgument(partial.cut_short())
         low = engine.low_watermark(stream) if stream else 0
         return pb.IngestResponse(tuples=tuples, batches=batches, duplicates=duplicates, low_watermark=low)
 

@@ -1,0 +1,289 @@
+"""The Spark connector: Structured Streaming micro-batches into a lowtide stream, exactly once.
+
+    from lowtide.clients.spark import LowtideSink
+
+    sink = LowtideSink("127.0.0.1:50051", stream="Main", punctuation="watermark:10 seconds")
+    query = df.writeStream.foreachBatch(sink).option("checkpointLocation", path).start()
+    ...
+    query.stop()
+    sink.close()  # end the source: its punctuation becomes +inf, the last windows close
+
+Spark calls ``sink(batch_df, batch_id)`` on the driver for every micro-batch:
+
+1. The batch leaves Spark as Arrow (``DataFrame.toArrow()``; an Arrow-enabled ``toPandas`` on
+   Spark before 4.0) and is typed per the stream's schema (:mod:`lowtide.clients._conform`).
+2. It goes to the server as one batch with id ``batch_id + 1`` (0 means "no id" on the wire),
+   cut into parts under the message limit. The server applies it whole once the last part has
+   arrived and acknowledges a replayed id without applying it again: ``foreachBatch`` is
+   at-least-once (after a restart Spark replays the last batch from its checkpoint), the pair is
+   exactly once.
+3. In the same call the source punctuates, by ``punctuation``:
+
+   * ``watermark:<delay>`` - the largest event time seen so far minus ``delay``, as Spark's own
+     ``withWatermark`` (``10 seconds``, ``500ms``, or a number in the attribute's units);
+   * ``column:<name>`` - each batch carries its low-watermark in a column (not sent as data):
+     the largest value in the batch;
+   * ``none`` - only ``close()`` ends the source.
+
+   Punctuation never regresses: a restarted job starts from what the server already holds.
+4. Any failure raises, with the server's reason as a lowtide exception, so that Spark's own retry
+   and failure handling take over; a batch that did not complete left nothing behind.
+
+``parallel=True`` sends from the executors instead (``mapInArrow``): each partition of the batch
+goes from its task straight to the server as a source of its own, ``<source>/p<partition>``, with
+the batch's id, and the driver punctuates every partition source only once all partitions were
+acknowledged. Use it when micro-batches are large or the driver is the bottleneck: the rows never
+pass through the driver. Each partition is applied whole; after a failure Spark replays the
+batch, and partitions already applied are skipped (a replay partitions the batch the same way, as
+Spark's file and Kafka sources do). Do not declare the partition sources on the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from lowtide.clients._conform import Conformed, Layout, conform
+from lowtide.clients._wire import IngestResult
+from lowtide.clients.client import Client
+from lowtide.errors import InvalidArgument, NotFound
+from lowtide.punctuation.generators import duration_units
+from lowtide.punctuation.model import NO_PROGRESS
+
+# What each partition's task reports back to the driver in parallel mode.
+REPORT = pa.schema(
+    [
+        ("partition", pa.int64()),
+        ("rows", pa.int64()),
+        ("duplicates", pa.int64()),
+        ("max_event", pa.int64()),
+        ("watermark", pa.int64()),
+    ]
+)
+REPORT_DDL = "partition long, rows long, duplicates long, max_event long, watermark long"
+
+
+@dataclass(frozen=True)
+class PunctuationMode:
+    """``watermark:<delay>``, ``column:<name>`` or ``none`` (see the module docstring)."""
+
+    kind: str
+    delay: str = "0"
+    column: str | None = None
+
+    @staticmethod
+    def parse(spec: str) -> PunctuationMode:
+        kind, _, arg = spec.strip().partition(":")
+        kind, arg = kind.strip().lower(), arg.strip()
+        if kind == "watermark":
+            delay = arg or "0"
+            if duration_units(delay, 1.0) < 0:
+                raise InvalidArgument(f"the watermark delay must not be negative, got {delay!r}")
+            return PunctuationMode(kind, delay=delay)
+        if kind == "column" and arg:
+            return PunctuationMode(kind, column=arg)
+        if kind == "none" and not arg:
+            return PunctuationMode(kind)
+        raise InvalidArgument(
+            f"unknown punctuation {spec!r} for the Spark sink; expected watermark:<delay>, "
+            "column:<name> or none"
+        )
+
+
+class LowtideSink:
+    """A ``foreachBatch`` function that forwards each micro-batch to a lowtide stream.
+
+    ``timeout`` (seconds) bounds each call to the server, so that a server that stops answering
+    fails the batch instead of hanging the query. ``max_part_rows`` caps the rows of one message.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        stream: str,
+        source: str = "spark",
+        punctuation: str = "watermark:0",
+        *,
+        parallel: bool = False,
+        timeout: float = 60.0,
+        max_part_rows: int = 1_000_000,
+    ) -> None:
+        if not stream:
+            raise InvalidArgument("the Spark sink needs a stream name")
+        self.target = target
+        self.stream = stream
+        self.source = source
+        self.mode = PunctuationMode.parse(punctuation)
+        self.parallel = parallel
+        self.timeout = timeout
+        self.max_part_rows = max_part_rows
+        self.batches = 0  # micro-batches applied by this sink (replays skipped are not counted)
+        self.rows = 0
+        self.duplicates = 0  # batches (driver mode) or partitions (parallel) skipped as replays
+        self._client: Client | None = None
+        self._layout: Layout | None = None
+        self._delay = 0
+        self._max_event = NO_PROGRESS
+        # Each source this sink feeds, with the punctuation the server holds for it.
+        self._punctuated: dict[str, int] = {}
+
+    # Spark Connect pickles the foreachBatch function: the channel stays behind.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        layout = self._prepare()
+        wire_id = int(batch_id) + 1
+        if self.parallel:
+            self._forward_partitions(batch_df, layout, wire_id)
+            return
+        conformed = conform(_to_arrow(batch_df), layout, self.mode.column)
+        value = self._punctuation_after(conformed.max_event, conformed.watermark)
+        with self._connect().producer(
+            self.stream, self.source, linger_ms=0, max_batch_rows=self.max_part_rows, timeout=self.timeout
+        ) as producer:
+            if conformed.table.num_rows:
+                producer.send(conformed.table, batch_id=wire_id)
+            if value > self._punctuated[self.source]:
+                producer.punctuate(value)
+        if producer.result is not None:
+            self._count(producer.result.tuples, producer.result.duplicates)
+        self._punctuated[self.source] = max(value, self._punctuated[self.source])
+
+    def close(self) -> None:
+        """End every source of this sink (their punctuation becomes +inf); then let go of the server."""
+        self._prepare()
+        for source in sorted(self._punctuated):
+            with self._connect().producer(self.stream, source, linger_ms=0, timeout=self.timeout) as producer:
+                producer.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- internals ------------------------------------------------------------------------------
+    def _connect(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.target, timeout=self.timeout)
+        return self._client
+
+    def _prepare(self) -> Layout:
+        """The stream's layout and what the server holds for this sink's sources, read once."""
+        if self._layout is not None:
+            return self._layout
+        info = next((s for s in self._connect().list_streams() if s["name"] == self.stream), None)
+        if info is None:
+            raise NotFound(f"unknown stream {self.stream!r}; create it before the Spark query starts")
+        layout = Layout.of(info)
+        if self.mode.kind == "watermark":
+            self._delay = duration_units(self.mode.delay, layout.unit_ms)
+        held: dict[str, int] = info["source_punctuation"]
+        if self.parallel:
+            self._punctuated = {s: v for s, v in held.items() if _partition_of(self.source, s) is not None}
+        else:
+            self._punctuated = {self.source: held.get(self.source, NO_PROGRESS)}
+        self._layout = layout
+        return layout
+
+    def _punctuation_after(self, max_event: int, watermark: int) -> int:
+        """The punctuation due after a batch, never below what any source already holds."""
+        if self.mode.kind == "watermark" and max_event != NO_PROGRESS:
+            self._max_event = max(self._max_event, max_event)
+            due = self._max_event - self._delay
+        elif self.mode.kind == "column":
+            due = watermark
+        else:
+            due = NO_PROGRESS
+        return max(due, *self._punctuated.values(), NO_PROGRESS)
+
+    def _count(self, rows: int, duplicates: int) -> None:
+        self.rows += rows
+        self.duplicates += duplicates
+        self.batches += 1 if rows else 0
+
+    def _forward_partitions(self, batch_df: Any, layout: Layout, wire_id: int) -> None:
+        send = PartitionSender(
+            self.target, self.stream, self.source, wire_id, layout, self.mode.column, self.timeout,
+            self.max_part_rows,
+        )  # fmt: skip
+        reports = batch_df.mapInArrow(send, REPORT_DDL).toArrow().to_pylist()
+        for report in reports:
+            if report["rows"] or report["duplicates"]:
+                self._punctuated.setdefault(f"{self.source}/p{report['partition']}", NO_PROGRESS)
+            self.rows += report["rows"]
+            self.duplicates += report["duplicates"]
+        self.batches += 1 if any(r["rows"] for r in reports) else 0
+        max_event = max((r["max_event"] for r in reports), default=NO_PROGRESS)
+        watermark = max((r["watermark"] for r in reports), default=NO_PROGRESS)
+        value = self._punctuation_after(max_event, watermark)
+        for source, held in sorted(self._punctuated.items()):
+            if value > held:
+                with self._connect().producer(
+                    self.stream, source, linger_ms=0, timeout=self.timeout
+                ) as producer:
+                    producer.punctuate(value)
+                self._punctuated[source] = value
+
+
+@dataclass(frozen=True)
+class PartitionSender:
+    """The ``mapInArrow`` function of parallel mode: one partition to its own source, whole."""
+
+    target: str
+    stream: str
+    source: str
+    batch_id: int
+    layout: Layout
+    watermark_column: str | None
+    timeout: float
+    max_part_rows: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        received = list(batches)
+        result: IngestResult | None = None
+        conformed: Conformed | None = None
+        if received:
+            conformed = conform(pa.Table.from_batches(received), self.layout, self.watermark_column)
+        if conformed is not None and conformed.table.num_rows:
+            with (
+                Client(self.target, timeout=self.timeout) as client,
+                client.producer(
+                    self.stream,
+                    f"{self.source}/p{partition}",
+                    linger_ms=0,
+                    max_batch_rows=self.max_part_rows,
+                    timeout=self.timeout,
+                ) as producer,
+            ):
+                producer.send(conformed.table, batch_id=self.batch_id)
+            result = producer.result
+        report = {
+            "partition": [partition],
+            "rows": [result.tuples if result else 0],
+            "duplicates": [result.duplicates if result else 0],
+            "max_event": [conformed.max_event if conformed else NO_PROGRESS],
+            "watermark": [conformed.watermark if conformed else NO_PROGRESS],
+        }
+        yield pa.RecordBatch.from_pydict(report, schema=REPORT)
+
+
+def _partition_of(source: str, name: str) -> int | None:
+    prefix = f"{source}/p"
+    tail = name[len(prefix) :]
+    return int(tail) if name.startswith(prefix) and tail.isdigit() else None
+
+
+def _to_arrow(batch_df: Any) -> pa.Table:
+    to_arrow = getattr(batch_df, "toArrow", None)
+    if to_arrow is not None:  # Spark 4.0 and later
+        return to_arrow()
+    return pa.Table.from_pandas(batch_df.toPandas(), preserve_index=False)
+
+
+__all__ = ["LowtideSink", "PartitionSender", "PunctuationMode"]

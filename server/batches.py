@@ -1,0 +1,84 @@
+"""Exactly-once batches: which batch ids a source has applied, and batches sent in parts.
+
+A producer may tag a batch with an id; the server applies each ``(stream, source, batch_id)`` once
+and acknowledges a replay without applying it again (Spark's ``foreachBatch`` replays a micro-batch
+after a restart). A batch too large for one message travels as ``batch_parts`` consecutive
+messages with the same id and is applied only once every part has arrived, all parts together:
+a call that ends early leaves nothing of that batch behind.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import pyarrow as pa
+
+from lowtide.errors import InvalidArgument
+
+
+class AppliedBatches:
+    """The ids applied for one source, kept as disjoint runs ``[lo, hi]``.
+
+    Ids that count up (Spark's batch ids do) stay a single run, so the memory is bounded by the
+    number of gaps, not by the length of the stream.
+    """
+
+    def __init__(self) -> None:
+        self._lo: list[int] = []
+        self._hi: list[int] = []
+
+    def __contains__(self, batch_id: int) -> bool:
+        k = bisect_right(self._lo, batch_id) - 1
+        return k >= 0 and batch_id <= self._hi[k]
+
+    @property
+    def runs(self) -> int:
+        return len(self._lo)
+
+    def add(self, batch_id: int) -> None:
+        if batch_id in self:
+            return
+        k = bisect_right(self._lo, batch_id)  # runs before k start at or below batch_id
+        joins_left = k > 0 and self._hi[k - 1] == batch_id - 1
+        joins_right = k < len(self._lo) and self._lo[k] == batch_id + 1
+        if joins_left and joins_right:
+            self._hi[k - 1] = self._hi[k]
+            del self._lo[k], self._hi[k]
+        elif joins_left:
+            self._hi[k - 1] = batch_id
+        elif joins_right:
+            self._lo[k] = batch_id
+        else:
+            self._lo.insert(k, batch_id)
+            self._hi.insert(k, batch_id)
+
+
+class PartialBatch:
+    """The parts of one multi-part batch received so far on one Ingest call."""
+
+    def __init__(self, batch_id: int, parts: int, duplicate: bool) -> None:
+        if parts > 1 and not batch_id:
+            raise InvalidArgument("a batch in several parts needs a batch_id")
+        self.batch_id = batch_id
+        self.parts = parts
+        self.duplicate = duplicate  # applied before: its parts are counted, never decoded
+        self.received = 0
+        self.tables: list[pa.Table] = []
+
+    def take(self, batch_id: int, parts: int, table: pa.Table | None) -> bool:
+        """Add the next part; True once the batch is whole."""
+        if batch_id != self.batch_id or parts != self.parts:
+            raise InvalidArgument(self.cut_short())
+        self.received += 1
+        if table is not None:
+            self.tables.append(table)
+        return self.received == self.parts
+
+    def cut_short(self) -> str:
+        return (
+            f"batch {self.batch_id} ended after {self.received} of its {self.parts} parts; "
+            "nothing of it was applied"
+        )
+
+
+__all__ = ["AppliedBatches", "PartialBatch"]
