@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py proto/lowtide.proto
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # mypy cannot follow setuptools' package-dir mapping through the editable finder,
@@ -30,7 +30,7 @@ lint: setup $(TYPECHECK)
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy -p lowtide
 
 unit: setup
-	$(BIN)/pytest -q -n 2 tests
+	$(BIN)/pytest -q -n 2 --dist loadgroup tests
 
 test: lint unit
 

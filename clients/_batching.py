@@ -119,9 +119,7 @@ class Batcher:
         due = self.flush()
         step = self.max_batch_rows
         parts = [
-            piece
-            for start in range(0, table.num_rows, step)
-            for piece in _pieces(table.slice(start, step))
+            piece for start in range(0, table.num_rows, step) for piece in _pieces(table.slice(start, step))
         ]
         for part in parts:
             due.append(self._message(arrow=arrow_bytes([part]), batch_id=batch_id, batch_parts=len(parts)))

@@ -8,7 +8,7 @@
     lowtide query explain SQL | query drop NAME | query list [--format table|json]
     lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
     lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest] [--limit N] [--show-punctuation]
-    lowtide demo [--seconds S] [--rate R] [--workers N] [--in-process]
+    lowtide demo [--seconds S] [--rate R] [--workers N] [--in-process | --spark [--parallel]]
 
 Every command but ``serve`` and ``demo`` talks to the server named by ``--server`` (default
 ``$LOWTIDE_SERVER``, else ``127.0.0.1:50051``). Exit codes: 0 success, 1 any error (one line
@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=int, default=40_000, help="packets per second per link (default 40000)")
     demo.add_argument("--workers", type=int, default=2, help="server worker processes (default 2)")
     demo.add_argument("--in-process", action="store_true", help="run the engine in this process, no server")
+    demo.add_argument(
+        "--spark", action="store_true", help="a Spark Structured Streaming job feeds the server (LowtideSink)"
+    )
+    demo.add_argument("--parallel", action="store_true", help="with --spark: send from the executors")
     return parser
 
 
@@ -151,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
-            if args.in_process:
+            if args.spark:
+                from lowtide.spark_demo import run as run_spark_demo
+
+                run_spark_demo(workers=args.workers, parallel=args.parallel)
+            elif args.in_process:
                 from lowtide.demo import run
 
                 run(args.seconds, args.rate)

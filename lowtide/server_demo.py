@@ -9,6 +9,7 @@ Prometheus exposition: punctuation-to-result latency, peak state and late tuples
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import re
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -83,37 +85,29 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return lower
 
 
-def run(
-    seconds: int = 60, rate: int = 50_000, workers: int = 2, console: Console | None = None
-) -> dict[str, float]:
-    console = console or Console()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lowtide.cli",
-            "serve",
-            "--port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--workers",
-            str(workers),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+@contextlib.contextmanager
+def local_server(workers: int = 2) -> Iterator[tuple[str, str]]:
+    """``lowtide serve`` on free loopback ports for the length of the block: (target, metrics URL)."""
+    command = [sys.executable, "-m", "lowtide.cli", "serve", "--port", "0", "--metrics-port", "0"]
+    server = subprocess.Popen([*command, "--workers", str(workers)], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         ready = _READY.search(server.stdout.readline())
         if ready is None:
             raise RuntimeError("the server did not start")
-        target, metrics_url = ready.group(1), ready.group(2)
-        console.print(f"[bold]server[/] on {target}, metrics at {metrics_url}")
-        return _drive(target, metrics_url, seconds, rate, console)
+        yield ready.group(1), ready.group(2)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+
+
+def run(
+    seconds: int = 60, rate: int = 50_000, workers: int = 2, console: Console | None = None
+) -> dict[str, float]:
+    console = console or Console()
+    with local_server(workers) as (target, metrics_url):
+        console.print(f"[bold]server[/] on {target}, metrics at {metrics_url}")
+        return _drive(target, metrics_url, seconds, rate, console)
 
 
 def _drive(target: str, metrics_url: str, seconds: int, rate: int, console: Console) -> dict[str, float]:

@@ -153,6 +153,36 @@ def test_schema_mismatch_rejects_the_batch_whole(scene: Scene) -> None:
     scene.finish()
 
 
+def part(data: pa.Table | bytes, batch_id: int, parts: int) -> pb.IngestRequest:
+    payload = data if isinstance(data, bytes) else arrow_bytes(data)
+    return pb.IngestRequest(arrow=payload, batch_id=batch_id, batch_parts=parts)
+
+
+def test_a_batch_in_parts_is_applied_whole_or_not_at_all(scene: Scene) -> None:
+    good, more = scene.rows(600), scene.rows(600)
+    bad = more.drop_columns(["destPort"])
+    cut_short = [
+        ([part(good, 5, 2), part(bad, 5, 2)], "SchemaMismatch"),  # the last part is wrong
+        ([part(good, 6, 2)], "InvalidArgument"),  # the call ends after the first part
+        ([part(good, 7, 2), scene.now], "InvalidArgument"),  # punctuation before the last part
+        ([part(good, 8, 2), part(more, 9, 2)], "InvalidArgument"),  # another batch begins
+        ([part(good, 10, 2), part(b"not arrow", 10, 2)], "SchemaMismatch"),
+    ]
+    for items, kind in cut_short:
+        found = failure(ingest, scene.stub, scene.stream, "p", items)
+        assert_error(found, Code.INVALID_ARGUMENT, kind)
+        assert scene.ingested() == scene.sent, f"{kind}: part of a batch was applied"
+    # 1,200 rows pass a 1,000-row limit as two parts, once; the replay is acknowledged, skipped.
+    for attempt in range(2):
+        response = ingest(scene.stub, scene.stream, "p", [part(good, 11, 2), part(more, 11, 2)])
+        assert (response.batches, response.duplicates) == ((1, 0) if attempt == 0 else (0, 1))
+    for data in (good, more):
+        scene.mirror.apply(scene.stream, "p", data)
+    scene.sent += 1_200
+    assert scene.ingested() == scene.sent
+    scene.finish()
+
+
 def test_unknown_streams_and_queries(scene: Scene) -> None:
     stub = scene.stub
     cases = [

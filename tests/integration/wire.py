@@ -76,6 +76,8 @@ def requests(stream: str, source: str, items: Sequence[Any]) -> Iterator[pb.Inge
             yield pb.IngestRequest(arrow=arrow_bytes(item))
         elif isinstance(item, bytes):
             yield pb.IngestRequest(arrow=item)
+        elif isinstance(item, pb.IngestRequest):  # as it is: a part of a batch, say
+            yield item
         elif item == CLOSE:
             yield pb.IngestRequest(close=True)
         else:

@@ -1,0 +1,210 @@
+"""``lowtide demo --spark``: a Spark Structured Streaming job feeds a lowtide server, exactly.
+
+Writes disordered packet files (each file's rows shuffled, consecutive files overlapping in event
+time), starts ``lowtide serve``, and runs a Structured Streaming query that reads the files one
+per micro-batch and forwards each batch through :class:`~lowtide.clients.spark.LowtideSink`.
+lowtide's windows print as its punctuation closes them; at the end they are checked against
+Spark's own batch ``groupBy(window(ts, ...))`` over the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.console import Console
+
+from lowtide.clients import Client
+from lowtide.clients.spark import LowtideSink
+from lowtide.demo import show
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
+
+SCHEMA = {"srcIP": "string", "len": "int32", "ts": "timestamp[ms]"}
+SPARK_SCHEMA = "srcIP string, len int, ts timestamp"
+START_MS = 1_700_000_000_000
+# (RANGE, SLIDE) in seconds: a tumbling and a sliding window, as in Q6-7 and Q6-3.
+WINDOWS = {"tumbling": (10, 10), "sliding": (10, 5)}
+Window = tuple[int, int, str, int, int]  # window_start, window_end (ms), srcIP, packets, bytes
+
+
+def window_sql(stream: str, range_s: int, slide_s: int) -> str:
+    return (
+        f"SELECT srcIP, count(*) AS packets, sum(len) AS bytes "
+        f"[RANGE {range_s} seconds, SLIDE {slide_s} seconds, WA ts] FROM {stream} GROUP BY srcIP"
+    )
+
+
+def local_session(app: str = "lowtide", cores: int = 2) -> Any:
+    """A local SparkSession bound to loopback, quiet, with the Python workers on this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def write_packet_files(
+    folder: Path, files: int, rows: int, seed: int = 1, span_ms: int = 10_000, overlap_ms: int = 3_000
+) -> int:
+    """``files`` Parquet files of ``rows`` packets each, in the order a file source reads them.
+
+    File ``i`` covers event times ``[i*span - overlap, (i+1)*span)`` in random order: rows are
+    disordered within a file and up to ``overlap_ms`` across files. Returns the rows written.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ips = pa.array([f"10.0.{i // 256}.{i % 256}" for i in range(1_000)])
+    for i in range(files):
+        low = START_MS + i * span_ms - (overlap_ms if i else 0)
+        ts = rng.integers(low, START_MS + (i + 1) * span_ms, rows)
+        table = pa.table(
+            {
+                "srcIP": pa.DictionaryArray.from_arrays(
+                    rng.integers(0, len(ips), rows).astype(np.int32), ips
+                ),
+                "len": pa.array(rng.integers(40, 1_500, rows).astype(np.int32)),
+                "ts": pa.array(ts, pa.timestamp("ms", tz="UTC")),
+            }
+        )
+        path = folder / f"packets-{i:05d}.parquet"
+        pq.write_table(table, path)
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))  # the file source reads oldest first
+    return files * rows
+
+
+def spark_windows(spark: Any, folder: Path, range_s: int, slide_s: int) -> Counter[Window]:
+    """Spark's own batch answer over the files: ``groupBy(window(ts, RANGE, SLIDE), srcIP)``."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.schema(SPARK_SCHEMA).parquet(str(folder))
+    grouped = frame.groupBy(F.window("ts", f"{range_s} seconds", f"{slide_s} seconds"), "srcIP").agg(
+        F.count("*").alias("packets"), F.sum("len").alias("bytes")
+    )
+    flat = grouped.select(
+        F.unix_millis(F.col("window.start")).alias("start"),
+        F.unix_millis(F.col("window.end")).alias("end"),
+        "srcIP",
+        "packets",
+        "bytes",
+    )
+    return Counter(_rows(flat.toArrow()))
+
+
+def lowtide_windows(tables: list[pa.Table]) -> Counter[Window]:
+    """Result rows of a lowtide query as the same tuples (each emission counted)."""
+    found: Counter[Window] = Counter()
+    for table in tables:
+        found.update(_rows(table.select(["window_start", "window_end", "srcIP", "packets", "bytes"])))
+    return found
+
+
+def _rows(table: pa.Table) -> list[Window]:
+    """(start ms, end ms, srcIP, packets, bytes) per row, times as integers whatever their type."""
+    columns = [c.cast(pa.int64()) if pa.types.is_timestamp(c.type) else c for c in table.columns]
+    return list(zip(*(c.to_pylist() for c in columns), strict=True))
+
+
+class Results(threading.Thread):
+    """A query's subscription read until end of stream, printing windows as they close."""
+
+    def __init__(self, target: str, query: str, console: Console | None) -> None:
+        super().__init__(daemon=True)
+        self.tables: list[pa.Table] = []
+        self.windows = 0
+        self._subscription = Client(target).subscribe(query)
+        self._query, self._console = query, console
+
+    def run(self) -> None:
+        for item in self._subscription:
+            if isinstance(item, Punctuation):
+                if item.value >= END_OF_STREAM:
+                    return
+            elif item.num_rows:
+                self.tables.append(item)
+                self.windows += show(self._console, self._query, item) if self._console else 0
+
+
+def run(
+    files: int = 12,
+    rows: int = 250_000,
+    workers: int = 2,
+    parallel: bool = False,
+    console: Console | None = None,
+) -> dict[str, float]:
+    from lowtide.server_demo import local_server
+
+    console = console or Console()
+    with (
+        tempfile.TemporaryDirectory(prefix="lowtide-spark-") as scratch,
+        local_server(workers) as (target, _),
+    ):
+        folder, checkpoint = Path(scratch, "packets"), Path(scratch, "checkpoint")
+        total = write_packet_files(folder, files, rows)
+        console.print(f"[bold]{files} disordered packet files[/], {total:,} rows; server on {target}")
+        with Client(target) as client:
+            client.create_stream("Packets", SCHEMA, progressing="ts")
+            for name, (range_s, slide_s) in WINDOWS.items():
+                client.register_query(window_sql("Packets", range_s, slide_s), name=name)
+                console.print(f"[dim]{name}: {window_sql('Packets', range_s, slide_s)}[/]")
+        readers = {name: Results(target, name, console if name == "sliding" else None) for name in WINDOWS}
+        for reader in readers.values():
+            reader.start()
+        spark = local_session("lowtide-demo")
+        sink = LowtideSink(target, "Packets", punctuation="watermark:5 seconds", parallel=parallel)
+        began = time.perf_counter()
+        query = (
+            spark.readStream.schema(SPARK_SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(folder))
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        sink.close()
+        for reader in readers.values():
+            reader.join()
+        elapsed = time.perf_counter() - began
+        exact = all(
+            lowtide_windows(readers[name].tables) == spark_windows(spark, folder, *WINDOWS[name])
+            for name in WINDOWS
+        )
+        spark.stop()
+    summary = {
+        "rows": float(sink.rows),
+        "seconds": elapsed,
+        "rows_per_s": sink.rows / elapsed,
+        "micro_batches": float(sink.batches),
+        "windows": float(readers["sliding"].windows),
+        "exact": float(exact),
+    }
+    verdict = "[bold green]equal[/]" if exact else "[bold red]NOT equal[/]"
+    console.print(
+        f"\n[bold green]done[/]: Spark forwarded {sink.rows:,} rows in {sink.batches} micro-batches "
+        f"({'parallel' if parallel else 'driver'} mode) in {elapsed:.1f} s = "
+        f"{sink.rows / elapsed / 1e6:.2f}M rows/s end to end; lowtide's windows are {verdict} to "
+        "Spark's own batch groupBy(window(ts, ...)) over the same files"
+    )
+    return summary

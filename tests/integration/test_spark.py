@@ -1,0 +1,193 @@
+"""The Spark connector with a real local Spark (Java 17) and a real server: Spark is the oracle.
+
+Structured Streaming reads disordered packet files (one or two per micro-batch) and forwards them
+through ``LowtideSink``; lowtide's tumbling and sliding windows must equal Spark's own batch
+``groupBy(window(ts, ...))`` over the same files, each window exactly once, in driver mode and in
+parallel mode; replayed batch ids apply once; a server that stops answering fails the batch, and
+after it is back Spark's retry from its checkpoint still gives exact results.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from conftest import start_server, stop_server
+
+from lowtide import END_OF_STREAM, NotFound, Punctuation, SchemaMismatch
+from lowtide.clients import Client
+from lowtide.clients.spark import LowtideSink
+from lowtide.spark_demo import (
+    SCHEMA,
+    SPARK_SCHEMA,
+    WINDOWS,
+    Window,
+    local_session,
+    lowtide_windows,
+    spark_windows,
+    window_sql,
+    write_packet_files,
+)
+
+pytest.importorskip("pyspark")
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]
+
+ROWS = 20_000  # per file
+DELAY = "watermark:5 seconds"  # files overlap by 3 s: nothing is late
+WAIT = 300.0
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = local_session("lowtide-tests")
+    yield session
+    session.stop()
+
+
+def setup(client: Client, fresh: Callable[[str], str]) -> tuple[str, dict[str, str]]:
+    """A packet stream and, per window of WINDOWS, a query on it: (stream, {window: query})."""
+    stream = fresh("Packets")
+    client.create_stream(stream, SCHEMA, progressing="ts")
+    queries = {w: client.register_query(window_sql(stream, *WINDOWS[w]), name=fresh(w)) for w in WINDOWS}
+    return stream, queries
+
+
+def stream_files(
+    spark: Any, folder: Path, checkpoint: Path, sink: Callable[..., None], per_batch: int
+) -> None:
+    """A Structured Streaming query over ``folder`` into ``sink`` until every file is read."""
+    query = (
+        spark.readStream.schema(SPARK_SCHEMA)
+        .option("maxFilesPerTrigger", per_batch)
+        .parquet(str(folder))
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(WAIT) is not False, "the Spark query did not finish in time"
+
+
+def windows_of(client: Client, query: str) -> Counter[Window]:
+    """Every result row the query emitted (from the oldest retained), up to its end of stream."""
+    tables: list[pa.Table] = []
+    for item in client.subscribe(query, from_oldest=True):
+        if isinstance(item, Punctuation):
+            if item.value >= END_OF_STREAM:
+                break
+        else:
+            tables.append(item)
+    return lowtide_windows(tables)
+
+
+def assert_exact(client: Client, spark: Any, folder: Path, queries: dict[str, str]) -> None:
+    for window, query in queries.items():
+        expected = spark_windows(spark, folder, *WINDOWS[window])
+        found = windows_of(client, query)
+        assert max(found.values()) == 1, f"{window}: a window was emitted twice"
+        assert found == expected, f"{window}: lowtide's windows differ from Spark's"
+
+
+def stream_info(client: Client, stream: str) -> dict[str, Any]:
+    return next(s for s in client.list_streams() if s["name"] == stream)
+
+
+def test_driver_and_parallel_mode_equal_sparks_own_windows(
+    spark: Any, target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "packets"
+    total = write_packet_files(folder, files=8, rows=ROWS, seed=3)
+    with Client(target, timeout=30) as client:
+        for parallel in (False, True):
+            stream, queries = setup(client, fresh)
+            sink = LowtideSink(target, stream, punctuation=DELAY, parallel=parallel)
+            # Two files a micro-batch: two partitions, so parallel mode feeds two sources.
+            stream_files(spark, folder, tmp_path / f"checkpoint-{parallel}", sink, per_batch=2)
+            sink.close()
+            assert (sink.rows, sink.batches, sink.duplicates) == (total, 4, 0)
+            info = stream_info(client, stream)
+            assert (info["tuples_ingested"], info["late_tuples"]) == (total, 0)
+            assert info["sources"] == (["spark/p0", "spark/p1"] if parallel else ["spark"])
+            assert_exact(client, spark, folder, queries)
+
+
+def test_replayed_batch_ids_apply_once(
+    spark: Any, target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "packets"
+    total = write_packet_files(folder, files=3, rows=ROWS, seed=4)
+    batches = [spark.read.schema(SPARK_SCHEMA).parquet(str(p)) for p in sorted(folder.glob("*.parquet"))]
+    with Client(target, timeout=30) as client:
+        stream, queries = setup(client, fresh)
+        first = LowtideSink(target, stream, punctuation=DELAY)
+        for batch_id in (0, 1, 0):
+            first(batches[batch_id], batch_id)
+        # A restarted driver: a new sink, which replays the batch Spark had not committed.
+        second = LowtideSink(target, stream, punctuation=DELAY)
+        for batch_id in (2, 1):
+            second(batches[batch_id], batch_id)
+        second.close()
+        assert (first.duplicates, second.duplicates) == (1, 1)
+        assert stream_info(client, stream)["tuples_ingested"] == total
+        assert_exact(client, spark, folder, queries)
+
+
+def test_a_server_that_stops_fails_the_batch_and_the_retry_is_exact(
+    spark: Any, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    folder, checkpoint = tmp_path / "packets", tmp_path / "checkpoint"
+    total = write_packet_files(folder, files=6, rows=ROWS, seed=5)
+    server = start_server()
+    stopped: list[int] = []
+    try:
+        with Client(server.target, timeout=30) as client:
+            stream, queries = setup(client, fresh)
+            sink = LowtideSink(server.target, stream, punctuation=DELAY, timeout=3)
+
+            def stop_at_batch_3(batch_df: Any, batch_id: int) -> None:
+                if batch_id == 3 and not stopped:
+                    os.kill(server.process.pid, signal.SIGSTOP)  # the server stops answering
+                    stopped.append(batch_id)
+                sink(batch_df, batch_id)
+
+            with pytest.raises(Exception, match="DeadlineExceeded") as failed:
+                stream_files(spark, folder, checkpoint, stop_at_batch_3, per_batch=1)
+            assert stopped == [3], failed.value
+            os.kill(server.process.pid, signal.SIGCONT)
+            # The job restarts from its checkpoint: Spark replays batch 3, then reads on.
+            restarted = LowtideSink(server.target, stream, punctuation=DELAY, timeout=30)
+            stream_files(spark, folder, checkpoint, restarted, per_batch=1)
+            restarted.close()
+            assert sink.batches + restarted.batches + restarted.duplicates >= 6
+            info = stream_info(client, stream)
+            assert (info["tuples_ingested"], info["late_tuples"]) == (total, 0)
+            assert_exact(client, spark, folder, queries)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        assert stop_server(server) == 0, server.stderr_tail()
+
+
+def test_a_rejected_batch_raises_with_the_reason_and_applies_nothing(
+    spark: Any, target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    with Client(target, timeout=30) as client:
+        stream, _ = setup(client, fresh)
+        good = spark.sql("SELECT '10.0.0.1' AS srcIP, 60 AS len, timestamp_millis(1000) AS ts")
+        out_of_range = good.selectExpr("srcIP", "CAST(3000000000 AS BIGINT) AS len", "ts")
+        sink = LowtideSink(target, stream, punctuation=DELAY)
+        with pytest.raises(SchemaMismatch, match="int32, got values out of its range"):
+            sink(out_of_range, 0)  # the server's reason
+        with pytest.raises(SchemaMismatch, match=r"has column\(s\) 'extra'"):
+            sink(good.selectExpr("*", "1 AS extra"), 0)  # the sink's own check, before sending
+        assert stream_info(client, stream)["tuples_ingested"] == 0
+        sink(good, 0)  # Spark's retry of batch 0, mended
+        assert stream_info(client, stream)["tuples_ingested"] == 1
+        sink.close()
+    with pytest.raises(NotFound, match="unknown stream 'nowhere'"):
+        LowtideSink(target, "nowhere")(good, 0)
