@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
-SOURCES := lowtide operators punctuation clients server tests bench setup.py
+SOURCES := lowtide operators punctuation clients server tests bench deploy setup.py
 
 .PHONY: setup test lint unit demo bench clean
 

@@ -3,8 +3,9 @@
 Spark hands timestamps over as ``timestamp[us, tz=UTC]`` and integers as ``int64``. A stream's
 progressing attribute is an integer in its own unit, so both map onto that unit: a Spark timestamp
 becomes ``timestamp[<unit>]`` (floored to the unit) or, for an integer column, milliseconds since
-the epoch; a Spark long is taken as already counted in the column's unit. Everything else is left
-for the server's door to check.
+the epoch; a Spark long is taken as already counted in the column's unit. Strings travel
+dictionary-encoded, which takes their hashing off the server's door. Everything else is left for
+the server's door to check.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def conform(table: pa.Table, layout: Layout, watermark_column: str | None = None
 
 
 def _typed(name: str, values: pa.ChunkedArray, kind: ColumnType) -> pa.ChunkedArray | pa.Array:
+    if kind.is_string and (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        # The server turns strings into codes; a dictionary leaves it one lookup per distinct value.
+        return pc.dictionary_encode(values)
     if not pa.types.is_timestamp(values.type):
         return values
     if not kind.is_integer:

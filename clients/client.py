@@ -178,8 +178,7 @@ class Producer:
             if self._call_done:
                 raise self._state.fail(ServerError("the server ended the Ingest call", "ABORTED"))
             self._outbox.append(message)
-        if messages:
-            self._cond.notify_all()
+            self._cond.notify_all()  # the sender may be waiting for this very message
 
     def _requests(self) -> Iterator[Any]:
         """The call's request stream, run by gRPC's thread: the outbox, and lingering rows when due."""

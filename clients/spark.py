@@ -109,7 +109,7 @@ class LowtideSink:
         *,
         parallel: bool = False,
         timeout: float = 60.0,
-        max_part_rows: int = 1_000_000,
+        max_part_rows: int = 250_000,
     ) -> None:
         if not stream:
             raise InvalidArgument("the Spark sink needs a stream name")
@@ -142,6 +142,8 @@ class LowtideSink:
             return
         conformed = conform(_to_arrow(batch_df), layout, self.mode.column)
         value = self._punctuation_after(conformed.max_event, conformed.watermark)
+        if not conformed.table.num_rows and value <= self._punctuated[self.source]:
+            return  # an empty batch that moves nothing
         with self._connect().producer(
             self.stream, self.source, linger_ms=0, max_batch_rows=self.max_part_rows, timeout=self.timeout
         ) as producer:
@@ -251,16 +253,13 @@ class PartitionSender:
         if received:
             conformed = conform(pa.Table.from_batches(received), self.layout, self.watermark_column)
         if conformed is not None and conformed.table.num_rows:
-            with (
-                Client(self.target, timeout=self.timeout) as client,
-                client.producer(
-                    self.stream,
-                    f"{self.source}/p{partition}",
-                    linger_ms=0,
-                    max_batch_rows=self.max_part_rows,
-                    timeout=self.timeout,
-                ) as producer,
-            ):
+            with _executor_client(self.target, self.timeout).producer(
+                self.stream,
+                f"{self.source}/p{partition}",
+                linger_ms=0,
+                max_batch_rows=self.max_part_rows,
+                timeout=self.timeout,
+            ) as producer:
                 producer.send(conformed.table, batch_id=self.batch_id)
             result = producer.result
         report = {
@@ -271,6 +270,17 @@ class PartitionSender:
             "watermark": [conformed.watermark if conformed else NO_PROGRESS],
         }
         yield pa.RecordBatch.from_pydict(report, schema=REPORT)
+
+
+# Spark reuses its Python workers across tasks: each keeps one channel per server for its lifetime.
+_executor_clients: dict[tuple[str, float], Client] = {}
+
+
+def _executor_client(target: str, timeout: float) -> Client:
+    key = (target, timeout)
+    if key not in _executor_clients:
+        _executor_clients[key] = Client(target, timeout=timeout)
+    return _executor_clients[key]
 
 
 def _partition_of(source: str, name: str) -> int | None:

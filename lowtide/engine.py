@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
@@ -260,35 +259,40 @@ class Engine:
     # -- data ---------------------------------------------------------------------------------
     def push(self, stream: str, data: Any, source: str = DEFAULT_SOURCE) -> None:
         """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
-        self.push_parts(stream, [data], source)
+        self.push_admitted(stream, [self.admit(stream, data)], source)
 
-    def push_parts(self, stream: str, parts: Sequence[Any], source: str = DEFAULT_SOURCE) -> None:
-        """Send one batch cut into parts, each within the row limit: all parts are checked
-        before any is applied, and they count as one batch (late against the same progress)."""
+    def admit(self, stream: str, data: Any) -> Batch:
+        """Check a batch, or one part of a batch, against ``stream``: engine columns, strings coded.
+
+        Nothing is applied (only the string dictionary grows): ``push_admitted`` applies it. The
+        server admits the parts of a large batch as they arrive and applies them together.
+        """
         target = self._stream(stream)
-        self.tick()
         if target.derived:
             raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
-        known = target.sources.get(source)
-        if known is not None and known.closed:
-            raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
-        admitted = [self._admit(target, data) for data in parts]
-        target.ingest_parts(admitted, source)
-
-    def _admit(self, target: Stream, data: Any) -> tuple[Batch, npt.NDArray[np.bool_]]:
-        batch, late = target.admit(data, self.pool)
+        batch = target.admit(data, self.pool)
         if batch.n > self.limits.max_batch_rows:
             raise ResourceExhausted(
                 f"batch of {batch.n} rows is over the limit of {self.limits.max_batch_rows}"
             )
-        if late.any():
-            for op in target.subscribers:
-                if op.policy is LatePolicy.ERROR:
-                    raise LateTuple(
-                        f"{int(late.sum())} tuple(s) of stream {target.name!r} are below its "
-                        f"punctuation {target.progress} and a query reading it has late='error'"
-                    )
-        return batch, late
+        return batch
+
+    def push_admitted(self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE) -> None:
+        """Apply the admitted parts of one batch from ``source``, all or none: they are late
+        against the same progress, and the stream advances once, after all of them."""
+        target = self._stream(stream)
+        self.tick()
+        known = target.sources.get(source)
+        if known is not None and known.closed:
+            raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
+        late = [target.late_mask(batch) for batch in parts]
+        n_late = sum(int(mask.sum()) for mask in late)
+        if n_late and any(op.policy is LatePolicy.ERROR for op in target.subscribers):
+            raise LateTuple(
+                f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "
+                "and a query reading it has late='error'"
+            )
+        target.ingest_parts(list(zip(parts, late, strict=True)), source)
 
     def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
         """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""

@@ -77,11 +77,13 @@ class Stream:
         }
 
     # -- checks (no state change) -----------------------------------------------------------
-    def admit(self, data: Any, pool: StringPool) -> tuple[Batch, npt.NDArray[np.bool_]]:
-        """The batch as engine columns and its late mask; raises on a schema mismatch."""
-        batch = admit(data, self.schema, pool)
-        late = batch.columns[self.attribute] < self.progress
-        return batch, late
+    def admit(self, data: Any, pool: StringPool) -> Batch:
+        """The batch as engine columns; raises on a schema mismatch."""
+        return admit(data, self.schema, pool)
+
+    def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
+        """Which tuples are below the published progress."""
+        return batch.columns[self.attribute] < self.progress
 
     def check_punctuation(self, source: str, value: int) -> None:
         known = self.sources.get(source)

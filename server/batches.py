@@ -9,10 +9,10 @@ a call that ends early leaves nothing of that batch behind.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 
-import pyarrow as pa
-
+from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument
 
 
@@ -54,7 +54,8 @@ class AppliedBatches:
 
 
 class PartialBatch:
-    """The parts of one multi-part batch received so far on one Ingest call."""
+    """The parts of one multi-part batch received so far on one Ingest call, admitted (checked
+    and coded) as they arrive and applied together once the last is in."""
 
     def __init__(self, batch_id: int, parts: int, duplicate: bool) -> None:
         if parts > 1 and not batch_id:
@@ -63,15 +64,19 @@ class PartialBatch:
         self.parts = parts
         self.duplicate = duplicate  # applied before: its parts are counted, never decoded
         self.received = 0
-        self.tables: list[pa.Table] = []
+        self.admitted: list[Batch] = []
+        self.began = time.perf_counter()  # the first part's arrival
 
-    def take(self, batch_id: int, parts: int, table: pa.Table | None) -> bool:
-        """Add the next part; True once the batch is whole."""
+    def check(self, batch_id: int, parts: int) -> None:
+        """The next message must be the next part of this batch."""
         if batch_id != self.batch_id or parts != self.parts:
             raise InvalidArgument(self.cut_short())
+
+    def take(self, admitted: Batch | None) -> bool:
+        """Add the next part (None for a duplicate's); True once the batch is whole."""
         self.received += 1
-        if table is not None:
-            self.tables.append(table)
+        if admitted is not None:
+            self.admitted.append(admitted)
         return self.received == self.parts
 
     def cut_short(self) -> str:

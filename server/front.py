@@ -321,23 +321,26 @@ class Service(pb_grpc.LowtideServicer):
                 engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
             item = request.WhichOneof("item")
             if item == "arrow":
+                batch_id, parts = request.batch_id, max(1, request.batch_parts)
                 if partial is None:
-                    batch_id = request.batch_id
                     duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
-                    partial = PartialBatch(batch_id, max(1, request.batch_parts), duplicate)
-                table = None if partial.duplicate else _read_arrow(request.arrow)
-                if not partial.take(request.batch_id, max(1, request.batch_parts), table):
+                    partial = PartialBatch(batch_id, parts, duplicate)
+                partial.check(batch_id, parts)
+                # Each part is checked and coded on arrival, while the client sends the next.
+                admitted = None if partial.duplicate else engine.admit(stream, _read_arrow(request.arrow))
+                if not partial.take(admitted):
                     continue
                 whole, partial = partial, None
-                if whole.duplicate:
+                applied = front.applied_batches(stream, source)
+                # Checked again at the end: another call may have applied the same id meanwhile.
+                if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
                     duplicates += 1
                     continue
-                began = time.perf_counter()
-                engine.push_parts(stream, whole.tables, source)
-                rows = sum(t.num_rows for t in whole.tables)
-                front.metrics.ingest_batch(stream, rows, time.perf_counter() - began)
+                engine.push_admitted(stream, whole.admitted, source)
+                rows = sum(batch.n for batch in whole.admitted)
+                front.metrics.ingest_batch(stream, rows, time.perf_counter() - whole.began)
                 if whole.batch_id:
-                    front.applied_batches(stream, source).add(whole.batch_id)
+                    applied.add(whole.batch_id)
                 tuples += rows
                 batches += 1
                 await front.workers.wait_for_room()

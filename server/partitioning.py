@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 import numpy.typing as npt
 
@@ -84,10 +85,31 @@ def partitioning_of(plan: Plan) -> Partitioning:
     return Partitioning(False, tuple(() for _ in plan.inputs))
 
 
-def split(batch: Batch, key: tuple[str, ...], workers: int) -> list[npt.NDArray[np.intp]]:
+def split(batch: Batch, key: tuple[str, ...], workers: int) -> list[npt.NDArray[np.int64]]:
     """Row indices of ``batch`` for each worker: by a hash of ``key``, or by position."""
     if not key:
         owner = np.arange(batch.n, dtype=np.uint64) % np.uint64(workers)
     else:
         owner = hash_rows(key_matrix(batch, key)) % np.uint64(workers)
-    return [np.flatnonzero(owner == w) for w in range(workers)]
+    order, bounds = _by_owner(owner, workers)
+    return [order[bounds[w] : bounds[w + 1]] for w in range(workers)]
+
+
+@nb.njit(cache=True, nogil=True)
+def _by_owner(
+    owner: npt.NDArray[np.uint64], workers: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """A counting sort of row numbers by owner: rows of worker w are ``order[bounds[w]:bounds[w+1]]``,
+    in row order. One pass to count, one to place: O(n + workers)."""
+    bounds = np.zeros(workers + 1, np.int64)
+    for i in range(owner.shape[0]):
+        bounds[np.int64(owner[i]) + 1] += 1
+    for w in range(workers):
+        bounds[w + 1] += bounds[w]
+    fill = bounds[:-1].copy()
+    order = np.empty(owner.shape[0], np.int64)
+    for i in range(owner.shape[0]):
+        at = np.int64(owner[i])
+        order[fill[at]] = i
+        fill[at] += 1
+    return order, bounds

@@ -261,6 +261,21 @@ def test_batch_ids_apply_once(target: str, fresh: Callable[[str], str]) -> None:
         assert stream_info(client, stream)["tuples_ingested"] == 4
 
 
+def test_one_send_that_becomes_many_messages(target: str, fresh: Callable[[str], str]) -> None:
+    """More messages from one send than the producer queues: they stream out, none waits forever."""
+    stream = fresh("S")
+    rows = {"k": ["a"] * 1000, "len": list(range(1000)), "ts": list(range(1000))}
+    with Client(target, timeout=10) as client:
+        client.create_stream(stream, SCHEMA)
+        with client.producer(stream, max_batch_rows=10, timeout=WAIT) as producer:
+            producer.send(rows)  # 100 batches
+            producer.send(rows, batch_id=1)  # one batch in 100 parts
+            producer.send(rows, batch_id=1)  # its replay
+            result = producer.close()
+        assert (result.tuples, result.batches, result.duplicates) == (2000, 101, 1)
+        assert stream_info(client, stream)["tuples_ingested"] == 2000
+
+
 def test_rejected_batch_surfaces_on_the_next_call(target: str, fresh: Callable[[str], str]) -> None:
     stream = fresh("S")
     with Client(target, timeout=10) as client:

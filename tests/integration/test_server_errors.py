@@ -9,7 +9,9 @@ query); the stream and query count limits get a server of their own.
 from __future__ import annotations
 
 import itertools
+import queue
 import random
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -179,6 +181,31 @@ def test_a_batch_in_parts_is_applied_whole_or_not_at_all(scene: Scene) -> None:
     for data in (good, more):
         scene.mirror.apply(scene.stream, "p", data)
     scene.sent += 1_200
+    assert scene.ingested() == scene.sent
+    scene.finish()
+
+
+def test_one_batch_id_on_two_calls_at_once_applies_once(scene: Scene) -> None:
+    """A retried task racing its first attempt (Spark's speculation): both send batch 21."""
+    good, more = scene.rows(300), scene.rows(300)
+    feed: queue.Queue[pb.IngestRequest | None] = queue.Queue()
+
+    def first_attempt() -> Iterator[pb.IngestRequest]:
+        yield pb.IngestRequest(stream=scene.stream, source="p")
+        while (item := feed.get()) is not None:
+            yield item
+
+    slow = scene.stub.Ingest.future(first_attempt(), timeout=60)
+    feed.put(part(good, 21, 2))
+    time.sleep(0.5)  # the first attempt's first part is in; the retry overtakes it
+    retry = ingest(scene.stub, scene.stream, "p", [part(good, 21, 2), part(more, 21, 2)])
+    feed.put(part(more, 21, 2))
+    feed.put(None)
+    first = slow.result()
+    assert sorted([(retry.batches, retry.duplicates), (first.batches, first.duplicates)]) == [(0, 1), (1, 0)]
+    for data in (good, more):
+        scene.mirror.apply(scene.stream, "p", data)
+    scene.sent += 600
     assert scene.ingested() == scene.sent
     scene.finish()
 

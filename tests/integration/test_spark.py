@@ -9,6 +9,7 @@ after it is back Spark's retry from its checkpoint still gives exact results.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from collections import Counter
@@ -191,3 +192,30 @@ def test_a_rejected_batch_raises_with_the_reason_and_applies_nothing(
         sink.close()
     with pytest.raises(NotFound, match="unknown stream 'nowhere'"):
         LowtideSink(target, "nowhere")(good, 0)
+
+
+def test_the_deploy_example_job_forwards_exactly(
+    spark: Any, target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    path = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "forward_packets.py"
+    spec = importlib.util.spec_from_file_location("forward_packets", path)
+    assert spec is not None and spec.loader is not None
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    folder, stream = tmp_path / "packets", fresh("Packets")
+    total = write_packet_files(folder, files=4, rows=ROWS, seed=6)
+    argv = [
+        "--server",
+        target,
+        "--stream",
+        stream,
+        "--input",
+        str(folder),
+        "--checkpoint",
+        str(tmp_path / "ck"),
+    ]
+    assert job.main([*argv, "--watermark", "5 seconds", "--once"]) == 0
+    with Client(target, timeout=30) as client:
+        assert stream_info(client, stream)["tuples_ingested"] == total
+        found = windows_of(client, f"{stream}_by_src")
+        assert found == spark_windows(spark, folder, 60, 10)

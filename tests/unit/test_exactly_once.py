@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument
 from lowtide.server.batches import AppliedBatches, PartialBatch
 
@@ -31,19 +32,22 @@ def test_ids_that_count_up_stay_one_run() -> None:
 
 
 def test_a_batch_in_parts_is_whole_only_after_its_last_part() -> None:
-    part = pa.table({"ts": [1]})
+    part = Batch({"ts": np.array([1])}, 1)
     partial = PartialBatch(7, 3, duplicate=False)
-    assert not partial.take(7, 3, part)
-    assert not partial.take(7, 3, part)
-    assert partial.take(7, 3, part)
-    assert len(partial.tables) == 3
+    for last in (False, False, True):
+        partial.check(7, 3)
+        assert partial.take(part) is last
+    assert len(partial.admitted) == 3
 
 
 def test_parts_of_another_batch_cut_the_first_short() -> None:
     partial = PartialBatch(7, 3, duplicate=False)
-    partial.take(7, 3, pa.table({"ts": [1]}))
+    partial.check(7, 3)
+    partial.take(Batch({"ts": np.array([1])}, 1))
     with pytest.raises(InvalidArgument, match=r"batch 7 ended after 1 of its 3 parts; nothing of it"):
-        partial.take(8, 3, pa.table({"ts": [1]}))
+        partial.check(8, 3)
+    with pytest.raises(InvalidArgument, match=r"batch 7 ended after 1 of its 3 parts"):
+        partial.check(7, 2)
 
 
 def test_parts_need_an_id() -> None:

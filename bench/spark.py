@@ -1,0 +1,237 @@
+"""Spark -> lowtide against Spark's own windowed aggregation, on the same data and query, one run.
+
+Every mode is a Structured Streaming query on ``local[2]`` over one of two sources:
+
+* ``--source files``: the demo's disordered packet files (``lowtide.spark_demo``: srcIP string
+  over 1,000 addresses, len int32, ts timestamp; rows shuffled within a file, files overlapping
+  3 s), ``--per-batch`` files a micro-batch, ``trigger(availableNow=True)``;
+* ``--source rate``: Spark's ``rate-micro-batch`` source, ``--rows`` rows a micro-batch in 2
+  partitions, 10 s of event time each, as srcIP = value % 1000 (long), len, and ts delayed by a
+  pseudo-random 0-2 s per row (disordered).
+
+Modes:
+
+* ``source``: the rows into Spark's ``noop`` sink - what producing them alone costs (context);
+* ``handoff``: ``foreachBatch`` that only calls ``toArrow()`` - the most any Python
+  ``foreachBatch`` sink can forward on this machine (context: driver mode's ceiling);
+* ``spark``: Spark's own ``withWatermark("ts", "5 seconds").groupBy(window(ts, "10 seconds",
+  "5 seconds"), srcIP).agg(count, sum(len))``, append mode, into ``noop``;
+* ``driver`` / ``parallel``: ``foreachBatch(LowtideSink(...))`` into a ``lowtide serve`` with
+  ``--workers`` workers running the same sliding query (punctuation ``watermark:5 seconds``),
+  then ``close()``; the clock stops when the subscriber has the result punctuation that covers
+  the last window (lowtide's figure includes every result; Spark's need not).
+
+Figures: rows/s (all rows / that time), median of ``--runs`` runs, modes interleaved per run, and
+each lowtide mode's ratio to Spark's own aggregation measured in the same process.
+
+    python bench/spark.py [--source files|rate] [--files 8] [--rows 1000000] [--per-batch 1]
+                          [--batches 8] [--runs 3] [--workers 2]
+                          [--modes source,handoff,spark,driver,parallel]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from lowtide.clients import Client
+from lowtide.clients.spark import LowtideSink
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
+from lowtide.server_demo import local_server
+from lowtide.spark_demo import SCHEMA, SPARK_SCHEMA, START_MS, local_session, window_sql, write_packet_files
+
+RANGE_S, SLIDE_S = 10, 5
+MODES = ("source", "handoff", "spark", "driver", "parallel")
+RATE_SCHEMA = {"srcIP": "int64", "len": "int32", "ts": "timestamp[ms]"}
+ADVANCE_MS = 10_000  # event time per rate micro-batch
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the rows come from: the packet files, or Spark's ``rate-micro-batch`` source."""
+
+    kind: str  # files | rate
+    folder: Path
+    per_batch: int  # files: files per micro-batch
+    rows: int  # rate: rows per micro-batch
+    batches: int  # rate: micro-batches to run
+
+    @property
+    def total(self) -> int:
+        if self.kind == "files":
+            return sum(pq.ParquetFile(p).metadata.num_rows for p in self.folder.glob("*.parquet"))
+        return self.rows * self.batches
+
+    @property
+    def micro_batches(self) -> int:
+        if self.kind == "files":
+            return -(-len(list(self.folder.glob("*.parquet"))) // self.per_batch)
+        return self.batches
+
+    @property
+    def schema(self) -> dict[str, str]:
+        return SCHEMA if self.kind == "files" else RATE_SCHEMA
+
+    def read(self, spark: Any) -> Any:
+        if self.kind == "files":
+            reader = spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", self.per_batch)
+            return reader.parquet(str(self.folder))
+        rate = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", self.rows)
+            .option("numPartitions", 2)
+            .option("advanceMillisPerBatch", ADVANCE_MS)
+            .option("startTimestamp", START_MS)
+            .load()
+        )
+        return rate.selectExpr(
+            "value % 1000 AS srcIP",
+            "CAST(value % 1460 + 40 AS INT) AS len",
+            "timestamp_millis(unix_millis(timestamp) - (value * 7919) % 2000) AS ts",
+        )
+
+    def run(self, frame: Any, checkpoint: Path, sink: Any = None) -> float:
+        """Run the query until ``micro_batches`` are done; returns the seconds it took."""
+        writer = frame.writeStream.option("checkpointLocation", str(checkpoint))
+        writer = writer.foreachBatch(sink) if sink is not None else writer.format("noop").outputMode("append")
+        began = time.perf_counter()
+        if self.kind == "files":
+            writer.trigger(availableNow=True).start().awaitTermination()
+            return time.perf_counter() - began
+        query = writer.trigger(processingTime="0 seconds").start()
+        while (query.lastProgress or {}).get("batchId", -1) < self.batches - 1:
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - began
+        query.stop()
+        return elapsed
+
+
+class Bounded:
+    """A sink that forwards the first ``batches`` micro-batches and ignores the rest (rate runs on)."""
+
+    def __init__(self, sink: LowtideSink, batches: int) -> None:
+        self.sink, self.batches = sink, batches
+        self.done = threading.Event()
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        if batch_id < self.batches:
+            self.sink(batch_df, batch_id)
+            if batch_id == self.batches - 1:
+                self.done.set()
+
+
+def run_spark(spark: Any, source: Source, scratch: Path, aggregate: bool) -> float:
+    from pyspark.sql import functions as F
+
+    frame = source.read(spark)
+    if aggregate:
+        frame = (
+            frame.withWatermark("ts", "5 seconds")
+            .groupBy(F.window("ts", f"{RANGE_S} seconds", f"{SLIDE_S} seconds"), "srcIP")
+            .agg(F.count("*").alias("packets"), F.sum("len").alias("bytes"))
+        )
+    return source.run(frame, scratch / f"ck-{time.monotonic_ns()}")
+
+
+def run_handoff(spark: Any, source: Source, scratch: Path) -> float:
+    def to_arrow(batch_df: Any, batch_id: int) -> None:
+        batch_df.toArrow()
+
+    return source.run(source.read(spark), scratch / f"ck-{time.monotonic_ns()}", to_arrow)
+
+
+def run_lowtide(spark: Any, target: str, source: Source, scratch: Path, parallel: bool) -> float:
+    stream = f"Packets{time.monotonic_ns()}"
+    with Client(target, timeout=30) as client:
+        client.create_stream(stream, source.schema, progressing="ts")
+        query = client.register_query(window_sql(stream, RANGE_S, SLIDE_S), name=f"{stream}_q")
+        results = client.subscribe(query)
+        sink = LowtideSink(target, stream, punctuation="watermark:5 seconds", parallel=parallel)
+        bounded = Bounded(sink, source.micro_batches)
+        began = time.perf_counter()
+        source.run(source.read(spark), scratch / f"ck-{stream}", bounded)
+        bounded.done.wait()
+        sink.close()
+        for item in results:
+            if isinstance(item, Punctuation) and item.value >= END_OF_STREAM:
+                break
+        elapsed = time.perf_counter() - began
+        results.cancel()
+        client.drop_query(query)
+        client.drop_stream(stream)
+    if sink.rows != source.total:
+        raise RuntimeError(
+            f"{'parallel' if parallel else 'driver'} mode forwarded {sink.rows} of {source.total}"
+        )
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", choices=("files", "rate"), default="files")
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file or per rate micro-batch")
+    parser.add_argument("--per-batch", type=int, default=1, help="files per micro-batch")
+    parser.add_argument("--batches", type=int, default=8, help="rate micro-batches")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    seconds: dict[str, list[float]] = {m: [] for m in modes}
+    with (
+        tempfile.TemporaryDirectory(prefix="lowtide-bench-spark-") as tmp,
+        local_server(args.workers) as (target, _),
+    ):
+        scratch = Path(tmp)
+        if args.source == "files":
+            write_packet_files(scratch / "packets", args.files, args.rows)
+            write_packet_files(scratch / "warm", 2, 100_000, seed=9)
+        source = Source(args.source, scratch / "packets", args.per_batch, args.rows, args.batches)
+        warm = Source(args.source, scratch / "warm", 1, 100_000, 2)
+        spark = local_session("lowtide-bench", cores=2)
+
+        def once(mode: str, of: Source) -> float:
+            if mode in ("source", "spark"):
+                return run_spark(spark, of, scratch, aggregate=mode == "spark")
+            if mode == "handoff":
+                return run_handoff(spark, of, scratch)
+            return run_lowtide(spark, target, of, scratch, parallel=mode == "parallel")
+
+        for mode in modes:  # JIT, numba and Spark's first-query costs, off the clock
+            once(mode, warm)
+        total, micro_batches = source.total, source.micro_batches
+        for run in range(args.runs):
+            for mode in modes:
+                seconds[mode].append(once(mode, source))
+                print(
+                    f"run {run + 1} {mode:>8}: {total / seconds[mode][-1] / 1e6:6.2f}M rows/s",
+                    file=sys.stderr,
+                )
+        spark.stop()
+    rates = {m: total / statistics.median(s) for m, s in seconds.items()}
+    print(
+        f"\n{args.source}: {total:,} rows in {micro_batches} micro-batches of "
+        f"{total // micro_batches:,} rows; sliding {RANGE_S} s / {SLIDE_S} s by srcIP; "
+        f"median of {args.runs}\n"
+    )
+    print("| mode | rows/s (median) | vs Spark's own aggregation |")
+    print("|---|---|---|")
+    spark_rate = rates.get("spark")
+    for mode, rate in rates.items():
+        ratio = f"{rate / spark_rate:.2f}x" if spark_rate else "-"
+        print(f"| {mode} | {rate / 1e6:.2f}M | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
