@@ -272,6 +272,54 @@ class CellState:
         for log in self.logs.values():
             log.rows[: log.n][log.rows[: log.n] == src] = dst
 
+    def invertible(self) -> tuple[str, ...]:
+        """The accumulators a subtraction undoes exactly: counts and integer sums."""
+        return tuple(
+            name
+            for name, array in self.arrays.items()
+            if name.partition(":")[0] in ("n", "count", "sum") and array.dtype.kind == "i"
+        )
+
+    def shift_row(self, dst: int, add: I64, remove: I64, width: int, names: tuple[str, ...]) -> None:
+        """Row ``dst`` plus rows ``add`` minus rows ``remove``, for the invertible ``names``."""
+        for name in names:
+            array = self.arrays[name]
+            if add.shape[0]:
+                array[dst, :width] += array[add, :width].sum(axis=0)
+            if remove.shape[0]:
+                array[dst, :width] -= array[remove, :width].sum(axis=0)
+
+    def copy_row(self, dst: int, src: int, width: int, names: tuple[str, ...]) -> None:
+        for name in names:
+            self.arrays[name][dst, :width] = self.arrays[name][src, :width]
+
+    def combine_rows(self, dst: int, sources: I64, width: int, skip: tuple[str, ...] = ()) -> None:
+        """Set row ``dst`` (groups ``< width``) to the combination of rows ``sources``, all at
+        once: sums, minima, maxima, and Chan's combination of (count, mean, m2); accumulators
+        in ``skip`` are left alone. Holistic aggregates have no partials to combine: their
+        callers keep them out."""
+        a = self.arrays
+        for name, array in a.items():
+            if name in skip:
+                continue
+            kind, _, col = name.partition(":")
+            block = array[sources, :width]
+            if kind in ("n", "count", "sum"):
+                array[dst, :width] = block.sum(axis=0)
+            elif kind == "min":
+                array[dst, :width] = block.min(axis=0, initial=self._identity[name])
+            elif kind == "max":
+                array[dst, :width] = block.max(axis=0, initial=self._identity[name])
+            elif kind == "mcount":
+                counts = block.astype(np.float64)
+                means, m2s = a[f"mean:{col}"][sources, :width], a[f"m2:{col}"][sources, :width]
+                total = counts.sum(axis=0)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    mean = np.where(total > 0, (counts * means).sum(axis=0) / total, 0.0)
+                a[f"m2:{col}"][dst, :width] = m2s.sum(axis=0) + (counts * (means - mean) ** 2).sum(axis=0)
+                a[f"mean:{col}"][dst, :width] = mean
+                array[dst, :width] = block.sum(axis=0)
+
     def finalize(self, rows: I64, gids: I64, pool_decode: Any) -> dict[str, Any]:
         """Final value of every call for the cells ``(rows[j], gids[j])``.
 

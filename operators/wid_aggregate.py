@@ -79,6 +79,7 @@ class WIDAggregate(Operator):
     ) -> None:
         super().__init__()
         self.window = window
+        self.window_out: Window = window  # the windows reported (Paned-WID's rows are panes)
         self.group_columns = group_columns
         self.group_types = group_types
         self.calls = calls
@@ -231,13 +232,12 @@ class WIDAggregate(Operator):
         if rev is not None:
             revision = rev[rows, gids] + 1
         columns: dict[str, Any] = {}
-        if isinstance(self.window, Landmark):
-            columns["window_start"] = np.full(
-                wids.shape[0], self._landmark_start * self.window.slide, np.int64
-            )
-            columns["window_end"] = (wids + 1) * self.window.slide
+        reported = self.window_out
+        if isinstance(reported, Landmark):
+            columns["window_start"] = np.full(wids.shape[0], self._landmark_start * reported.slide, np.int64)
+            columns["window_end"] = (wids + 1) * reported.slide
         else:
-            columns["window_start"], columns["window_end"] = self.window.bounds(wids)
+            columns["window_start"], columns["window_end"] = reported.bounds(wids)
         keys = self.groups.keys[gids]
         for j, name in enumerate(self.group_columns):
             columns[name] = (

@@ -164,6 +164,8 @@ AGGREGATES = [
     Agg("count_distinct", "b", ""),
     Agg("heavy_hitters", "b", "", 0.4),
 ]
+HOLISTIC = {"median", "quantile", "count_distinct", "heavy_hitters"}
+COMBINABLE = [a for a in AGGREGATES if a.func not in HOLISTIC]  # partials that merge
 HAVINGS = [
     (Agg("count*", None, "_h"), ">", 1),
     (Agg("sum", "v", "_h"), ">=", 10),
@@ -211,6 +213,13 @@ row_windows = st.builds(
     st.integers(1, 6),
     st.integers(1, 6),
     st.sampled_from([(), (), ("k1",), ("k2",), ("k1", "k2")]),
+)
+# Windows overlapping 4 to 20 times (Paned-WID's ground), RANGE not always a multiple of SLIDE.
+overlapping_windows = st.builds(
+    lambda s, k, extra: Window("sliding", s, s * k + extra),
+    st.integers(1, 4),
+    st.integers(4, 20),
+    st.integers(0, 3),
 )
 time_windows = st.one_of(sliding_windows, tumbling_windows)
 any_window = st.one_of(sliding_windows, tumbling_windows, landmark_windows, row_windows)

@@ -20,6 +20,7 @@ from lowtide.operators.dupelim import DupElim
 from lowtide.operators.input import Input
 from lowtide.operators.meld import Meld
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
+from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
 from lowtide.operators.project import Project
 from lowtide.operators.select import Select
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
@@ -401,18 +402,25 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         ctx.add(agg, stage.op)
     else:
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
-        bucket = ctx.add(Bucket(window, lateness), stage.op)
-        agg = WIDAggregate(
-            window,
-            tuple(group_physicals),
-            group_types,
-            tuple(calls),
-            internal,
-            having,
-            allowed_lateness=lateness is not None,
-            late_sink=lambda b: ctx.on_drop(b, late_fields),
-            decode=decode,
-        )
+        if _paned(window, calls, lateness):
+            assert isinstance(window, Sliding)
+            bucket = ctx.add(Bucket(pane_of(window)), stage.op)
+            agg = PanedWIDAggregate(
+                window, tuple(group_physicals), group_types, tuple(calls), internal, having, decode
+            )
+        else:
+            bucket = ctx.add(Bucket(window, lateness), stage.op)
+            agg = WIDAggregate(
+                window,
+                tuple(group_physicals),
+                group_types,
+                tuple(calls),
+                internal,
+                having,
+                allowed_lateness=lateness is not None,
+                late_sink=lambda b: ctx.on_drop(b, late_fields),
+                decode=decode,
+            )
         ctx.add(agg, bucket)
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
             for stream, _ in ctx.inputs:
@@ -435,6 +443,21 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         }
         last = ctx.add(Project(outputs, {}), agg)
     return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides)
+
+
+# Plain WID updates RANGE / SLIDE cells per tuple; Paned-WID one, plus combining RANGE / pane
+# panes per group when a window closes. Panes pay off once windows overlap this much.
+PANED_MIN_OVERLAP = 4
+
+
+def _paned(window: Any, calls: list[AggregateCall], lateness: int | None) -> bool:
+    """Whether a sliding window runs as Paned-WID (explain shows the choice)."""
+    return (
+        isinstance(window, Sliding)
+        and window.range >= PANED_MIN_OVERLAP * window.slide
+        and lateness is None  # revisions of late tuples need per-window cells
+        and not any(call.func.holistic for call in calls)
+    )
 
 
 def _internal(name: str, renames: dict[str, str]) -> str:

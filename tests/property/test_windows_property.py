@@ -16,11 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window, assert_rows_equal, canonical, evaluate
 from strategies import (
+    COMBINABLE,
     Punct,
     Push,
     any_window,
     deliveries,
     landmark_windows,
+    overlapping_windows,
     row_windows,
     specs,
     sql_of,
@@ -44,6 +46,18 @@ def test_every_window_equals_reference(
     spec: Spec, sources: Any, tumbling_form: int, declared: bool, data: Any
 ) -> None:
     check_query(spec, sources, data, tumbling_form, declared=declared)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spec=specs(overlapping_windows, aggs=st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=4)),
+    sources=stream_sources(2),
+    data=st.data(),
+)
+def test_paned_wid_equals_reference(spec: Spec, sources: Any, data: Any) -> None:
+    """Heavily overlapping windows run as Paned-WID: each tuple in one pane, windows combined."""
+    assert "Paned-WID Aggregate" in make_engine(sources).explain(sql_of(spec, list(sources)))
+    check_query(spec, sources, data, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
