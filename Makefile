@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py proto/lowtide.proto
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	touch $(STAMP)
 
 # mypy cannot follow setuptools' package-dir mapping through the editable finder,
@@ -39,6 +39,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/windows.py
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache

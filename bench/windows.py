@@ -1,0 +1,158 @@
+"""Experiment (b): overlapping and concurrent windows, plain WID against Paned-WID.
+
+One process, the in-process engine, 1,000 integer keys, 10k tuples per second of event time
+(so 5M tuples span 500 s), 20% of tuples delayed up to 2 s, 100k-row batches each followed by
+punctuation (``bench/engine.py``'s workload at another event rate):
+
+* RANGE / SLIDE from 1 to 1,000: ``SELECT k, count(*), sum(len) [RANGE r seconds, SLIDE 1
+  second, WA ts] FROM S GROUP BY k``;
+* 1 to 50 concurrent queries on one stream, query i with RANGE 10*i seconds, SLIDE 1 second.
+
+Plain WID updates RANGE / SLIDE cells per tuple, so it runs on a prefix of the workload when that
+is large (the row count is in the table); tuples/s is rows / seconds either way. Medians of
+``--runs``. Writes ``bench/results/windows.md`` and ``bench/results/windows.png``.
+
+    python bench/windows.py [--rows 5000000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import engine as workloads
+
+from lowtide import Engine
+from lowtide.query import planner
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RATIOS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+QUERY_COUNTS = (1, 2, 5, 10, 20, 50)
+PLAIN_BUDGET = 20  # plain WID gets rows * PLAIN_BUDGET / (cells updated per tuple)
+
+
+def sql(range_s: int) -> str:
+    window = f"[RANGE {range_s} seconds, SLIDE 1 second, WA ts]"
+    return f"SELECT k, count(*) AS n, sum(len) AS bytes {window} FROM S GROUP BY k"
+
+
+def run(sqls: list[str], load: workloads.Workload, batches: int, paned: bool) -> float:
+    """Seconds to push ``batches`` batches with their punctuation through every query, then close."""
+    planner.PANED_MIN_OVERLAP = 4 if paned else sys.maxsize
+    engine = Engine()
+    engine.create_stream("S", {"k": "int64", "len": "int32", "ts": "int64"}, progressing="ts")
+    names = [engine.register_query(text, name=f"q{i}") for i, text in enumerate(sqls)]
+    began = time.perf_counter()
+    for batch, p in zip(load.batches[:batches], load.punctuation[:batches], strict=True):
+        engine.push("S", batch)
+        engine.punctuate("S", p)
+        for name in names:
+            engine.poll(name)
+    engine.close_source("S")
+    for name in names:
+        engine.poll(name)
+    return time.perf_counter() - began
+
+
+def measure(sqls: list[str], load: workloads.Workload, cells: int, runs: int) -> dict[str, tuple[int, float]]:
+    """(rows, tuples/s) of plain WID and of Paned-WID."""
+    out = {}
+    for mode in ("plain", "paned"):
+        batches = len(load.batches)
+        if mode == "plain":
+            batches = max(2, min(batches, batches * PLAIN_BUDGET // cells))
+        rows = sum(len(b["ts"]) for b in load.batches[:batches])
+        seconds = statistics.median(run(sqls, load, batches, mode == "paned") for _ in range(runs))
+        out[mode] = (rows, rows / seconds)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    workloads.RATE_PER_MS = 10
+    load = workloads.workload(args.rows, 1_000, strings=False)
+    run([sql(10)], load, 2, paned=True)  # numba compiles off the clock
+
+    lines = ["## Overlapping windows: RANGE / SLIDE (SLIDE 1 s, count and sum by 1,000 keys)", ""]
+    lines += [
+        "| RANGE / SLIDE | plain WID tuples/s (rows) | Paned-WID tuples/s | Paned / plain |",
+        "|---|---|---|---|",
+    ]
+    by_ratio = {}
+    for ratio in RATIOS:
+        found = measure([sql(ratio)], load, ratio, args.runs)
+        by_ratio[ratio] = found
+        (plain_rows, plain), (_, paned) = found["plain"], found["paned"]
+        lines.append(
+            f"| {ratio} | {plain / 1e6:.2f} M ({plain_rows:,}) | {paned / 1e6:.2f} M | {paned / plain:.1f}x |"
+        )
+        print(lines[-1], file=sys.stderr)
+    base = by_ratio[1]["paned"][1]
+    lines += [
+        "",
+        f"Paned-WID at RANGE/SLIDE = 1,000 runs at {by_ratio[1000]['paned'][1] / base:.2f}x "
+        "its RANGE/SLIDE = 1 throughput.",
+        "",
+    ]
+
+    lines += ["## Concurrent queries on one stream (query i: RANGE 10*i s, SLIDE 1 s)", ""]
+    lines += [
+        "| queries | plain WID tuples/s (rows) | Paned-WID tuples/s | Paned / plain |",
+        "|---|---|---|---|",
+    ]
+    by_count = {}
+    for count in QUERY_COUNTS:
+        sqls = [sql(10 * (i + 1)) for i in range(count)]
+        found = measure(sqls, load, sum(10 * (i + 1) for i in range(count)), args.runs)
+        by_count[count] = found
+        (plain_rows, plain), (_, paned) = found["plain"], found["paned"]
+        lines.append(
+            f"| {count} | {plain / 1e6:.2f} M ({plain_rows:,}) | {paned / 1e6:.2f} M | {paned / plain:.1f}x |"
+        )
+        print(lines[-1], file=sys.stderr)
+
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "windows.md").write_text("\n".join(lines) + "\n")
+    plot(by_ratio, by_count)
+    print("\n".join(lines))
+    return 0
+
+
+def plot(
+    by_ratio: dict[int, dict[str, tuple[int, float]]], by_count: dict[int, dict[str, tuple[int, float]]]
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, data, label in ((left, by_ratio, "RANGE / SLIDE"), (right, by_count, "concurrent queries")):
+        xs = sorted(data)
+        for mode, style in (("plain", "o--"), ("paned", "s-")):
+            axis.plot(
+                xs,
+                [data[x][mode][1] / 1e6 for x in xs],
+                style,
+                label=f"{mode} WID" if mode == "plain" else "Paned-WID",
+            )
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel(label)
+        axis.set_ylabel("M tuples/s")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    left.set_title("Overlapping windows (one query)")
+    right.set_title("Queries on one stream")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "windows.png", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
