@@ -40,6 +40,7 @@ demo: setup
 bench: setup
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/windows.py
+	$(BIN)/python bench/disorder.py
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numba as nb
 import numpy as np
 import numpy.typing as npt
 
@@ -43,15 +44,40 @@ _DENSE_SPAN = 1 << 16
 
 def touched_windows(ws: I64, we: I64) -> I64:
     """Sorted window ids covered by at least one range ``[ws[i], we[i])``."""
-    lo, hi = int(ws.min()), int(we.max())
+    lo, hi = _span(ws, we)
+    if hi <= lo:
+        return np.empty(0, np.int64)
     if hi - lo <= max(_DENSE_SPAN, 4 * ws.shape[0]):
-        span = hi - lo
-        cover = (
-            np.bincount(ws - lo, minlength=span + 1)[: span + 1]
-            - np.bincount(we - lo, minlength=span + 1)[: span + 1]
-        )
-        return np.flatnonzero(np.cumsum(cover)[:span] > 0).astype(np.int64) + lo
+        return _covered(ws, we, lo, hi - lo)
     return np.unique(expand_ranges(ws, we)[0])
+
+
+@nb.njit(cache=True, nogil=True)
+def _span(ws: I64, we: I64) -> tuple[int, int]:
+    """``min(ws)`` and ``max(we)`` in one pass."""
+    lo, hi = ws[0], we[0]
+    for i in range(ws.shape[0]):
+        lo = min(lo, ws[i])
+        hi = max(hi, we[i])
+    return lo, hi
+
+
+@nb.njit(cache=True, nogil=True)
+def _covered(ws: I64, we: I64, lo: int, span: int) -> I64:
+    """The ids in ``[lo, lo + span)`` some range covers: range ends marked, then one scan."""
+    edges = np.zeros(span + 1, np.int64)
+    for i in range(ws.shape[0]):
+        if we[i] > ws[i]:
+            edges[ws[i] - lo] += 1
+            edges[we[i] - lo] -= 1
+    out = np.empty(span, np.int64)
+    found = depth = 0
+    for j in range(span):
+        depth += edges[j]
+        if depth > 0:
+            out[found] = lo + j
+            found += 1
+    return out[:found]
 
 
 def expand_ranges(ws: I64, we: I64) -> tuple[I64, I64]:
