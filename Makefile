@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/windows.py
 	$(BIN)/python bench/disorder.py
+	$(BIN)/python bench/skew.py
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
