@@ -42,6 +42,7 @@ bench: setup
 	$(BIN)/python bench/windows.py
 	$(BIN)/python bench/disorder.py
 	$(BIN)/python bench/skew.py
+	$(BIN)/python bench/join.py
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
