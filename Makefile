@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python bench/disorder.py
 	$(BIN)/python bench/skew.py
 	$(BIN)/python bench/join.py
+	$(BIN)/python bench/latency.py
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
