@@ -48,7 +48,8 @@ def touched_windows(ws: I64, we: I64) -> I64:
     if hi <= lo:
         return np.empty(0, np.int64)
     if hi - lo <= max(_DENSE_SPAN, 4 * ws.shape[0]):
-        return _covered(ws, we, lo, hi - lo)
+        covered: I64 = _covered(ws, we, lo, hi - lo)
+        return covered
     return np.unique(expand_ranges(ws, we)[0])
 
 
