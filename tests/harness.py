@@ -5,6 +5,8 @@ Beside the engine it keeps its own model of progress - per source the last punct
 streams - and checks that the engine publishes exactly that. Every polled row is recorded with
 the call after which it appeared and the progress at that moment, so tests can check when rows
 came out, not only what came out.
+
+:class:`Recorder` is the sink of the operator-level tests: what one operator emits, in order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,39 @@ from reference import Row, Spec, covered, first_open_end
 from strategies import SCHEMA, Close, Event, Punct, Push, Sources
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LateTuple, Punctuation
+from lowtide.batch import Batch
+from lowtide.operators.base import Operator
+
+
+class Recorder(Operator):
+    """Records the batches and punctuation an operator emits, in arrival order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[Batch | Punctuation] = []
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.items.append(batch)
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        self.items.append(punctuation)
+
+    def rows(self, *names: str) -> list[tuple[Any, ...]]:
+        """The named columns of every batch, row by row, in arrival order."""
+        out: list[tuple[Any, ...]] = []
+        for item in self.items:
+            if isinstance(item, Batch):
+                cols = [
+                    item[n].to_pylist() if isinstance(item[n], pa.Array) else item[n].tolist() for n in names
+                ]
+                out += zip(*cols, strict=True)
+        return out
+
+    def punctuations(self) -> list[Punctuation]:
+        return [item for item in self.items if isinstance(item, Punctuation)]
+
+    def clear(self) -> None:
+        self.items.clear()
 
 
 def columns(rows: Sequence[Row], schema: dict[str, str] = SCHEMA) -> dict[str, Any]:

@@ -13,12 +13,12 @@ import math
 from typing import Any
 
 import numpy as np
+from harness import Recorder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggFunc, AggregateCall
-from lowtide.operators.base import Operator
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
@@ -34,18 +34,6 @@ CALLS = (
     AggregateCall(AggFunc.VAR, "x", FLOAT, None, "var(x)"),
 )
 NAMES = tuple(call.output for call in CALLS)
-
-
-class Sink(Operator):
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[Batch | Punctuation] = []
-
-    def process(self, batch: Batch, port: int = 0) -> None:
-        self.items.append(batch)
-
-    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
-        self.items.append(punctuation)
 
 
 def brute(
@@ -104,7 +92,7 @@ def test_matches_brute_force(sc: dict[str, Any]) -> None:
     group_columns = ("g",) if grouped else ()
     columns = ("window_start", "window_end", *group_columns, *NAMES, "revision")
     op = SlideByTupleAggregate(r, "ts", n, by_rank, group_columns, (INT,) * grouped, CALLS, columns)
-    sink = Sink()
+    sink = Recorder()
     op.connect(sink)
     bounds = [0, *sc["cuts"], len(tuples)]
     last_p = -(10**9)

@@ -6,38 +6,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from harness import Recorder
 
 from lowtide.batch import Batch
-from lowtide.operators.base import Operator
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 
-class Sink(Operator):
-    """Records batches and punctuation in arrival order."""
+def pairs(sink: Recorder, *names: str) -> list[tuple[Any, ...]]:
+    return sorted(sink.rows(*names))
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[Batch | Punctuation] = []
 
-    def process(self, batch: Batch, port: int = 0) -> None:
-        self.items.append(batch)
-
-    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
-        self.items.append(punctuation)
-
-    def pairs(self, *names: str) -> list[tuple[int, ...]]:
-        rows: list[tuple[int, ...]] = []
-        for item in self.items:
-            if isinstance(item, Batch):
-                rows += zip(*(item[n].tolist() for n in names), strict=True)
-        return sorted(rows)
-
-    def puncts(self) -> list[tuple[str, int]]:
-        return [(p.attribute, p.value) for p in self.items if isinstance(p, Punctuation)]
-
-    def clear(self) -> None:
-        self.items.clear()
+def puncts(sink: Recorder) -> list[tuple[str, int]]:
+    return [(p.attribute, p.value) for p in sink.punctuations()]
 
 
 def side(prefix: str, keys: tuple[str, ...] = ("k",), extra: tuple[str, ...] = ()) -> JoinSide:
@@ -50,9 +31,9 @@ def batch(**cols: Any) -> Batch:
     return Batch(arrays, n)
 
 
-def make(window: Band | Tumbling, keys: tuple[str, ...] = ("k",)) -> tuple[OAJoin, Sink]:
+def make(window: Band | Tumbling, keys: tuple[str, ...] = ("k",)) -> tuple[OAJoin, Recorder]:
     join = OAJoin(side("S0", keys), side("S1", keys), window)
-    sink = Sink()
+    sink = Recorder()
     join.connect(sink)
     return join, sink
 
@@ -66,7 +47,7 @@ def test_band_matches_inclusive_ends_in_either_arrival_order() -> None:
         for b, port in order:
             join.process(b, port)
         # 10 - 2 <= r.ts <= 10 + 3, same key: ts 8 and 13 (both ends), not 7, 14 or key 8
-        assert sink.pairs("S0.id", "S1.id") == [(1, 11), (1, 12)]
+        assert pairs(sink, "S0.id", "S1.id") == [(1, 11), (1, 12)]
         assert join.tuples_in == 6 and join.tuples_out == 2
 
 
@@ -74,7 +55,7 @@ def test_output_columns_order_and_dtypes_extra_columns_ignored() -> None:
     left = JoinSide("A", ("ts", "f"), "ts", ("k",))
     right = JoinSide("B", ("g", "ts"), "ts", ("k",))
     join = OAJoin(left, right, Band(5, 5))
-    sink = Sink()
+    sink = Recorder()
     join.connect(sink)
     join.process(
         Batch({"ts": np.array([1]), "k": np.array([3]), "f": np.array([1.5]), "zz": np.array([9])}, 1)
@@ -95,7 +76,7 @@ def test_tuple_that_can_no_longer_match_is_not_stored() -> None:
     join.punctuate(Punctuation(50, "ts"), 0)  # b0 = 50: right tuples need ts >= 48
     join.process(batch(id=[10, 11], ts=[47, 100], k=[0, 0]), 1)
     # right 47 meets no stored left (needs [44, 49]) and is dropped; right 100 meets left 97
-    assert sink.pairs("S0.id", "S1.id") == [(2, 11)]
+    assert pairs(sink, "S0.id", "S1.id") == [(2, 11)]
     assert join.open_windows() == 3
 
 
@@ -104,7 +85,7 @@ def test_tuple_not_stored_still_probes() -> None:
     join.process(batch(id=[10], ts=[100], k=[0]), 1)
     join.punctuate(Punctuation(200, "ts"), 1)  # future left tuples need ts >= 197 to be stored
     join.process(batch(id=[1], ts=[99], k=[0]), 0)  # not stored but matches the stored right
-    assert sink.pairs("S0.id", "S1.id") == [(1, 10)]
+    assert pairs(sink, "S0.id", "S1.id") == [(1, 10)]
     assert join.open_windows() == 1  # only the right tuple (b0 is still NO_PROGRESS)
 
 
@@ -147,49 +128,49 @@ def test_tumbling_purge_at_next_bucket() -> None:
 def test_band_output_punctuation() -> None:
     join, sink = make(Band(r0=3, r1=2))
     join.punctuate(Punctuation(100, "ts"), 0)  # left: min(100, -inf - 3), right: min(-inf, 98)
-    assert sink.puncts() == []
+    assert puncts(sink) == []
     join.punctuate(Punctuation(50, "ts"), 1)
-    assert sink.puncts() == [("S0.ts", 47), ("S1.ts", 50)]
+    assert puncts(sink) == [("S0.ts", 47), ("S1.ts", 50)]
     sink.clear()
     join.punctuate(Punctuation(60, "ts"), 1)
-    assert sink.puncts() == [("S0.ts", 57), ("S1.ts", 60)]
+    assert puncts(sink) == [("S0.ts", 57), ("S1.ts", 60)]
     sink.clear()
     join.punctuate(Punctuation(60, "ts"), 1)  # no advance: nothing repeated
     join.punctuate(Punctuation(101, "ts"), 0)  # left min(101, 57) unchanged; right min(60, 99)
-    assert sink.puncts() == []
+    assert puncts(sink) == []
     join.punctuate(Punctuation(200, "ts"), 1)
-    assert sink.puncts() == [("S0.ts", 101), ("S1.ts", 99)]
+    assert puncts(sink) == [("S0.ts", 101), ("S1.ts", 99)]
     sink.clear()
     join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)  # right over: left bound is b0
-    assert sink.puncts() == []  # left min(b0, +inf) = 101 and right min(+inf, b0 - 2) = 99: no change
+    assert puncts(sink) == []  # left min(b0, +inf) = 101 and right min(+inf, b0 - 2) = 99: no change
     join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
-    assert sink.puncts() == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
+    assert puncts(sink) == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
 
 
 def test_band_output_punctuation_saturates_near_domain_ends() -> None:
     join, sink = make(Band(r0=10, r1=10))
     join.punctuate(Punctuation(NO_PROGRESS + 3, "ts"), 1)
     join.punctuate(Punctuation(NO_PROGRESS + 5, "ts"), 0)  # b - 10 clamps to NO_PROGRESS
-    assert sink.puncts() == []
+    assert puncts(sink) == []
     join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
     # left: min(+inf, NO_PROGRESS + 3 - 10 -> NO_PROGRESS) stays unpublished; right: min(b1, +inf)
-    assert sink.puncts() == [("S1.ts", NO_PROGRESS + 3)]
+    assert puncts(sink) == [("S1.ts", NO_PROGRESS + 3)]
 
 
 def test_tumbling_output_punctuation_and_negative_bounds() -> None:
     join, sink = make(Tumbling(10))
     join.punctuate(Punctuation(-15, "ts"), 0)
     join.punctuate(Punctuation(-1, "ts"), 1)  # left: min(-15, floor(-1/10)*10 = -10) = -15
-    assert sink.puncts() == [("S0.ts", -15), ("S1.ts", -20)]
+    assert puncts(sink) == [("S0.ts", -15), ("S1.ts", -20)]
     sink.clear()
     join.punctuate(Punctuation(37, "ts"), 0)
-    assert sink.puncts() == [("S0.ts", -10), ("S1.ts", -1)]
+    assert puncts(sink) == [("S0.ts", -10), ("S1.ts", -1)]
     sink.clear()
     join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)
-    assert sink.puncts() == [("S0.ts", 37), ("S1.ts", 30)]
+    assert puncts(sink) == [("S0.ts", 37), ("S1.ts", 30)]
     sink.clear()
     join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
-    assert sink.puncts() == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
+    assert puncts(sink) == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
 
 
 def test_tumbling_negative_timestamps_use_floor_buckets() -> None:
@@ -197,7 +178,7 @@ def test_tumbling_negative_timestamps_use_floor_buckets() -> None:
     join.process(batch(id=[1, 2, 3, 4], ts=[-1, -10, -11, 0], k=[0, 0, 0, 0]), 0)
     join.process(batch(id=[10, 11, 12], ts=[-5, -20, 9], k=[0, 0, 0]), 1)
     # buckets: -1 -> -1, -10 -> -1, -11 -> -2, 0 -> 0; -5 -> -1, -20 -> -2, 9 -> 0
-    assert sink.pairs("S0.id", "S1.id") == [(1, 10), (2, 10), (3, 11), (4, 12)]
+    assert pairs(sink, "S0.id", "S1.id") == [(1, 10), (2, 10), (3, 11), (4, 12)]
 
 
 def test_multi_key_equality() -> None:
@@ -205,22 +186,22 @@ def test_multi_key_equality() -> None:
     join, sink = make(Band(5, 5), keys)
     join.process(batch(id=[1, 2, 3, 4], ts=[0] * 4, a=[1, 1, 2, 2], b=[1, 2, 1, 2]), 0)
     join.process(batch(id=[10, 11, 12], ts=[1] * 3, a=[1, 2, 2], b=[2, 1, 3]), 1)
-    assert sink.pairs("S0.id", "S1.id") == [(2, 10), (3, 11)]
-    assert sink.pairs("S0.a", "S0.b", "S1.a", "S1.b") == [(1, 2, 1, 2), (2, 1, 2, 1)]
+    assert pairs(sink, "S0.id", "S1.id") == [(2, 10), (3, 11)]
+    assert pairs(sink, "S0.a", "S0.b", "S1.a", "S1.b") == [(1, 2, 1, 2), (2, 1, 2, 1)]
 
 
 def test_no_keys_matches_every_pair_in_band() -> None:
     join, sink = make(Band(r0=1, r1=0), ())
     join.process(batch(id=[1, 2], ts=[10, 20]), 0)
     join.process(batch(id=[10, 11, 12, 13], ts=[9, 10, 11, 21]), 1)
-    assert sink.pairs("S0.id", "S1.id") == [(1, 11), (1, 12), (2, 13)]
+    assert pairs(sink, "S0.id", "S1.id") == [(1, 11), (1, 12), (2, 13)]
 
 
 def test_large_fanout_grows_output() -> None:
     join, sink = make(Tumbling(1000), ())
     join.process(batch(id=range(3000), ts=np.arange(3000) % 1000), 0)
     join.process(batch(id=range(2000), ts=np.arange(2000) % 1000), 1)
-    assert len(sink.pairs("S0.id", "S1.id")) == 3000 * 2000
+    assert len(pairs(sink, "S0.id", "S1.id")) == 3000 * 2000
 
 
 def test_describe_and_validation() -> None:

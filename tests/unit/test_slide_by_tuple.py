@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
+from harness import Recorder
 
 from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggFunc, AggregateCall
-from lowtide.operators.base import Operator
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
@@ -19,41 +18,17 @@ FLOAT = ColumnType("float64")
 COUNT = AggregateCall(AggFunc.COUNT_STAR, None, None, None, "count(*)")
 
 
-class Sink(Operator):
-    def __init__(self) -> None:
-        super().__init__()
-        self.items: list[Batch | Punctuation] = []
-
-    def process(self, batch: Batch, port: int = 0) -> None:
-        self.items.append(batch)
-
-    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
-        self.items.append(punctuation)
-
-    def rows(self, *names: str) -> list[tuple[Any, ...]]:
-        out: list[tuple[Any, ...]] = []
-        for item in self.items:
-            if isinstance(item, Batch):
-                cols = [
-                    item[n].to_pylist() if isinstance(item[n], pa.Array) else item[n].tolist() for n in names
-                ]
-                out += zip(*cols, strict=True)
-        return out
-
-    def puncts(self) -> list[int]:
-        return [p.value for p in self.items if isinstance(p, Punctuation)]
-
-    def clear(self) -> None:
-        self.items.clear()
+def puncts(sink: Recorder) -> list[int]:
+    return [p.value for p in sink.punctuations()]
 
 
 def make(
     r: int, n: int, by_rank: bool, calls: tuple[AggregateCall, ...], groups: tuple[str, ...] = (), **kw: Any
-) -> tuple[SlideByTupleAggregate, Sink]:
+) -> tuple[SlideByTupleAggregate, Recorder]:
     types = kw.pop("types", (INT,) * len(groups))
     columns = ("window_start", "window_end", *groups, *(c.output for c in calls), "revision")
     op = SlideByTupleAggregate(r, "ts", n, by_rank, groups, types, calls, columns, **kw)
-    sink = Sink()
+    sink = Recorder()
     op.connect(sink)
     return op, sink
 
@@ -73,12 +48,12 @@ def test_figure_6_5_count_with_out_of_order_t5() -> None:
     # The start bins of t1, t5 and t2 are emitted with the figure's counts 1, 2, 3.
     assert sink.rows("window_end", "count(*)") == [(11, 1), (13, 2), (16, 3)]
     assert sink.rows("window_start") == [(1,), (3,), (6,)]
-    assert sink.puncts() == [16]
+    assert puncts(sink) == [16]
     sink.clear()
     op.punctuate(Punctuation(END_OF_STREAM, "ts"))
     # Ss3 = (8, 18] holds t1, t5, t2, t3; Ss4 = (13, 23] holds t2, t3, t4 (the figure's 3).
     assert sink.rows("window_end", "count(*)") == [(19, 4), (24, 3)]
-    assert sink.puncts() == [END_OF_STREAM]
+    assert puncts(sink) == [END_OF_STREAM]
 
 
 def test_q5_5_max_length_slide_one_row() -> None:
@@ -102,7 +77,7 @@ def test_q5_6_count_slide_five_rows_by_rank() -> None:
     op, sink = make(4, 5, True, (COUNT,))
     send(op, ts=[3, 1, 7, 5, 2, 9])
     op.punctuate(Punctuation(4, "ts"))  # ranks 1..3 final: no window yet
-    assert sink.rows("window_end") == [] and sink.puncts() == [4]
+    assert sink.rows("window_end") == [] and puncts(sink) == [4]
     assert op.open_windows() == 1  # six tuples seen, rank 5 among them
     send(op, ts=[4, 8, 6, 10, 12, 11])
     op.punctuate(Punctuation(6, "ts"))  # rank 5 is ts 5: extent (1, 5]
@@ -131,11 +106,11 @@ def test_end_of_stream_flushes_and_punctuation_never_regresses() -> None:
     for p in (10, 10, 5, 12, 11):
         op.punctuate(Punctuation(p, "ts"))
     op.punctuate(Punctuation(100, "other"))
-    assert sink.puncts() == [10, 12]
+    assert puncts(sink) == [10, 12]
     assert sink.rows("window_end") == [(11,)]
     op.punctuate(Punctuation(END_OF_STREAM, "ts"))
     op.punctuate(Punctuation(END_OF_STREAM, "ts"))
-    assert sink.puncts() == [10, 12, END_OF_STREAM]
+    assert puncts(sink) == [10, 12, END_OF_STREAM]
     assert sink.rows("window_end", "count(*)") == [(11, 1), (21, 1), (31, 1)]
     assert op.open_windows() == 0
 
@@ -205,7 +180,7 @@ def test_long_stream_state_is_bounded_and_groups_are_compacted() -> None:
     assert max(s[0] for s in sizes[5:]) < 12000  # live: ~(50 + slack) ts units * 2 tuples; + dead half
     assert max(s[1] for s in sizes) <= 8192 and sizes[-1][1] < 4096  # group table compacted
     assert max(s[2] for s in sizes[20:]) < 4 * max(s[2] for s in sizes[5:20])
-    assert sink.puncts()[-1] == END_OF_STREAM and op.open_windows() == 0
+    assert puncts(sink)[-1] == END_OF_STREAM and op.open_windows() == 0
 
 
 def test_null_strings_are_not_counted() -> None:
