@@ -69,6 +69,16 @@ def engine_with(sql: str) -> Engine:
     return engine
 
 
+def feed(engine: Engine, punctuation: int, m1: dict[str, np.ndarray], m2: dict[str, np.ndarray]) -> float:
+    """One step of both links; returns the time just before the punctuation that completes it."""
+    engine.push("M1", m1, source="link")
+    engine.push("M2", m2, source="link")
+    engine.punctuate("M1", punctuation, source="link")
+    at = time.perf_counter()
+    engine.punctuate("M2", punctuation, source="link")
+    return at
+
+
 def run_oa(steps: list, band: int) -> tuple[int, float, float]:
     sql = (
         f"SELECT count(*) AS pairs [RANGE 1 minute, SLIDE 1 minute, WA M1.ts] "
@@ -78,11 +88,7 @@ def run_oa(steps: list, band: int) -> tuple[int, float, float]:
     peak, latencies = 0, []
     began = time.perf_counter()
     for punctuation, m1, m2 in steps:
-        engine.push("M1", m1, source="link")
-        engine.push("M2", m2, source="link")
-        engine.punctuate("M1", punctuation, source="link")
-        at = time.perf_counter()
-        engine.punctuate("M2", punctuation, source="link")
+        at = feed(engine, punctuation, m1, m2)
         if any(isinstance(i, pa.Table) and i.num_rows for i in engine.poll("q")):
             latencies.append(time.perf_counter() - at)
         peak = max(peak, engine.state_bytes("q"))
@@ -100,11 +106,7 @@ def run_opob(steps: list, band: int) -> tuple[int, float, float]:
     peak, latencies = 0, []
     began = time.perf_counter()
     for punctuation, m1, m2 in steps:
-        engine.push("M1", m1, source="link")
-        engine.push("M2", m2, source="link")
-        engine.punctuate("M1", punctuation, source="link")
-        at = time.perf_counter()
-        engine.punctuate("M2", punctuation, source="link")
+        at = feed(engine, punctuation, m1, m2)
         held += [
             i.column("ts").cast(pa.int64()).to_numpy() for i in engine.poll("q") if isinstance(i, pa.Table)
         ]

@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from lowtide.clients._conform import Conformed, Layout, conform
 from lowtide.clients._wire import IngestResult
-from lowtide.clients.client import Client
+from lowtide.clients.client import Client, Producer
 from lowtide.errors import InvalidArgument, NotFound
 from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS
@@ -144,9 +144,7 @@ class LowtideSink:
         value = self._punctuation_after(conformed.max_event, conformed.watermark)
         if not conformed.table.num_rows and value <= self._punctuated[self.source]:
             return  # an empty batch that moves nothing
-        with self._connect().producer(
-            self.stream, self.source, linger_ms=0, max_batch_rows=self.max_part_rows, timeout=self.timeout
-        ) as producer:
+        with self._producer(self.source) as producer:
             if conformed.table.num_rows:
                 producer.send(conformed.table, batch_id=wire_id)
             if value > self._punctuated[self.source]:
@@ -159,7 +157,7 @@ class LowtideSink:
         """End every source of this sink (their punctuation becomes +inf); then let go of the server."""
         self._prepare()
         for source in sorted(self._punctuated):
-            with self._connect().producer(self.stream, source, linger_ms=0, timeout=self.timeout) as producer:
+            with self._producer(source) as producer:
                 producer.close()
         if self._client is not None:
             self._client.close()
@@ -170,6 +168,12 @@ class LowtideSink:
         if self._client is None:
             self._client = Client(self.target, timeout=self.timeout)
         return self._client
+
+    def _producer(self, source: str) -> Producer:
+        """One Ingest call of ``source``: sent as it is given (no linger), bounded by ``timeout``."""
+        return self._connect().producer(
+            self.stream, source, linger_ms=0, max_batch_rows=self.max_part_rows, timeout=self.timeout
+        )
 
     def _prepare(self) -> Layout:
         """The stream's layout and what the server holds for this sink's sources, read once."""
@@ -222,9 +226,7 @@ class LowtideSink:
         value = self._punctuation_after(max_event, watermark)
         for source, held in sorted(self._punctuated.items()):
             if value > held:
-                with self._connect().producer(
-                    self.stream, source, linger_ms=0, timeout=self.timeout
-                ) as producer:
+                with self._producer(source) as producer:
                     producer.punctuate(value)
                 self._punctuated[source] = value
 

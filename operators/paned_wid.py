@@ -65,10 +65,8 @@ class PanedWIDAggregate(WIDAggregate):
         self._running_window: int | None = None
 
     def describe(self) -> str:
-        by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
-        aggs = ", ".join(call.describe() for call in self.calls)
         return (
-            f"Paned-WID Aggregate {aggs}{by}: panes of {self.pane}, "
+            f"Paned-{super().describe()}: panes of {self.pane}, "
             f"{self.panes_per_window} per window, each tuple updates one pane"
         )
 
