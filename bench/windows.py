@@ -6,7 +6,9 @@ punctuation (``bench/engine.py``'s workload at another event rate):
 
 * RANGE / SLIDE from 1 to 1,000: ``SELECT k, count(*), sum(len) [RANGE r seconds, SLIDE 1
   second, WA ts] FROM S GROUP BY k``;
-* 1 to 50 concurrent queries on one stream, query i with RANGE 10*i seconds, SLIDE 1 second.
+* 1 to 50 concurrent queries on one stream, query i with RANGE 10*i seconds, SLIDE 1 second:
+  plain WID, Paned-WID with slices of its own per query, and Paned-WID reading slices shared by
+  all the queries (the engine's default: a tuple updates one slice whatever the query count).
 
 Plain WID updates RANGE / SLIDE cells per tuple, so it runs on a prefix of the workload when that
 is large (the row count is in the table); tuples/s is rows / seconds either way. Medians of
@@ -27,10 +29,13 @@ import engine as workloads
 
 from lowtide import Engine
 from lowtide.query import planner
+from lowtide.query.sharing import Shares
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATIOS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 QUERY_COUNTS = (1, 2, 5, 10, 20, 50)
+MODES = ("plain", "paned", "shared")
+LABELS = {"plain": "plain WID", "paned": "Paned-WID, own slices", "shared": "Paned-WID, shared slices"}
 PLAIN_BUDGET = 20  # plain WID gets rows * PLAIN_BUDGET / (cells updated per tuple)
 
 
@@ -39,10 +44,18 @@ def sql(range_s: int) -> str:
     return f"SELECT k, count(*) AS n, sum(len) AS bytes {window} FROM S GROUP BY k"
 
 
-def run(sqls: list[str], load: workloads.Workload, batches: int, paned: bool) -> float:
-    """Seconds to push ``batches`` batches with their punctuation through every query, then close."""
-    planner.PANED_MIN_OVERLAP = 4 if paned else sys.maxsize
-    engine = Engine()
+class OwnSlicesEngine(Engine):
+    """Every Paned-WID query with slices of its own, as in the server's workers."""
+
+    def _slice_shares(self) -> Shares | None:
+        return None
+
+
+def run(sqls: list[str], load: workloads.Workload, batches: int, mode: str) -> float:
+    """Seconds to push ``batches`` batches with their punctuation through every query, then close.
+    ``mode``: plain (WID), paned (slices per query) or shared (slices shared by the queries)."""
+    planner.PANED_MIN_OVERLAP = sys.maxsize if mode == "plain" else 4
+    engine = OwnSlicesEngine() if mode == "paned" else Engine()
     engine.create_stream("S", {"k": "int64", "len": "int32", "ts": "int64"}, progressing="ts")
     names = [engine.register_query(text, name=f"q{i}") for i, text in enumerate(sqls)]
     began = time.perf_counter()
@@ -57,15 +70,17 @@ def run(sqls: list[str], load: workloads.Workload, batches: int, paned: bool) ->
     return time.perf_counter() - began
 
 
-def measure(sqls: list[str], load: workloads.Workload, cells: int, runs: int) -> dict[str, tuple[int, float]]:
-    """(rows, tuples/s) of plain WID and of Paned-WID."""
+def measure(
+    sqls: list[str], load: workloads.Workload, cells: int, runs: int, modes: tuple[str, ...]
+) -> dict[str, tuple[int, float]]:
+    """(rows, tuples/s) of each mode."""
     out = {}
-    for mode in ("plain", "paned"):
+    for mode in modes:
         batches = len(load.batches)
         if mode == "plain":
             batches = max(2, min(batches, batches * PLAIN_BUDGET // cells))
         rows = sum(len(b["ts"]) for b in load.batches[:batches])
-        seconds = statistics.median(run(sqls, load, batches, mode == "paned") for _ in range(runs))
+        seconds = statistics.median(run(sqls, load, batches, mode) for _ in range(runs))
         out[mode] = (rows, rows / seconds)
     return out
 
@@ -77,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workloads.RATE_PER_MS = 10
     load = workloads.workload(args.rows, 1_000, strings=False)
-    run([sql(10)], load, 2, paned=True)  # numba compiles off the clock
+    run([sql(10)], load, 2, "shared")  # numba compiles off the clock
 
     lines = ["## Overlapping windows: RANGE / SLIDE (SLIDE 1 s, count and sum by 1,000 keys)", ""]
     lines += [
@@ -86,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     by_ratio = {}
     for ratio in RATIOS:
-        found = measure([sql(ratio)], load, ratio, args.runs)
+        found = measure([sql(ratio)], load, ratio, args.runs, ("plain", "paned"))
         by_ratio[ratio] = found
         (plain_rows, plain), (_, paned) = found["plain"], found["paned"]
         lines.append(
@@ -103,19 +118,26 @@ def main(argv: list[str] | None = None) -> int:
 
     lines += ["## Concurrent queries on one stream (query i: RANGE 10*i s, SLIDE 1 s)", ""]
     lines += [
-        "| queries | plain WID tuples/s (rows) | Paned-WID tuples/s | Paned / plain |",
-        "|---|---|---|---|",
+        "| queries | plain WID tuples/s (rows) | Paned-WID, own slices | Paned-WID, shared slices "
+        "| shared / plain | shared / own |",
+        "|---|---|---|---|---|---|",
     ]
     by_count = {}
     for count in QUERY_COUNTS:
         sqls = [sql(10 * (i + 1)) for i in range(count)]
-        found = measure(sqls, load, sum(10 * (i + 1) for i in range(count)), args.runs)
+        found = measure(sqls, load, sum(10 * (i + 1) for i in range(count)), args.runs, MODES)
         by_count[count] = found
-        (plain_rows, plain), (_, paned) = found["plain"], found["paned"]
+        (plain_rows, plain), (_, own), (_, shared) = found["plain"], found["paned"], found["shared"]
         lines.append(
-            f"| {count} | {plain / 1e6:.2f} M ({plain_rows:,}) | {paned / 1e6:.2f} M | {paned / plain:.1f}x |"
+            f"| {count} | {plain / 1e6:.2f} M ({plain_rows:,}) | {own / 1e6:.2f} M | {shared / 1e6:.2f} M "
+            f"| {shared / plain:.1f}x | {shared / own:.1f}x |"
         )
         print(lines[-1], file=sys.stderr)
+    lines += [
+        "",
+        f"50 queries with shared slices run at {by_count[50]['shared'][1] / by_count[1]['shared'][1]:.2f}x "
+        "the throughput of one.",
+    ]
 
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "windows.md").write_text("\n".join(lines) + "\n")
@@ -135,13 +157,9 @@ def plot(
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for axis, data, label in ((left, by_ratio, "RANGE / SLIDE"), (right, by_count, "concurrent queries")):
         xs = sorted(data)
-        for mode, style in (("plain", "o--"), ("paned", "s-")):
-            axis.plot(
-                xs,
-                [data[x][mode][1] / 1e6 for x in xs],
-                style,
-                label=f"{mode} WID" if mode == "plain" else "Paned-WID",
-            )
+        for mode, style in zip(MODES, ("o--", "s-", "^-"), strict=True):
+            if mode in data[xs[0]]:
+                axis.plot(xs, [data[x][mode][1] / 1e6 for x in xs], style, label=LABELS[mode])
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel(label)

@@ -24,6 +24,7 @@ from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.sharing import Shares
 from lowtide.results import Fields, Item, Sink, to_table
 from lowtide.schema import Schema
 from lowtide.stream import Stream
@@ -84,6 +85,7 @@ class Engine:
         self._streams: dict[str, Stream] = {}
         self._queries: dict[str, RunningQuery] = {}
         self._counter = 0
+        self._shares = Shares()
 
     # -- streams ------------------------------------------------------------------------------
     def create_stream(
@@ -166,7 +168,7 @@ class Engine:
             running.late_dropped += batch.n
             running.late_items.append(to_table(batch, fields, self.pool))
 
-        ctx = Context(self._schema_of, self.pool, policy, allowed_lateness, on_drop)
+        ctx = Context(self._schema_of, self.pool, policy, allowed_lateness, on_drop, self._slice_shares())
         plan = plan_query(query, ctx)
         fields = plan.schema
         derived = self._derived_stream(name, plan)
@@ -194,6 +196,10 @@ class Engine:
         schema = Schema(plan.schema, plan.progressing[0])
         return Stream(name, schema, Generator("explicit"), self.clock, (name,), derived=True)
 
+    def _slice_shares(self) -> Shares | None:
+        """Where queries find slices to share (the server's front runs no graphs: None)."""
+        return self._shares
+
     def _schema_of(self, name: str) -> Schema:
         return self._streams[name].schema
 
@@ -203,6 +209,15 @@ class Engine:
             self._streams[running.name] = derived
         self._queries[running.name] = running
         running.subscribers = self._subscribers(running)
+        plan = running.plan
+        plan.start()
+        if plan.share is not None:
+            assert plan.late_handler is not None
+            if plan.joins_share:
+                plan.share.late_handlers.append(plan.late_handler)
+                self._regranulate()
+                return  # its input is subscribed and punctuated already
+            self._shares.add(plan.share)
         for stream_name, op in running.subscribers:
             stream = self._streams[stream_name]
             stream.subscribers.append(op)
@@ -222,12 +237,29 @@ class Engine:
         readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
         if readers:
             raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
-        for stream_name, op in running.subscribers:
-            self._streams[stream_name].subscribers.remove(op)
-        self._streams.pop(name, None)
+        self._leave_share(running.plan)
         del self._queries[name]
+        for stream_name, op in running.subscribers:
+            if not self._shared_input(op):
+                self._streams[stream_name].subscribers.remove(op)
+        self._streams.pop(name, None)
         self._forget(name)
         self._regranulate()
+
+    def _leave_share(self, plan: Plan) -> None:
+        """Stop a query's reading of shared slices; the last reader takes them down."""
+        share = plan.share
+        if share is None:
+            return
+        assert plan.reader is not None and plan.late_handler is not None
+        plan.reader.detach()
+        share.late_handlers.remove(plan.late_handler)
+        if not share.slices.readers:
+            self._shares.remove(share)
+
+    def _shared_input(self, op: Input) -> bool:
+        """Whether ``op`` still feeds slices some query reads."""
+        return any(q.plan.share is not None and q.plan.share.input is op for q in self._queries.values())
 
     def _regranulate(self) -> None:
         """Generated punctuation no finer than the windows in use need (gcd of their slides)."""

@@ -134,6 +134,18 @@ class CellState:
             name: np.full((0, 0), self._identity[name], dtype=self._dtype[name]) for name in self._identity
         }
 
+    def declare(self, calls: tuple[AggregateCall, ...]) -> None:
+        """Add the accumulators ``calls`` need and do not have yet, at identity in every cell
+        (holistic calls are not taken: their logs have no partials to share)."""
+        assert not any(call.func.holistic for call in calls)
+        before = set(self._identity)
+        rows, groups = self.shape
+        self.calls = (*self.calls, *[call for call in calls if call not in self.calls])
+        for call in calls:
+            self._declare(call)
+        for name in self._identity.keys() - before:
+            self.arrays[name] = np.full((rows, groups), self._identity[name], dtype=self._dtype[name])
+
     def _declare(self, call: AggregateCall) -> None:
         col, dtype = call.column, _value_dtype(call.input_type)
         if call.func is AggFunc.COUNT_STAR or col is None:
@@ -272,12 +284,13 @@ class CellState:
         for log in self.logs.values():
             log.rows[: log.n][log.rows[: log.n] == src] = dst
 
-    def invertible(self) -> tuple[str, ...]:
-        """The accumulators a subtraction undoes exactly: counts and integer sums."""
+    def invertible(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of the accumulators ``names`` a subtraction undoes exactly: counts and
+        integer sums."""
         return tuple(
             name
-            for name, array in self.arrays.items()
-            if name.partition(":")[0] in ("n", "count", "sum") and array.dtype.kind == "i"
+            for name in names
+            if name.partition(":")[0] in ("n", "count", "sum") and self.arrays[name].dtype.kind == "i"
         )
 
     def shift_row(self, dst: int, add: I64, remove: I64, width: int, names: tuple[str, ...]) -> None:
@@ -293,15 +306,14 @@ class CellState:
         for name in names:
             self.arrays[name][dst, :width] = self.arrays[name][src, :width]
 
-    def combine_rows(self, dst: int, sources: I64, width: int, skip: tuple[str, ...] = ()) -> None:
-        """Set row ``dst`` (groups ``< width``) to the combination of rows ``sources``, all at
-        once: sums, minima, maxima, and Chan's combination of (count, mean, m2); accumulators
-        in ``skip`` are left alone. Holistic aggregates have no partials to combine: their
-        callers keep them out."""
+    def combine_rows(self, dst: int, sources: I64, width: int, names: tuple[str, ...]) -> None:
+        """Set the accumulators ``names`` of row ``dst`` (groups ``< width``) to the combination
+        of rows ``sources``, all at once: sums, minima, maxima, and Chan's combination of
+        (count, mean, m2). Holistic aggregates have no partials to combine: their callers keep
+        them out."""
         a = self.arrays
-        for name, array in a.items():
-            if name in skip:
-                continue
+        for name in names:
+            array = a[name]
             kind, _, col = name.partition(":")
             block = array[sources, :width]
             if kind in ("n", "count", "sum"):
@@ -320,8 +332,10 @@ class CellState:
                 a[f"mean:{col}"][dst, :width] = mean
                 array[dst, :width] = block.sum(axis=0)
 
-    def finalize(self, rows: I64, gids: I64, pool_decode: Any) -> dict[str, Any]:
-        """Final value of every call for the cells ``(rows[j], gids[j])``.
+    def finalize(
+        self, rows: I64, gids: I64, pool_decode: Any, calls: tuple[AggregateCall, ...] | None = None
+    ) -> dict[str, Any]:
+        """Final value of every call (or of ``calls``) for the cells ``(rows[j], gids[j])``.
 
         numpy columns (a null float is NaN; integer results are never null because only
         non-empty cells are finalized), heavy hitters as an Arrow list array.
@@ -329,7 +343,7 @@ class CellState:
         a = self.arrays
         out: dict[str, Any] = {}
         n = a["n"][rows, gids]
-        for call in self.calls:
+        for call in self.calls if calls is None else calls:
             col = call.column
             if call.func is AggFunc.COUNT_STAR:
                 out[call.output] = n

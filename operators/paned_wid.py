@@ -1,20 +1,23 @@
 """Paned-WID Aggregate (§6.2): a sliding window's aggregates combined from pane partials.
 
-A sliding window ``[RANGE r, SLIDE s]`` is cut into panes of ``p = gcd(r, s)``: the Bucket
-before this operator tags each tuple with its pane (a tumbling window of ``p``), and each tuple
-updates exactly one cell ``(pane, group)``, however many windows overlap it - where plain WID
-updates ``r / s`` cells. A window is the combination of its ``r / p`` panes, computed when it is
-emitted. Counts and integer sums are kept differentially: a running window slides to the next
-by adding the panes that enter and subtracting those that leave, ``s / p`` panes each way
-whatever ``r``. Minima, maxima, float sums and variances are combined from the window's panes
-(Chan's formula for variances): exact, with no subtraction of floats. Holistic aggregates
-(median, quantile, distinct counts, heavy hitters) keep plain WID.
+A sliding window ``[RANGE r, SLIDE s]`` is split into a pane-level tumbling query and a
+window-level query over its partials. The pane-level query is
+:class:`~lowtide.operators.shared_slices.SharedSlices`: each tuple updates exactly one cell
+``(slice, group)``, however many windows overlap it - where plain WID updates ``r / s`` cells -
+and the slices may serve several queries on the same stream. This operator is the window-level
+query: a window is the combination of its ``r / p`` slices (``p`` the slice width, dividing
+``gcd(r, s)``), computed when it is emitted. Counts and integer sums are kept differentially: a
+running window slides to the next by adding the slices that enter and subtracting those that
+leave, ``s / p`` slices each way whatever ``r``. Minima, maxima, float sums and variances are
+combined from the window's slices (Chan's formula for variances): exact, with no subtraction of
+floats. Holistic aggregates (median, quantile, distinct counts, heavy hitters) keep plain WID.
 
-Punctuation contract. On ``Punctuation(q, "wid")`` (panes ``< q`` complete) every window whose
-panes are all complete - ``end(w) <= q * p`` - is emitted once, at ``revision`` 0, its non-empty
-groups in one batch, and then ``Punctuation(end(first open window), "window_end")``. A pane's
-state is dropped once no open window contains it (and the running window has slid past it), so
-state is bounded by the panes of the open windows plus one slide.
+Punctuation contract. On ``Punctuation(q, "wid")`` from the slices (slices ``< q`` complete)
+every window whose slices are all complete - ``end(w) <= q * p`` - is emitted once, at
+``revision`` 0, its non-empty groups in one batch, and then ``Punctuation(end(first open
+window), "window_end")``. It reads only the slices' generations from its own on, so it counts the
+tuples that arrived after it started, like any query. Its :meth:`keep_from` tells the slices
+which it still needs: those of its open windows and of its running window.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.operators.aggregates import AggregateCall
+from lowtide.operators.aggregates import AggregateCall, CellState
+from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.wid_aggregate import I64, Having, WIDAggregate, touched_windows
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.schema import ColumnType
 
 
 def pane_of(window: Sliding) -> Sliding:
@@ -44,8 +47,7 @@ class PanedWIDAggregate(WIDAggregate):
     def __init__(
         self,
         window: Sliding,
-        group_columns: tuple[str, ...],
-        group_types: tuple[ColumnType, ...],
+        slices: SharedSlices,
         calls: tuple[AggregateCall, ...],
         columns: tuple[str, ...],
         having: Having | None = None,
@@ -53,22 +55,54 @@ class PanedWIDAggregate(WIDAggregate):
     ) -> None:
         if any(call.func.holistic for call in calls):
             raise ValueError("holistic aggregates have no pane partials to combine")
-        panes = pane_of(window)
-        super().__init__(panes, group_columns, group_types, calls, columns, having, decode=decode)
+        if window.range % slices.width or window.slide % slices.width:
+            raise ValueError(f"slices of {slices.width} do not tile windows of {window.describe()}")
+        super().__init__(
+            window, slices.group_columns, slices.group_types, calls, columns, having, decode=decode
+        )
+        self.slices = slices
         self.window_out = window
-        self.pane = panes.range
+        self.pane = slices.width
         self.panes_per_window = window.range // self.pane
         self.panes_per_slide = window.slide // self.pane
+        own = CellState(calls)  # names the accumulators this query reads from the shared slices
+        names = tuple(own.arrays)
+        self._invertible = own.invertible(names)
+        self._combined = tuple(name for name in names if name not in self._invertible)
         self._next_window = NO_PROGRESS  # windows below this one were emitted
-        self._invertible = self.cells.invertible()
-        self._running = self._new_row()  # the invertible accumulators of window _running_window
+        self._running: int | None = None  # the row of the invertible accumulators of _running_window
         self._running_window: int | None = None
+        self.generation = 0
+
+    def attach(self) -> None:
+        """Start reading the shared slices: from now on (a new generation if tuples arrived
+        before), with the windows the slices' punctuation has completed counted as emitted."""
+        self.generation = self.slices.join(self)
+        # The slices' state is this operator's state (it reads it; they may serve other queries).
+        self.groups, self.cells = self.slices.groups, self.slices.cells
+        self._running = self.slices.new_row()
+        if self.slices.first_open > NO_PROGRESS:
+            self.punctuate(Punctuation(self.slices.first_open, "wid"))
+
+    def detach(self) -> None:
+        self.slices.leave(self)
+        if self._running is not None:
+            self.slices.free_rows([self._running])
+            self._running = None
 
     def describe(self) -> str:
-        return (
-            f"Paned-{super().describe()}: panes of {self.pane}, "
-            f"{self.panes_per_window} per window, each tuple updates one pane"
-        )
+        return f"Paned-{super().describe()}: windows of {self.panes_per_window} slices"
+
+    def state_bytes(self) -> int:
+        return 0  # the shared slices hold the state, this operator only reads it
+
+    def keep_from(self) -> int:
+        """The first slice this query may still read: its first open window's, or the running
+        window's (whose leaving slices are subtracted)."""
+        first = self._next_window
+        if self._running_window is not None:
+            first = min(first, self._running_window)
+        return first * self.panes_per_slide
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != "wid" or punctuation.value <= self.first_open:
@@ -76,23 +110,17 @@ class PanedWIDAggregate(WIDAggregate):
         q = self.first_open = punctuation.value
         complete = END_OF_STREAM if q >= END_OF_STREAM else q * self.pane
         first_open = self.window_out.first_open(complete)
-        self._emit_complete(first_open)
-        # A pane is kept while an open window holds it, or the running window must subtract it.
-        keep_from = first_open * self.panes_per_slide
-        if self._running_window is not None:
-            keep_from = min(keep_from, self._running_window * self.panes_per_slide)
-        expired = [p for p in self._row_of if first_open >= END_OF_STREAM or p < keep_from]
-        self._release(expired)
-        self._compact_groups()
+        if first_open > self._next_window:
+            self._emit_complete(first_open)
         self._punctuate_out(END_OF_STREAM if q >= END_OF_STREAM else self.window_out.end_of(first_open))
 
     def _emit_complete(self, first_open: int) -> None:
-        """Emit the non-empty windows in ``[_next_window, first_open)``, each combined from its panes."""
-        if not self._row_of:
+        """Emit the non-empty windows in ``[_next_window, first_open)``, each combined from its slices."""
+        panes, pane_rows = self.slices.live(self.generation)
+        if not panes.shape[0]:
             self._next_window = max(self._next_window, first_open)
             return
-        panes = np.array(sorted(self._row_of), dtype=np.int64)
-        # Windows holding at least one live pane: the windows of each pane's start time.
+        # Windows holding at least one live slice: the windows of each slice's start time.
         ws, we = self.window_out.wids(panes * self.pane)
         candidates = touched_windows(ws, we)
         ready = candidates[(candidates >= self._next_window) & (candidates < first_open)].tolist()
@@ -100,24 +128,24 @@ class PanedWIDAggregate(WIDAggregate):
         if not ready:
             return
         width = len(self.groups)
-        pane_rows = np.array([self._row_of[p] for p in panes.tolist()], dtype=np.int64)
-        scratch = [self._new_row() for _ in ready]
-        self.cells.ensure(self._rows_used, width)
+        scratch = [self.slices.new_row() for _ in ready]
         n = self.cells.arrays["n"]
         rows_l, gids_l, wids_l = [], [], []
         for w, row in zip(ready, scratch, strict=True):
             self._slide_running(w, panes, pane_rows, width)
-            self.cells.copy_row(row, self._running, width, self._invertible)
             lo, hi = self._panes_of(w, panes)
-            self.cells.combine_rows(row, pane_rows[lo:hi], width, skip=self._invertible)
+            self.cells.copy_row(row, self._running_row(), width, self._invertible)
+            self.cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
             g = np.flatnonzero(n[row, :width] > 0)
             rows_l.append(np.full(g.shape[0], row, np.int64))
             gids_l.append(g)
             wids_l.append(np.full(g.shape[0], w, np.int64))
         self._emit_cells(np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l))
-        rows = np.array(scratch, dtype=np.int64)
-        self.cells.reset_rows(rows)
-        self._free.extend(scratch)
+        self.slices.free_rows(scratch)
+
+    def _running_row(self) -> int:
+        assert self._running is not None, "attach() before punctuation"
+        return self._running
 
     def _panes_of(self, w: int, panes: I64) -> tuple[int, int]:
         """Where the panes of window ``w`` are in the sorted live ``panes``."""
@@ -126,22 +154,21 @@ class PanedWIDAggregate(WIDAggregate):
         return int(lo), int(hi)
 
     def _slide_running(self, w: int, panes: I64, pane_rows: I64, width: int) -> None:
-        """Move the running window to ``w``: add the panes that enter, subtract those that leave;
-        from scratch when no pane is shared (the first window, or after a gap)."""
+        """Move the running window to ``w``: add the slices that enter, subtract those that
+        leave; from scratch when none is shared (the first window, or after a gap)."""
         if not self._invertible:
             return
-        last = self._running_window
+        running, last = self._running_row(), self._running_window
         step = (w - last) * self.panes_per_slide if last is not None else self.panes_per_window
         lo, hi = self._panes_of(w, panes)
         if step >= self.panes_per_window:
-            self.cells.reset_rows(np.array([self._running], dtype=np.int64))
-            self.cells.shift_row(self._running, pane_rows[lo:hi], pane_rows[:0], width, self._invertible)
+            for name in self._invertible:
+                self.cells.arrays[name][running, :width] = 0
+            self.cells.shift_row(running, pane_rows[lo:hi], pane_rows[:0], width, self._invertible)
         else:
             assert last is not None
             old_lo, old_hi = self._panes_of(last, panes)
-            self.cells.shift_row(
-                self._running, pane_rows[old_hi:hi], pane_rows[old_lo:lo], width, self._invertible
-            )
+            self.cells.shift_row(running, pane_rows[old_hi:hi], pane_rows[old_lo:lo], width, self._invertible)
         self._running_window = w
 
 

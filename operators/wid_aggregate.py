@@ -272,7 +272,7 @@ class WIDAggregate(Operator):
                 if self.group_types[j].name != "float64"
                 else keys[:, j].view(np.float64)
             )
-        columns.update(self.cells.finalize(rows, gids, self.decode))
+        columns.update(self.cells.finalize(rows, gids, self.decode, self.calls))
         columns["revision"] = revision if revision is not None else np.zeros(rows.shape[0], np.int64)
         keep = None
         if self.having is not None:
@@ -362,14 +362,21 @@ class WIDAggregate(Operator):
 
     def _compact_groups(self) -> None:
         """Forget groups that have no cell in any open window (bounded state under key churn)."""
-        width = len(self.groups)
-        if width < 4096 or self.landmark:
-            return
-        live_rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        live = np.zeros(width, np.bool_)
-        if live_rows.size:
-            live = np.asarray(self.cells.arrays["n"][live_rows, :width].any(axis=0), dtype=np.bool_)
-        if live.sum() * 2 > width:
-            return
-        remap = self.groups.compact(live)
-        self.cells.remap_groups(remap, len(self.groups))
+        if not self.landmark:
+            compact_groups(self.groups, self.cells, list(self._row_of.values()))
+
+
+def compact_groups(groups: GroupTable, cells: CellState, live_rows: list[int]) -> None:
+    """Renumber the groups densely without those that have no cell in ``live_rows``, once they
+    are at least half of many groups (compaction copies every cell)."""
+    width = len(groups)
+    if width < 4096:
+        return
+    rows = np.array(live_rows, dtype=np.int64)
+    live = np.zeros(width, np.bool_)
+    if rows.size:
+        live = np.asarray(cells.arrays["n"][rows, :width].any(axis=0), dtype=np.bool_)
+    if live.sum() * 2 > width:
+        return
+    remap = groups.compact(live)
+    cells.remap_groups(remap, len(groups))

@@ -131,6 +131,10 @@ class FrontEngine(Engine):
             for index, (stream, _) in enumerate(plan.inputs)
         ]
 
+    def _slice_shares(self) -> None:
+        # Each query's graph runs in the workers, fed per query: nothing here to share.
+        return None
+
     def sync_strings(self) -> None:
         """Broadcast the string pool's new entries, so every worker decodes as the front does."""
         known = len(self.pool)

@@ -138,6 +138,7 @@ class Worker:
             on_drop,
         )
         plan = plan_query(parse_query(spec.sql), ctx)
+        plan.start()
         plan.output.connect(_Forward(name, self.out))
         self.queries[name] = _Hosted(plan, [op for _, op in plan.inputs], plan.operators)
 

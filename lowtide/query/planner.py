@@ -23,6 +23,7 @@ from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
 from lowtide.operators.project import Project
 from lowtide.operators.select import Select
+from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
 from lowtide.operators.windows import Landmark, Sliding
@@ -40,6 +41,7 @@ from lowtide.query.ast import (
 )
 from lowtide.query.expr import compile_expr
 from lowtide.query.scope import Field, Scope
+from lowtide.query.sharing import Share, Shares
 from lowtide.query.windowing import SlideByTuple, to_units, window_attribute, window_of
 from lowtide.schema import INT64, ColumnType, Schema
 from lowtide.strings import StringPool
@@ -65,6 +67,15 @@ class Plan:
     progressing: tuple[str, ...]
     operators: list[Operator] = field(default_factory=list)
     slides: dict[str, int] = field(default_factory=dict)  # stream -> SLIDE of a time window on it
+    share: Share | None = None  # the shareable slices this plan's Paned-WID reads
+    joins_share: bool = False  # the share exists and is fed already
+    reader: PanedWIDAggregate | None = None  # the Paned-WID reading slices, attached by start()
+    late_handler: Callable[[Batch], None] | None = None  # this query's late side stream
+
+    def start(self) -> None:
+        """Begin reading shared slices (planning leaves them untouched, for ``explain``)."""
+        if self.reader is not None:
+            self.reader.attach()
 
     def explain(self) -> str:
         lines = [f"{i}. {op.describe()}" for i, op in enumerate(self.operators)]
@@ -78,6 +89,7 @@ class Context:
     policy: LatePolicy
     allowed_lateness: str | int | None
     on_drop: Callable[[Batch, tuple[tuple[str, ColumnType], ...]], None]
+    shares: Shares | None = None  # None: every query gets slices of its own (server workers)
     plan_ops: list[Operator] = field(default_factory=list)
     inputs: list[tuple[str, Input]] = field(default_factory=list)
 
@@ -386,6 +398,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         if isinstance(window, Landmark | SlideByTuple) or attribute == "row-num":
             raise UnsupportedQuery("late='update' works with time-based sliding and tumbling windows only")
     agg: Operator
+    shared: dict[str, Any] = {}  # the Plan's sharing fields
     if isinstance(window, SlideByTuple):
         agg = SlideByTupleAggregate(
             window.range,
@@ -404,9 +417,8 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
         if _paned(window, calls, lateness):
             assert isinstance(window, Sliding)
-            bucket = ctx.add(Bucket(pane_of(window)), stage.op)
-            agg = PanedWIDAggregate(
-                window, tuple(group_physicals), group_types, tuple(calls), internal, having, decode
+            agg, shared = _paned_aggregate(
+                query, stage, ctx, window, tuple(group_physicals), group_types, tuple(calls), internal, having
             )
         else:
             bucket = ctx.add(Bucket(window, lateness), stage.op)
@@ -421,7 +433,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 late_sink=lambda b: ctx.on_drop(b, late_fields),
                 decode=decode,
             )
-        ctx.add(agg, bucket)
+            ctx.add(agg, bucket)
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
             for stream, _ in ctx.inputs:
                 slides[stream] = min(slides.get(stream, window.slide), window.slide)
@@ -442,7 +454,56 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             )
         }
         last = ctx.add(Project(outputs, {}), agg)
-    return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides)
+    return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides, **shared)
+
+
+def _paned_aggregate(
+    query: Query,
+    stage: Stage,
+    ctx: Context,
+    window: Sliding,
+    groups: tuple[str, ...],
+    types: tuple[ColumnType, ...],
+    calls: tuple[AggregateCall, ...],
+    internal: tuple[str, ...],
+    having: Any,
+) -> tuple[PanedWIDAggregate, dict[str, Any]]:
+    """Paned-WID: its window-level query over slices, shared with the engine's earlier queries
+    when slices fed the same way exist; returns it and the Plan's sharing fields."""
+    width = pane_of(window).range
+    key = _share_key(query, groups, types, ctx.policy)
+    share = ctx.shares.find(key, width) if ctx.shares is not None and key is not None else None
+    own_input = ctx.inputs[0][1]
+    if share is None:
+        bucket = ctx.add(Bucket(pane_of(window)), stage.op)
+        slices = SharedSlices(width, groups, types)
+        ctx.add(slices, bucket)
+    else:
+        ctx.plan_ops[:] = share.operators
+        ctx.inputs[:] = [(share.input.stream, share.input)]
+        slices = share.slices
+    reader = PanedWIDAggregate(window, slices, calls, internal, having, ctx.pool.decode)
+    ctx.add(reader)
+    if key is None or ctx.shares is None:
+        return reader, {"reader": reader}
+    handler = own_input.on_drop
+    if share is None:
+        share = Share(key, own_input, slices, ctx.plan_ops[:-1], [handler])
+        own_input.on_drop = share.on_drop
+        return reader, {"share": share, "reader": reader, "late_handler": handler}
+    return reader, {"share": share, "joins_share": True, "reader": reader, "late_handler": handler}
+
+
+def _share_key(
+    query: Query, groups: tuple[str, ...], types: tuple[ColumnType, ...], policy: LatePolicy
+) -> tuple[Any, ...] | None:
+    """What makes two queries' slices the same: tuples reach them the same way and are
+    grouped alike. Joins and unions are not shared; late policies other than drop either
+    reject batches per query or revise windows, so they keep their own."""
+    item = query.from_[0]
+    if len(query.from_) != 1 or not isinstance(item, FromStream) or policy is not LatePolicy.DROP:
+        return None
+    return (item.name, item.alias, query.where, groups, types)
 
 
 # Plain WID updates RANGE / SLIDE cells per tuple; Paned-WID one, plus combining RANGE / pane

@@ -1,0 +1,156 @@
+"""Shared Slices: the pane-level tumbling aggregate of Paned-WID (§6.2), shared across queries.
+
+Stream slicing (seed 001, §4) generalises panes: every sliding-window query on a stream reads
+one set of slices whose edges include all of their window edges, so a tuple updates exactly one
+slice cell ``(slice, group)`` however many queries and overlapping windows read it. Here a slice
+is a tumbling window of ``width`` (the Bucket before this operator tags each tuple with it), and
+``width`` divides every reader's pane ``gcd(RANGE, SLIDE)``, so each reader's windows are unions
+of whole slices. The readers, one :class:`~lowtide.operators.paned_wid.PanedWIDAggregate` per
+query, combine slices into windows when punctuation completes them.
+
+A query registered while the stream runs must not count tuples that arrived before it. So the
+slices are kept per *generation*: a reader that joins after tuples arrived starts a new
+generation, tuples update only the newest, and a reader combines the generations from its own
+on. Old generations empty out as their slices expire.
+
+Punctuation contract. On ``Punctuation(q, "wid")`` (slices ``< q`` complete) every reader gets it
+first and emits its complete windows; then the slices no reader needs any more - below every
+reader's first open window and running window - are dropped. State is bounded by the slices of
+the open windows of the widest reader, plus one slide.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lowtide.batch import Batch
+from lowtide.operators.aggregates import CellState
+from lowtide.operators.base import Operator
+from lowtide.operators.bucket import key_matrix
+from lowtide.operators.group_table import GroupTable
+from lowtide.operators.wid_aggregate import I64, compact_groups, touched_windows
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.schema import ColumnType
+
+if TYPE_CHECKING:
+    from lowtide.operators.paned_wid import PanedWIDAggregate
+
+
+class SharedSlices(Operator):
+    label = "Shared Slices"
+
+    def __init__(
+        self, width: int, group_columns: tuple[str, ...], group_types: tuple[ColumnType, ...]
+    ) -> None:
+        super().__init__()
+        self.width = width
+        self.group_columns = group_columns
+        self.group_types = group_types
+        self.groups = GroupTable(len(group_columns))
+        self.cells = CellState(())
+        self.readers: list[PanedWIDAggregate] = []
+        self.generation = 0
+        self._rows: dict[int, dict[int, int]] = {0: {}}  # generation -> slice -> row
+        self._live: dict[int, tuple[I64, I64]] = {}  # generation -> its readers' slices and rows
+        self._free: list[int] = []
+        self._rows_used = 0
+        self.first_open = NO_PROGRESS  # slices below it are complete
+
+    def describe(self) -> str:
+        by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
+        readers = len(self.readers)
+        shared = f", shared with {readers} {'query' if readers == 1 else 'queries'}" if readers else ""
+        return f"Shared Slices of {self.width}{by}{shared}: each tuple updates one slice"
+
+    # -- readers --------------------------------------------------------------------------------
+    def join(self, reader: PanedWIDAggregate) -> int:
+        """Add a reader; returns the first generation it reads."""
+        if self._rows[self.generation]:  # tuples arrived before this reader: they are not its own
+            self.generation += 1
+            self._rows[self.generation] = {}
+        self.cells.declare(reader.calls)
+        self.readers.append(reader)
+        return self.generation
+
+    def leave(self, reader: PanedWIDAggregate) -> None:
+        self.readers.remove(reader)
+
+    def new_row(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self._rows_used += 1
+        self.cells.ensure(self._rows_used, len(self.groups))
+        return self._rows_used - 1
+
+    def free_rows(self, rows: list[int]) -> None:
+        self.cells.reset_rows(np.array(rows, dtype=np.int64))
+        self._free.extend(rows)
+
+    def live(self, generation: int) -> tuple[I64, I64]:
+        """The slices of generations ``>= generation``, sorted, and their rows (a slice appears
+        once per generation holding it)."""
+        cached = self._live.get(generation)
+        if cached is None:
+            pairs = [(s, r) for g, rows in self._rows.items() if g >= generation for s, r in rows.items()]
+            pairs.sort()
+            cached = (
+                np.array([s for s, _ in pairs], dtype=np.int64),
+                np.array([r for _, r in pairs], dtype=np.int64),
+            )
+            self._live[generation] = cached
+        return cached
+
+    # -- input ----------------------------------------------------------------------------------
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        if batch.n == 0:
+            return
+        ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
+        gid = self.groups.ids(key_matrix(batch, self.group_columns))
+        rows = self._rows[self.generation]
+        touched = touched_windows(ws, we)
+        for s in touched.tolist():
+            if s not in rows:
+                rows[s] = self.new_row()
+                self._live.clear()
+        base = int(touched[0])
+        row_of = np.full(int(touched[-1]) - base + 1, -1, dtype=np.int64)
+        row_of[touched - base] = [rows[s] for s in touched.tolist()]
+        self.cells.ensure(self._rows_used, len(self.groups))
+        self.cells.update(batch, ws, we, base, row_of, gid)
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        if punctuation.attribute != "wid" or punctuation.value <= self.first_open:
+            return
+        self.first_open = punctuation.value
+        for reader in self.readers:
+            reader.punctuate(punctuation)
+        keep_from = min((reader.keep_from() for reader in self.readers), default=END_OF_STREAM)
+        self._release(END_OF_STREAM if self.first_open >= END_OF_STREAM else keep_from)
+
+    def _release(self, keep_from: int) -> None:
+        expired: list[int] = []
+        for generation, rows in list(self._rows.items()):
+            for s in [s for s in rows if s < keep_from]:
+                expired.append(rows.pop(s))
+            if not rows and generation < self.generation:
+                del self._rows[generation]
+        if expired:
+            self.free_rows(expired)
+            self._live.clear()
+            self._compact_groups()
+
+    def _compact_groups(self) -> None:
+        # A reader's running window holds only slices still live: its groups are kept too.
+        compact_groups(self.groups, self.cells, [r for rows in self._rows.values() for r in rows.values()])
+
+    def open_windows(self) -> int:
+        return sum(len(rows) for rows in self._rows.values())
+
+    def state_bytes(self) -> int:
+        return self.cells.nbytes() + self.groups.nbytes()
+
+
+__all__ = ["SharedSlices"]

@@ -1,0 +1,114 @@
+"""Slices shared across queries (seed 001 §4) change nothing a query sees.
+
+Several sliding-window queries on one stream, registered at different points of a delivery (and
+one maybe dropped midway), run in an engine that shares slices and in one that gives every query
+slices of its own (the server's workers do; the unshared Paned-WID is checked against the
+brute-force reference in test_windows_property). After every call each query must have emitted
+the same rows and the same punctuation in both: a query registered later counts only the tuples
+that arrived after it, whatever the queries before it have seen, and its windows come out when
+punctuation covers them, not before, not later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from harness import columns
+from hypothesis import event as tally
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import Agg, Spec, Window, assert_rows_equal
+from strategies import (
+    COMBINABLE,
+    SCHEMA,
+    Close,
+    Event,
+    Punct,
+    Push,
+    deliveries,
+    sql_of,
+    stream_sources,
+    tuples,
+)
+
+from lowtide import Engine, Punctuation
+from lowtide.query.sharing import Shares
+
+windows = st.builds(
+    lambda s, k, extra: Window("sliding", s, s * k + extra),
+    st.sampled_from([1, 2, 4]),
+    st.integers(4, 12),
+    st.integers(0, 2),
+)
+aggregates = st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)
+
+
+class UnsharedEngine(Engine):
+    def _slice_shares(self) -> Shares | None:
+        return None
+
+
+def _apply(engine: Engine, event: Event) -> None:
+    if isinstance(event, Push):
+        engine.push(event.stream, columns(event.rows), source=event.source)
+    elif isinstance(event, Punct):
+        engine.punctuate(event.stream, event.value, source=event.source)
+    elif isinstance(event, Close):
+        engine.close_source(event.stream, event.source)
+
+
+def _polled(engine: Engine, query: str) -> tuple[list[dict[str, Any]], list[int]]:
+    rows: list[dict[str, Any]] = []
+    punctuation: list[int] = []
+    for item in engine.poll(query):
+        if isinstance(item, Punctuation):
+            punctuation.append(item.value)
+        else:
+            assert isinstance(item, pa.Table)
+            rows += item.to_pylist()
+    return rows, punctuation
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),
+    queries=st.lists(st.tuples(windows, aggregates), min_size=2, max_size=4),
+    sources=stream_sources(1),
+    data=st.data(),
+)
+def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: Any, data: Any) -> None:
+    rows = data.draw(tuples(max_size=40), label="tuples")
+    events = data.draw(deliveries({"A": rows}, sources), label="events")
+    specs = [
+        Spec(window, group_by, tuple(Agg(a.func, a.column, f"a{i}", a.param) for i, a in enumerate(aggs)))
+        for window, aggs in queries
+    ]
+    starts = [0, *sorted(data.draw(st.integers(0, len(events)), label="start") for _ in specs[1:])]
+    drop_at = data.draw(st.none() | st.integers(0, len(events)), label="drop query 0 at")
+    shared, own = Engine(), UnsharedEngine()
+    for engine in (shared, own):
+        engine.create_stream("A", SCHEMA, progressing="ts", sources=list(sources["A"]))
+    live: list[int] = []
+    for call in range(len(events) + 1):
+        for i, start in enumerate(starts):
+            if start == call:
+                for engine in (shared, own):
+                    engine.register_query(sql_of(specs[i], ["A"]), name=f"q{i}")
+                live.append(i)
+        if drop_at == call and 0 in live:
+            for engine in (shared, own):
+                engine.drop_query("q0")
+            live.remove(0)
+        if call < len(events):
+            for engine in (shared, own):
+                _apply(engine, events[call])
+        for i in live:
+            got, got_punctuation = _polled(shared, f"q{i}")
+            want, want_punctuation = _polled(own, f"q{i}")
+            assert got_punctuation == want_punctuation, (i, call)
+            assert_rows_equal(got, want, specs[i])
+    readers = [shared._queries[f"q{i}"].plan.reader for i in live]
+    sharing = len({id(r.slices) for r in readers if r is not None}) < len(readers)
+    later_generation = any(r is not None and r.generation > 0 for r in readers)
+    tally(f"slices shared: {sharing}, a reader in a later generation: {later_generation}")

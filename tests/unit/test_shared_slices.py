@@ -1,0 +1,66 @@
+"""Engine-level behaviour of slices shared across queries: explain, late tuples, dropping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from lowtide import Engine
+
+SCHEMA = {"k": "int64", "v": "int64", "ts": "int64"}
+
+
+def sql(range_: int, slide: int = 1, where: str = "") -> str:
+    window = f"[RANGE {range_}, SLIDE {slide}, WA ts]"
+    return f"SELECT k, count(*) AS n, sum(v) AS s {window} FROM S {where} GROUP BY k"
+
+
+def rows(engine: Engine, query: str) -> list[dict[str, int]]:
+    return [r for item in engine.poll(query) if isinstance(item, pa.Table) for r in item.to_pylist()]
+
+
+def batch(ts: list[int], k: int = 1) -> dict[str, np.ndarray]:
+    return {"k": np.full(len(ts), k), "v": np.ones(len(ts), np.int64), "ts": np.array(ts)}
+
+
+def test_explain_shows_which_queries_read_the_slices() -> None:
+    engine = Engine()
+    engine.create_stream("S", SCHEMA)
+    assert "Shared Slices of 5 by k: each tuple" in engine.explain(sql(20, 5))
+    engine.register_query(sql(20, 5), name="a")
+    assert "Shared Slices of 5 by k, shared with 1 query" in engine.explain(sql(40, 10))
+    # Slices of 5 do not tile panes of 1; another filter feeds other slices.
+    assert "Shared Slices of 1 by k: each tuple" in engine.explain(sql(8))
+    assert "shared with" not in engine.explain(sql(40, 10, where="WHERE v > 0"))
+    engine.register_query(sql(40, 10), name="b")
+    assert "shared with 2 queries" in engine.explain(sql(60, 15))
+
+
+def test_a_late_tuple_goes_to_the_late_stream_of_every_reader() -> None:
+    engine = Engine()
+    engine.create_stream("S", SCHEMA)
+    for name in ("a", "b"):
+        engine.register_query(sql(4 if name == "a" else 8), name=name)
+    engine.punctuate("S", 10)
+    engine.push("S", batch([3, 12]))
+    assert [r["ts"] for item in engine.poll("a.late") for r in item.to_pylist()] == [3]
+    assert [r["ts"] for item in engine.poll("b.late") for r in item.to_pylist()] == [3]
+
+
+def test_dropping_a_reader_leaves_the_others_and_the_last_takes_the_slices_down() -> None:
+    engine = Engine()
+    engine.create_stream("S", SCHEMA)
+    engine.register_query(sql(4), name="a")
+    engine.push("S", batch([0, 1, 2]))
+    engine.register_query(sql(4), name="b")  # joins after three tuples: it does not count them
+    engine.push("S", batch([1, 3]))
+    engine.drop_query("a")
+    engine.punctuate("S", 4)
+    first = [r for r in rows(engine, "b") if r["window_start"] == 0]
+    assert first == [{"window_start": 0, "window_end": 4, "k": 1, "n": 2, "s": 2, "revision": 0}]
+    engine.drop_query("b")
+    assert "shared with" not in engine.explain(sql(4))
+    engine.register_query(sql(4), name="c")
+    engine.push("S", batch([5]))
+    engine.close_source("S")
+    assert [(r["window_start"], r["n"]) for r in rows(engine, "c")] == [(2, 1), (3, 1), (4, 1), (5, 1)]
