@@ -4,6 +4,12 @@ Keys are rows of an int64 matrix ``[n, k]`` (strings are already codes, floats a
 bools are 0/1). Group ids are dense and assigned in first-seen order, so aggregate state can be
 plain arrays indexed by group id. ``compact`` drops groups the caller no longer needs and
 renumbers the rest, which keeps the table bounded by the groups of open windows.
+
+Specialisation (Grizzly, seed 002): a single integer key whose values all fall in a small range
+(at most ``DENSE_SPAN`` wide, as ports, protocols, small ids and dictionary codes do) is looked up
+in a direct array ``index[key - base]`` instead of being hashed and probed. The guard is the
+range: the first batch with a key outside any range that small turns the table into the hash
+table for good, with the same group ids.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import numpy.typing as npt
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 _EMPTY = -1
+DENSE_SPAN = 1 << 16  # widest key range looked up directly (a 512 KiB index)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -77,6 +84,33 @@ def _lookup_or_insert(keys: I64, slots: I64, stored: I64, n_groups: int, out: I6
 
 
 @nb.njit(cache=True, nogil=True)
+def _key_range(keys: I64) -> tuple[int, int]:
+    """Smallest and largest key of ``keys`` ``[n, 1]`` (n > 0), in one pass."""
+    lo = hi = keys[0, 0]
+    for i in range(keys.shape[0]):
+        lo = min(lo, keys[i, 0])
+        hi = max(hi, keys[i, 0])
+    return lo, hi
+
+
+@nb.njit(cache=True, nogil=True)
+def _dense_lookup_or_insert(keys: I64, base: int, index: I64, stored: I64, n_groups: int, out: I64) -> int:
+    """Group id of each key of ``keys`` ``[n, 1]``, inserting new keys; returns the new number of
+    groups. ``index[key - base]`` is the group id of ``key`` or -1 (every key is in range: the
+    caller checked). ``index``, ``stored`` (rows past n_groups) and ``out`` are written. O(n)."""
+    for i in range(keys.shape[0]):
+        slot = keys[i, 0] - base
+        g = index[slot]
+        if g == _EMPTY:
+            g = n_groups
+            stored[g, 0] = keys[i, 0]
+            index[slot] = g
+            n_groups += 1
+        out[i] = g
+    return n_groups
+
+
+@nb.njit(cache=True, nogil=True)
 def _rebuild(stored: I64, n_groups: int, slots: I64) -> None:
     """Re-insert group ids ``0..n_groups-1`` into an empty ``slots`` table (mutated)."""
     mask = np.uint64(slots.shape[0] - 1)
@@ -95,6 +129,10 @@ class GroupTable:
         self.n_groups = 0
         self._stored = np.empty((64, width), dtype=np.int64)
         self._slots = np.full(128, _EMPTY, dtype=np.int64)
+        # Direct lookup while the keys fit a small range (single-column keys only).
+        self.dense = width == 1
+        self._base = 0
+        self._index = np.empty(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return self.n_groups
@@ -105,7 +143,7 @@ class GroupTable:
         return self._stored[: self.n_groups]
 
     def nbytes(self) -> int:
-        return int(self._stored.nbytes + self._slots.nbytes)
+        return int(self._stored.nbytes + self._slots.nbytes + self._index.nbytes)
 
     def ids(self, keys: I64) -> I64:
         """Group id of every row of ``keys`` ``[n, width]``, adding new keys."""
@@ -115,14 +153,36 @@ class GroupTable:
             grown = np.empty((max(need, 2 * self._stored.shape[0]), self.width), dtype=np.int64)
             grown[: self.n_groups] = self._stored[: self.n_groups]
             self._stored = grown
+        out = np.empty(n, dtype=np.int64)
+        if self.dense and n and self._fits(*_key_range(keys)):
+            self.n_groups = _dense_lookup_or_insert(
+                keys, self._base, self._index, self._stored, self.n_groups, out
+            )
+            return out
         if 2 * need > self._slots.shape[0]:
             self._resize(1 << int(2 * need - 1).bit_length())
-        out = np.empty(n, dtype=np.int64)
         self.n_groups = _lookup_or_insert(keys, self._slots, self._stored, self.n_groups, out)
         # Shrink the probe table back when a huge batch inflated it but added few groups.
         if self._slots.shape[0] > 8 * max(self.n_groups, 64):
             self._resize(1 << int(2 * max(self.n_groups, 64) - 1).bit_length())
         return out
+
+    def _fits(self, lo: int, hi: int) -> bool:
+        """Whether keys ``lo..hi`` can be looked up directly: re-bases the index to cover them,
+        or (the guard) leaves dense lookup for good when no small range holds every key."""
+        have = self._stored[: self.n_groups, 0]
+        if self._index.shape[0] and self._base <= lo and hi < self._base + self._index.shape[0]:
+            return True
+        lo, hi = min(lo, int(have.min(initial=lo))), max(hi, int(have.max(initial=hi)))
+        if hi - lo >= DENSE_SPAN:
+            self.dense = False
+            self._index = np.empty(0, dtype=np.int64)
+            self._resize(max(128, 1 << int(2 * max(self.n_groups, 1) - 1).bit_length()))
+            return False
+        self._base = lo
+        self._index = np.full(min(DENSE_SPAN, max(64, 2 * (hi - lo + 1))), _EMPTY, dtype=np.int64)
+        self._index[have - lo] = np.arange(self.n_groups)
+        return True
 
     def compact(self, keep: npt.NDArray[np.bool_]) -> I64:
         """Keep the groups where ``keep`` is true; returns old id -> new id (-1 if dropped)."""
@@ -131,7 +191,11 @@ class GroupTable:
         remap[kept] = np.arange(kept.shape[0])
         self._stored[: kept.shape[0]] = self._stored[kept]
         self.n_groups = int(kept.shape[0])
-        self._resize(max(128, 1 << int(2 * max(self.n_groups, 1) - 1).bit_length()))
+        if self.dense:
+            self._index[:] = _EMPTY
+            self._index[self._stored[: self.n_groups, 0] - self._base] = np.arange(self.n_groups)
+        else:
+            self._resize(max(128, 1 << int(2 * max(self.n_groups, 1) - 1).bit_length()))
         return remap
 
     def _resize(self, capacity: int) -> None:
