@@ -1,6 +1,6 @@
 """lowtide: exact window queries over disordered, multi-source streams (the OOP architecture)."""
 
-from lowtide.engine import Engine, Limits, Query
+from lowtide.engine import Engine, Limits, Query, SlowFlush
 from lowtide.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -33,5 +33,6 @@ __all__ = [
     "RegressingPunctuation",
     "ResourceExhausted",
     "SchemaMismatch",
+    "SlowFlush",
     "UnsupportedQuery",
 ]

@@ -19,6 +19,7 @@ from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
+from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
@@ -78,9 +79,14 @@ class RunningQuery:
 
 
 class Engine:
-    def __init__(self, clock: Clock | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self, clock: Clock | None = None, limits: Limits | None = None, flush: SlowFlush | None = None
+    ) -> None:
+        """``flush``: smooth emission (§8.3.3) for the time windows of every query; None: each
+        window's results leave as soon as punctuation completes it."""
         self.clock: Clock = clock or WallClock()
         self.limits = limits or Limits()
+        self.flush = flush
         self.pool = StringPool()
         self._streams: dict[str, Stream] = {}
         self._queries: dict[str, RunningQuery] = {}
@@ -168,7 +174,9 @@ class Engine:
             running.late_dropped += batch.n
             running.late_items.append(to_table(batch, fields, self.pool))
 
-        ctx = Context(self._schema_of, self.pool, policy, allowed_lateness, on_drop, self._slice_shares())
+        ctx = Context(
+            self._schema_of, self.pool, policy, allowed_lateness, on_drop, self._slice_shares(), self.flush
+        )
         plan = plan_query(query, ctx)
         fields = plan.schema
         derived = self._derived_stream(name, plan)
@@ -389,4 +397,4 @@ class Engine:
         return int(sum(op.state_bytes() for op in self._query(query).operators))
 
 
-__all__ = ["DEFAULT_SOURCE", "Engine", "Limits", "Query", "np"]
+__all__ = ["DEFAULT_SOURCE", "Engine", "Limits", "Query", "SlowFlush", "np"]

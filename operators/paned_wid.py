@@ -30,7 +30,7 @@ import numpy as np
 
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.shared_slices import SharedSlices
-from lowtide.operators.wid_aggregate import I64, Having, WIDAggregate, touched_windows
+from lowtide.operators.wid_aggregate import I64, Having, SlowFlush, WIDAggregate, touched_windows
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -52,14 +52,14 @@ class PanedWIDAggregate(WIDAggregate):
         columns: tuple[str, ...],
         having: Having | None = None,
         decode: Callable[[I64], Any] | None = None,
+        flush: SlowFlush | None = None,
     ) -> None:
         if any(call.func.holistic for call in calls):
             raise ValueError("holistic aggregates have no pane partials to combine")
         if window.range % slices.width or window.slide % slices.width:
             raise ValueError(f"slices of {slices.width} do not tile windows of {window.describe()}")
-        super().__init__(
-            window, slices.group_columns, slices.group_types, calls, columns, having, decode=decode
-        )
+        groups, types = slices.group_columns, slices.group_types
+        super().__init__(window, groups, types, calls, columns, having, decode=decode, flush=flush)
         self.slices = slices
         self.window_out = window
         self.pane = slices.width
@@ -112,7 +112,7 @@ class PanedWIDAggregate(WIDAggregate):
         first_open = self.window_out.first_open(complete)
         if first_open > self._next_window:
             self._emit_complete(first_open)
-        self._punctuate_out(END_OF_STREAM if q >= END_OF_STREAM else self.window_out.end_of(first_open))
+        self._queue_punctuation(END_OF_STREAM if q >= END_OF_STREAM else self.window_out.end_of(first_open))
 
     def _emit_complete(self, first_open: int) -> None:
         """Emit the non-empty windows in ``[_next_window, first_open)``, each combined from its slices."""
@@ -140,8 +140,8 @@ class PanedWIDAggregate(WIDAggregate):
             rows_l.append(np.full(g.shape[0], row, np.int64))
             gids_l.append(g)
             wids_l.append(np.full(g.shape[0], w, np.int64))
-        self._emit_cells(np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l))
-        self.slices.free_rows(scratch)
+        cells = np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l)
+        self._queue(*cells, len(ready), lambda: self.slices.free_rows(scratch))
 
     def _running_row(self) -> int:
         assert self._running is not None, "attach() before punctuation"

@@ -120,6 +120,8 @@ class SharedSlices(Operator):
         row_of[touched - base] = [rows[s] for s in touched.tolist()]
         self.cells.ensure(self._rows_used, len(self.groups))
         self.cells.update(batch, ws, we, base, row_of, gid)
+        for reader in self.readers:
+            reader.flush_some(batch.n)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != "wid" or punctuation.value <= self.first_open:
@@ -140,7 +142,8 @@ class SharedSlices(Operator):
         if expired:
             self.free_rows(expired)
             self._live.clear()
-            self._compact_groups()
+            if not any(reader.flushing for reader in self.readers):  # their queued cells keep group ids
+                self._compact_groups()
 
     def _compact_groups(self) -> None:
         # A reader's running window holds only slices still live: its groups are kept too.

@@ -19,7 +19,9 @@ minimum over partitions includes the partitions not seen yet, which are still at
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numba as nb
@@ -38,6 +40,29 @@ from lowtide.schema import ColumnType
 I64 = npt.NDArray[np.int64]
 Having = Callable[[dict[str, Any]], npt.NDArray[np.bool_]]
 LateSink = Callable[[Batch], None]
+
+
+@dataclass(frozen=True)
+class SlowFlush:
+    """Smooth emission (§8.3.3): complete windows leave at ``every`` input tuples per result row,
+    spread over the batches after their punctuation, but never more than ``max_windows``
+    windows behind it (OOP needs no order among windows, so nothing else waits for them)."""
+
+    every: int = 1
+    max_windows: int = 2
+
+
+@dataclass
+class _Pending:
+    """Results waiting to leave, in order: the cells of complete windows, then what to do once
+    they are out (free their state, punctuate past them)."""
+
+    rows: I64
+    gids: I64
+    wids: I64
+    windows: int
+    then: Callable[[], None]
+    done: int = 0
 
 _DENSE_SPAN = 1 << 16
 
@@ -103,9 +128,12 @@ class WIDAggregate(Operator):
         allowed_lateness: bool = False,
         late_sink: LateSink | None = None,
         decode: Callable[[I64], Any] | None = None,
+        flush: SlowFlush | None = None,
     ) -> None:
         super().__init__()
         self.window = window
+        self.flush = flush  # None: results leave as soon as punctuation completes their window
+        self._pending: deque[_Pending] = deque()
         self.window_out: Window = window  # the windows reported (Paned-WID's rows are panes)
         self.group_columns = group_columns
         self.group_types = group_types
@@ -184,6 +212,7 @@ class WIDAggregate(Operator):
         row_of[touched - base] = [self._row_of[w] for w in touched.tolist()]
         self.cells.ensure(self._rows_used, len(self.groups))
         self.cells.update(batch, ws, we, base, row_of, gid)
+        self.flush_some(batch.n)
         if self.partitioned:
             self._map_groups(batch.columns["partition"], gid)
             self._emit_partitions()
@@ -217,13 +246,18 @@ class WIDAggregate(Operator):
         else:
             # Windows below first_open were emitted already (retained ones re-emit only as revisions).
             ready = sorted(w for w in self._row_of if self.first_open <= w < q)
-            self._emit_windows(ready)
-            if not self.allowed_lateness:
-                self._release(ready)
-                self._compact_groups()
+            if self.allowed_lateness:
+                self._emit_windows(ready)
+            else:
+                self._queue(*self._cells_of(ready), len(ready), lambda: self._free_windows(ready))
         self.first_open = q
         if not self.partitioned:
-            self._punctuate_out(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
+            self._queue_punctuation(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
+
+    def _free_windows(self, wids: list[int]) -> None:
+        self._release(wids)
+        if not self.flushing:  # queued cells keep their group ids
+            self._compact_groups()
 
     def _forget_below(self, retain: int) -> None:
         if retain <= self.retained_from:
@@ -238,19 +272,62 @@ class WIDAggregate(Operator):
             self.emit_punctuation(Punctuation(value, "window_end"))
 
     # -- emission ---------------------------------------------------------------------------
-    def _emit_windows(self, wids: list[int]) -> None:
-        if not wids:
+    def _queue(self, rows: I64, gids: I64, wids: I64, windows: int, then: Callable[[], None]) -> None:
+        """Emit the cells of ``windows`` complete windows (all at once, or slowly), then ``then``."""
+        self._pending.append(_Pending(rows, gids, wids, windows, then))
+
+    def _queue_punctuation(self, value: int) -> None:
+        """Punctuate once the windows queued before are out; bound how far behind they are."""
+        empty = np.empty(0, np.int64)
+        self._queue(empty, empty, empty, 0, lambda: self._punctuate_out(value))
+        if self.flush is None or value >= END_OF_STREAM:
+            self._drain(None)
             return
+        while sum(item.windows for item in self._pending) > self.flush.max_windows:
+            self._drain(self._pending[0].rows.shape[0] - self._pending[0].done)
+
+    def flush_some(self, tuples_in: int) -> None:
+        """Slow flush: ``tuples_in`` tuples arrived, so this many result rows may leave."""
+        if self._pending and self.flush is not None:
+            self._drain(-(-tuples_in // self.flush.every))
+
+    @property
+    def flushing(self) -> bool:
+        """Whether result rows are waiting (group ids must stay as they are until they leave)."""
+        return any(item.done < item.rows.shape[0] for item in self._pending)
+
+    def _drain(self, budget: int | None) -> None:
+        """Emit queued results in order, at most ``budget`` rows (None: all of them)."""
+        while self._pending:
+            item = self._pending[0]
+            take = item.rows.shape[0] - item.done
+            if budget is not None:
+                take = min(take, budget)
+                budget -= take
+            if take:
+                part = slice(item.done, item.done + take)
+                self._emit_cells(item.rows[part], item.gids[part], item.wids[part])
+                item.done += take
+            if item.done < item.rows.shape[0]:
+                return
+            self._pending.popleft()
+            item.then()
+
+    def _cells_of(self, wids: list[int]) -> tuple[I64, I64, I64]:
+        """The non-empty cells of windows ``wids``: rows, group ids, window ids."""
         n = self.cells.arrays["n"]
         width = len(self.groups)
-        rows_l, gids_l, wids_l = [], [], []
+        rows_l, gids_l, wids_l = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for w in wids:
             row = self._row_of[w]
             g = np.flatnonzero(n[row, :width] > 0)
             rows_l.append(np.full(g.shape[0], row, np.int64))
             gids_l.append(g)
             wids_l.append(np.full(g.shape[0], w, np.int64))
-        self._emit_cells(np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l))
+        return np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l)
+
+    def _emit_windows(self, wids: list[int]) -> None:
+        self._emit_cells(*self._cells_of(wids))
 
     def _emit_cells(self, rows: I64, gids: I64, wids: I64, revision: I64 | None = None) -> None:
         if rows.shape[0] == 0:

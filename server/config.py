@@ -11,6 +11,8 @@ max_streams = 1000
 max_queries = 1000
 max_query_state_bytes = 1073741824
 retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
+flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
+flush_max_windows = 2     # ... and no window more than this many behind punctuation
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class ServerConfig:
     max_queries: int = 1000
     max_query_state_bytes: int = 1 << 30
     retained_items: int = 1024
+    flush_every: int = 0
+    flush_max_windows: int = 2
 
     @staticmethod
     def load(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
@@ -56,4 +60,6 @@ class ServerConfig:
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if config.workers < 1:
             raise InvalidArgument("workers must be at least 1")
+        if config.flush_every < 0 or config.flush_max_windows < 0:
+            raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config

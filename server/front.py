@@ -22,7 +22,7 @@ import pyarrow as pa
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from lowtide.engine import Limits
+from lowtide.engine import Limits, SlowFlush
 from lowtide.errors import InvalidArgument, LowtideError, NotFound, ResourceExhausted, SchemaMismatch
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
@@ -83,7 +83,8 @@ class Front:
         self.metrics = ServerMetrics()
         self.workers = WorkerPool(config.workers, self._on_message, self._on_death)
         limits = Limits(config.max_streams, config.max_queries, config.max_batch_rows)
-        self.engine = FrontEngine(self.workers, limits=limits)
+        flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
+        self.engine = FrontEngine(self.workers, limits=limits, flush=flush)
         self.engine.on_released = self.metrics.punctuation_to_result
         self.hubs: dict[str, Hub] = {}
         self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source

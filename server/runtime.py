@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lowtide.batch import Batch
-from lowtide.engine import Engine, Limits, RunningQuery
+from lowtide.engine import Engine, Limits, RunningQuery, SlowFlush
 from lowtide.operators.input import Input
 from lowtide.operators.meld import Meld
 from lowtide.punctuation.model import Punctuation
@@ -93,8 +93,14 @@ class Dispatch(Input):
 
 
 class FrontEngine(Engine):
-    def __init__(self, workers: WorkerPool, clock: Clock | None = None, limits: Limits | None = None) -> None:
-        super().__init__(clock, limits)
+    def __init__(
+        self,
+        workers: WorkerPool,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        flush: SlowFlush | None = None,
+    ) -> None:
+        super().__init__(clock, limits, flush)
         self.workers = workers
         self.remote: dict[str, RemoteQuery] = {}
         self._strings_sent = 0
@@ -122,6 +128,7 @@ class FrontEngine(Engine):
                 )
                 for stream, _ in plan.inputs
             },
+            self.flush,
         )
         self.sync_strings()
         for worker in workers:

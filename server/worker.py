@@ -31,6 +31,7 @@ from lowtide.batch import Batch
 from lowtide.errors import LowtideError
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
+from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
@@ -48,6 +49,7 @@ class QuerySpec:
     late: str
     allowed_lateness: str | int | None
     schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
+    flush: SlowFlush | None = None
 
 
 def encode_columns(columns: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
@@ -136,6 +138,7 @@ class Worker:
             LatePolicy.parse(spec.late),
             spec.allowed_lateness,
             on_drop,
+            flush=spec.flush,
         )
         plan = plan_query(parse_query(spec.sql), ctx)
         plan.start()

@@ -97,8 +97,8 @@ class Observed:
     stats: dict[str, Any] = field(default_factory=dict)  # engine.stats() at the end
 
 
-def make_engine(sources: Sources, clock: Any = None, **stream_options: Any) -> Engine:
-    engine = Engine(clock=clock)
+def make_engine(sources: Sources, clock: Any = None, flush: Any = None, **stream_options: Any) -> Engine:
+    engine = Engine(clock=clock, flush=flush)
     for stream, names in sources.items():
         engine.create_stream(stream, SCHEMA, progressing="ts", sources=list(names), **stream_options)
     return engine
@@ -113,8 +113,9 @@ def run(
     allowed_lateness: int | None = None,
     partition: tuple[str, ...] = (),
     declared: bool = True,
+    flush: Any = None,
 ) -> Observed:
-    engine = make_engine(sources if declared else {s: () for s in sources})
+    engine = make_engine(sources if declared else {s: () for s in sources}, flush=flush)
     name = engine.register_query(sql, name="q", late=late, allowed_lateness=allowed_lateness)
     model = Model(sources, declared)
     obs = Observed()

@@ -13,6 +13,7 @@ from typing import Any
 
 from lowtide.batch import Batch
 from lowtide.errors import NotFound, UnsupportedQuery
+from lowtide.operators.adapt_wid import AdaptWIDAggregate
 from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
@@ -25,7 +26,7 @@ from lowtide.operators.project import Project
 from lowtide.operators.select import Select
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
-from lowtide.operators.wid_aggregate import WIDAggregate
+from lowtide.operators.wid_aggregate import SlowFlush, WIDAggregate
 from lowtide.operators.windows import Landmark, Sliding
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
@@ -90,6 +91,7 @@ class Context:
     allowed_lateness: str | int | None
     on_drop: Callable[[Batch, tuple[tuple[str, ColumnType], ...]], None]
     shares: Shares | None = None  # None: every query gets slices of its own (server workers)
+    flush: SlowFlush | None = None  # smooth emission of time windows; None: all at punctuation
     plan_ops: list[Operator] = field(default_factory=list)
     inputs: list[tuple[str, Input]] = field(default_factory=list)
 
@@ -420,6 +422,12 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             agg, shared = _paned_aggregate(
                 query, stage, ctx, window, tuple(group_physicals), group_types, tuple(calls), internal, having
             )
+        elif _adaptive(window, calls, lateness):
+            bucket = ctx.add(Bucket(window), stage.op)
+            agg = AdaptWIDAggregate(
+                window, tuple(group_physicals), group_types, tuple(calls), internal, having, decode
+            )
+            ctx.add(agg, bucket)
         else:
             bucket = ctx.add(Bucket(window, lateness), stage.op)
             agg = WIDAggregate(
@@ -432,6 +440,8 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 allowed_lateness=lateness is not None,
                 late_sink=lambda b: ctx.on_drop(b, late_fields),
                 decode=decode,
+                # Revisions must follow their window's first emission: no slow flush under lateness.
+                flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
             )
             ctx.add(agg, bucket)
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
@@ -482,7 +492,7 @@ def _paned_aggregate(
         ctx.plan_ops[:] = share.operators
         ctx.inputs[:] = [(share.input.stream, share.input)]
         slices = share.slices
-    reader = PanedWIDAggregate(window, slices, calls, internal, having, ctx.pool.decode)
+    reader = PanedWIDAggregate(window, slices, calls, internal, having, ctx.pool.decode, ctx.flush)
     ctx.add(reader)
     if key is None or ctx.shares is None:
         return reader, {"reader": reader}
@@ -518,6 +528,18 @@ def _paned(window: Any, calls: list[AggregateCall], lateness: int | None) -> boo
         and window.range >= PANED_MIN_OVERLAP * window.slide
         and lateness is None  # revisions of late tuples need per-window cells
         and not any(call.func.holistic for call in calls)
+    )
+
+
+def _adaptive(window: Any, calls: list[AggregateCall], lateness: int | None) -> bool:
+    """Whether overlapping windows run as AdaptWID: holistic aggregates have no partials to
+    share, and plain WID would keep each value once per window it falls in, where AdaptWID's
+    lazy groups keep it once (explain shows the choice)."""
+    return (
+        isinstance(window, Sliding)
+        and window.range > window.slide
+        and lateness is None
+        and any(call.func.holistic for call in calls)
     )
 
 
