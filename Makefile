@@ -39,11 +39,14 @@ demo: setup
 
 bench: setup
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/windows.py
 	$(BIN)/python bench/disorder.py
 	$(BIN)/python bench/skew.py
 	$(BIN)/python bench/join.py
 	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/adapt.py
+	$(BIN)/python bench/peers.py
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
