@@ -64,6 +64,7 @@ class _Pending:
     then: Callable[[], None]
     done: int = 0
 
+
 _DENSE_SPAN = 1 << 16
 
 

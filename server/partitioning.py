@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.operators.adapt_wid import AdaptWIDAggregate
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.dupelim import DupElim
@@ -59,7 +60,7 @@ def partitioning_of(plan: Plan) -> Partitioning:
     if any(isinstance(op, SlideByTupleAggregate | DupElim) for op in ops):
         return single
     joins = [op for op in ops if isinstance(op, OAJoin)]
-    aggregates = [op for op in ops if isinstance(op, WIDAggregate)]
+    aggregates = [op for op in ops if isinstance(op, WIDAggregate | AdaptWIDAggregate)]
     if joins and aggregates:
         return single
     if aggregates:
