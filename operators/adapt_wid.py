@@ -63,7 +63,7 @@ from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
-from lowtide.operators.wid_aggregate import Having, touched_windows
+from lowtide.operators.wid_aggregate import Having, apply_having, key_columns, touched_windows
 from lowtide.operators.windows import Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -693,20 +693,10 @@ class AdaptWIDAggregate(Operator):
     def _emit_rows(self, wids: I64, gids: I64, values: dict[str, Any]) -> None:
         columns: dict[str, Any] = {}
         columns["window_start"], columns["window_end"] = self.window.bounds(wids)
-        keys = self.groups.keys[gids]
-        for j, name in enumerate(self.group_columns):
-            columns[name] = (
-                keys[:, j].astype(self.group_types[j].dtype)
-                if self.group_types[j].name != "float64"
-                else keys[:, j].view(np.float64)
-            )
+        columns.update(key_columns(self.groups.keys[gids], self.group_columns, self.group_types))
         columns.update(values)
         columns["revision"] = np.zeros(wids.shape[0], np.int64)
-        if self.having is not None:
-            keep = np.asarray(self.having(columns), dtype=np.bool_)
-            columns = {
-                name: v.filter(keep) if hasattr(v, "filter") else v[keep] for name, v in columns.items()
-            }
+        columns, _ = apply_having(self.having, columns)
         size = len(columns["revision"])
         self.emit(Batch({name: columns[name] for name in self.columns}, size))
 

@@ -343,22 +343,10 @@ class WIDAggregate(Operator):
             columns["window_end"] = (wids + 1) * reported.slide
         else:
             columns["window_start"], columns["window_end"] = reported.bounds(wids)
-        keys = self.groups.keys[gids]
-        for j, name in enumerate(self.group_columns):
-            columns[name] = (
-                keys[:, j].astype(self.group_types[j].dtype)
-                if self.group_types[j].name != "float64"
-                else keys[:, j].view(np.float64)
-            )
+        columns.update(key_columns(self.groups.keys[gids], self.group_columns, self.group_types))
         columns.update(self.cells.finalize(rows, gids, self.decode, self.calls))
         columns["revision"] = revision if revision is not None else np.zeros(rows.shape[0], np.int64)
-        keep = None
-        if self.having is not None:
-            keep = np.asarray(self.having(columns), dtype=np.bool_)
-            columns = {
-                name: values.filter(keep) if hasattr(values, "filter") else values[keep]
-                for name, values in columns.items()
-            }
+        columns, keep = apply_having(self.having, columns)
         if rev is not None:  # a revision counts emitted rows only: HAVING may hold one back
             shown = slice(None) if keep is None else keep
             rev[rows[shown], gids[shown]] = columns["revision"]
@@ -442,6 +430,25 @@ class WIDAggregate(Operator):
         """Forget groups that have no cell in any open window (bounded state under key churn)."""
         if not self.landmark:
             compact_groups(self.groups, self.cells, list(self._row_of.values()))
+
+
+def key_columns(keys: I64, names: tuple[str, ...], types: tuple[ColumnType, ...]) -> dict[str, Any]:
+    """Result columns of group keys ``[n, k]``, back in their types (floats from bit patterns)."""
+    return {
+        name: keys[:, j].astype(kind.dtype) if kind.name != "float64" else keys[:, j].view(np.float64)
+        for j, (name, kind) in enumerate(zip(names, types, strict=True))
+    }
+
+
+def apply_having(
+    having: Having | None, columns: dict[str, Any]
+) -> tuple[dict[str, Any], npt.NDArray[np.bool_] | None]:
+    """The result rows HAVING keeps, and which they were (None: all)."""
+    if having is None:
+        return columns, None
+    keep = np.asarray(having(columns), dtype=np.bool_)
+    kept = {name: v.filter(keep) if hasattr(v, "filter") else v[keep] for name, v in columns.items()}
+    return kept, keep
 
 
 def compact_groups(groups: GroupTable, cells: CellState, live_rows: list[int]) -> None:
