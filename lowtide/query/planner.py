@@ -152,8 +152,8 @@ def _from_item(item: FromItem, ctx: Context) -> Stage:
 
 
 def _select(stage: Stage, predicate: Expr, ctx: Context) -> Stage:
-    compiled = compile_expr(predicate, stage.scope, ctx.pool)
-    op = ctx.add(Select(compiled.fn, _text(predicate)), stage.op)
+    conjuncts = [(compile_expr(c, stage.scope, ctx.pool).fn, _text(c)) for c in _conjuncts(predicate)]
+    op = ctx.add(Select(conjuncts), stage.op)
     return Stage(op, stage.scope, stage.attributes, stage.window)
 
 
