@@ -172,6 +172,19 @@ def run(
     return obs
 
 
+def polled(engine: Engine, query: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """Rows and output punctuation values a poll returns."""
+    rows: list[dict[str, Any]] = []
+    punctuation: list[int] = []
+    for item in engine.poll(query):
+        if isinstance(item, Punctuation):
+            punctuation.append(item.value)
+        else:
+            assert isinstance(item, pa.Table)
+            rows += item.to_pylist()
+    return rows, punctuation
+
+
 def max_finite(values: Sequence[int]) -> int | None:
     finite = [v for v in values if NO_PROGRESS < v < END_OF_STREAM]
     return max(finite) if finite else None

@@ -18,12 +18,13 @@ from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.dupelim import DupElim
+from lowtide.operators.fused_wid import FusedWIDAggregate, fusable
 from lowtide.operators.input import Input
 from lowtide.operators.meld import Meld
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
 from lowtide.operators.project import Project
-from lowtide.operators.select import Select
+from lowtide.operators.select import Predicate, Select
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import SlowFlush, WIDAggregate
@@ -428,6 +429,20 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 window, tuple(group_physicals), group_types, tuple(calls), internal, having, decode
             )
             ctx.add(agg, bucket)
+        elif isinstance(window, Sliding) and lateness is None and fusable(tuple(calls), group_types):
+            upstream, predicates = _unselect(stage, ctx)
+            agg = FusedWIDAggregate(
+                window,
+                predicates,
+                tuple(group_physicals),
+                group_types,
+                tuple(calls),
+                internal,
+                having,
+                decode,
+                ctx.flush,
+            )
+            ctx.add(agg, upstream)
         else:
             bucket = ctx.add(Bucket(window, lateness), stage.op)
             agg = WIDAggregate(
@@ -529,6 +544,18 @@ def _paned(window: Any, calls: list[AggregateCall], lateness: int | None) -> boo
         and lateness is None  # revisions of late tuples need per-window cells
         and not any(call.func.holistic for call in calls)
     )
+
+
+def _unselect(stage: Stage, ctx: Context) -> tuple[Operator, list[tuple[Predicate, str]]]:
+    """Take a Select that ends ``stage`` out of the graph, for a fused operator to run its
+    conjuncts; returns what fed it and its conjuncts."""
+    select = stage.op
+    if not isinstance(select, Select):
+        return select, []
+    upstream = next(op for op in ctx.plan_ops if any(out is select for out, _ in op.outputs))
+    upstream.outputs[:] = [(op, port) for op, port in upstream.outputs if op is not select]
+    ctx.plan_ops.remove(select)
+    return upstream, [(c.predicate, c.text) for c in select.conjuncts]
 
 
 def _adaptive(window: Any, calls: list[AggregateCall], lateness: int | None) -> bool:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-from harness import columns
+from harness import columns, polled
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +31,7 @@ from strategies import (
     tuples,
 )
 
-from lowtide import Engine, Punctuation
+from lowtide import Engine
 from lowtide.query.sharing import Shares
 
 windows = st.builds(
@@ -56,18 +55,6 @@ def _apply(engine: Engine, event: Event) -> None:
         engine.punctuate(event.stream, event.value, source=event.source)
     elif isinstance(event, Close):
         engine.close_source(event.stream, event.source)
-
-
-def _polled(engine: Engine, query: str) -> tuple[list[dict[str, Any]], list[int]]:
-    rows: list[dict[str, Any]] = []
-    punctuation: list[int] = []
-    for item in engine.poll(query):
-        if isinstance(item, Punctuation):
-            punctuation.append(item.value)
-        else:
-            assert isinstance(item, pa.Table)
-            rows += item.to_pylist()
-    return rows, punctuation
 
 
 @settings(max_examples=150, deadline=None)
@@ -104,8 +91,8 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
             for engine in (shared, own):
                 _apply(engine, events[call])
         for i in live:
-            got, got_punctuation = _polled(shared, f"q{i}")
-            want, want_punctuation = _polled(own, f"q{i}")
+            got, got_punctuation = polled(shared, f"q{i}")
+            want, want_punctuation = polled(own, f"q{i}")
             assert got_punctuation == want_punctuation, (i, call)
             assert_rows_equal(got, want, specs[i])
     readers = [shared._queries[f"q{i}"].plan.reader for i in live]
