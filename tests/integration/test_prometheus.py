@@ -358,7 +358,8 @@ def test_prometheus_scrapes_a_real_server(prometheus_binary: Path, tmp_path: Pat
                 prometheus.tail,
             )
             wait_for("late == 7", scraped('lowtide_query_late_tuples_total{query="q1"}', 7), prometheus.tail)
-            aggregate_in = 'sum(lowtide_operator_tuples_in_total{query="q1", operator="1:Fused WID Aggregate"})'
+            aggregate = 'operator="1:Fused WID Aggregate"'
+            aggregate_in = f'sum(lowtide_operator_tuples_in_total{{query="q1", {aggregate}}})'
             wait_for("aggregate saw 500", scraped(aggregate_in, 500), prometheus.tail)
             latency = 'sum(lowtide_punctuation_to_result_seconds_count{query="q1"})'
             assert wait_for(
