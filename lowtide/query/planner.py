@@ -429,7 +429,12 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 window, tuple(group_physicals), group_types, tuple(calls), internal, having, decode
             )
             ctx.add(agg, bucket)
-        elif isinstance(window, Sliding) and lateness is None and fusable(tuple(calls), group_types):
+        elif (
+            isinstance(stage.op, Select)  # the gain is the filtered copy it saves
+            and isinstance(window, Sliding)
+            and lateness is None
+            and fusable(tuple(calls), group_types)
+        ):
             upstream, predicates = _unselect(stage, ctx)
             agg = FusedWIDAggregate(
                 window,

@@ -280,7 +280,7 @@ def test_prometheus_scrapes_lowtide_metrics(prometheus_binary: Path, tmp_path: P
             assert float(sample(prometheus.query("lowtide_query_low_watermark"))[1]) == 20_000
             assert float(sample(prometheus.query("lowtide_open_windows"))[1]) == 0
             assert float(sample(prometheus.query("lowtide_state_bytes"))[1]) > 0
-            aggregate_in = 'lowtide_operator_tuples_in_total{query="q1", operator="1:Fused WID Aggregate"}'
+            aggregate_in = 'lowtide_operator_tuples_in_total{query="q1", operator="2:WID Aggregate"}'
             assert float(sample(prometheus.query(aggregate_in))[1]) == 350
             count = "lowtide_punctuation_to_result_seconds_count"
             assert float(sample(prometheus.query(count))[1]) == 1
@@ -358,8 +358,7 @@ def test_prometheus_scrapes_a_real_server(prometheus_binary: Path, tmp_path: Pat
                 prometheus.tail,
             )
             wait_for("late == 7", scraped('lowtide_query_late_tuples_total{query="q1"}', 7), prometheus.tail)
-            aggregate = 'operator="1:Fused WID Aggregate"'
-            aggregate_in = f'sum(lowtide_operator_tuples_in_total{{query="q1", {aggregate}}})'
+            aggregate_in = 'sum(lowtide_operator_tuples_in_total{query="q1", operator="2:WID Aggregate"})'
             wait_for("aggregate saw 500", scraped(aggregate_in, 500), prometheus.tail)
             latency = 'sum(lowtide_punctuation_to_result_seconds_count{query="q1"})'
             assert wait_for(

@@ -302,9 +302,9 @@ def test_snapshot_from_a_real_engine(metrics: ServerMetrics) -> None:
     assert series(samples, "lowtide_state_bytes")[(("query", "q1"),)] > 0
     operators_in = series(samples, "lowtide_operator_tuples_in_total")
     assert operators_in[(("operator", "0:Input"), ("query", "q1"))] == 3
-    assert operators_in[(("operator", "1:Fused WID Aggregate"), ("query", "q1"))] == 3
+    assert operators_in[(("operator", "2:WID Aggregate"), ("query", "q1"))] == 3
     operators_out = series(samples, "lowtide_operator_tuples_out_total")
-    assert operators_out[(("operator", "1:Fused WID Aggregate"), ("query", "q1"))] == 2
+    assert operators_out[(("operator", "2:WID Aggregate"), ("query", "q1"))] == 2
 
     engine.close_source("Main", "s1")
     _, samples, _ = scrape(metrics)
