@@ -1,6 +1,6 @@
 """Fused WID Aggregate (Grizzly, seed 002): Select, Bucket and WID Aggregate in one kernel per batch.
 
-For the commonest window query - a time window counting and summing integer columns, grouped by
+For the commonest filtered window query - a time window counting and summing integer columns, grouped by
 one non-float column, behind a WHERE of any conjuncts - the WHERE becomes a mask over the batch
 (numpy, no copy of the batch), and one numba loop over the tuples that pass computes each
 tuple's window ids (``wids()`` of chapter 5, as Bucket would) and updates count and sums of every
@@ -118,7 +118,7 @@ class FusedWIDAggregate(WIDAggregate):
         decode: Callable[[I64], Any] | None = None,
         flush: SlowFlush | None = None,
     ) -> None:
-        assert fusable(calls, group_types)
+        assert fusable(calls, group_types) and predicates
         super().__init__(
             window, group_columns, group_types, calls, columns, having, decode=decode, flush=flush
         )
@@ -127,18 +127,17 @@ class FusedWIDAggregate(WIDAggregate):
         self.sum_columns = tuple(dict.fromkeys(c.column for c in calls if c.func is AggFunc.SUM and c.column))
 
     def describe(self) -> str:
-        where = f" where {' AND '.join(text for _, text in self.predicates)}" if self.predicates else ""
+        where = f" where {' AND '.join(text for _, text in self.predicates)}"
         return f"Fused Select + Bucket + {super().describe()}{where}, {self.sliding.describe()}: one kernel"
 
     def process(self, batch: Batch, port: int = 0) -> None:
         if batch.n == 0:
             return
         columns = batch.columns
-        mask = None
+        mask = np.ones(batch.n, dtype=np.bool_)
         for predicate, _ in self.predicates:
-            keep = np.broadcast_to(np.asarray(predicate(columns), dtype=np.bool_), (batch.n,))
-            mask = keep if mask is None else mask & keep
-        rows = np.flatnonzero(mask) if mask is not None else np.arange(batch.n, dtype=np.int64)
+            mask &= np.asarray(predicate(columns), dtype=np.bool_)
+        rows = np.flatnonzero(mask)
         if rows.shape[0] == 0:
             self.tuples_in += batch.n
             return
@@ -153,8 +152,7 @@ class FusedWIDAggregate(WIDAggregate):
             super().process(batch.select(rows).with_columns({"wid_start": ws, "wid_end": we}))
             return
         self.tuples_in += batch.n
-        keys = columns[self.group_columns[0]]
-        keys = (keys if mask is None else keys[rows]).astype(np.int64, copy=False)
+        keys = columns[self.group_columns[0]][rows].astype(np.int64, copy=False)
         gid = self.groups.ids(keys.reshape(-1, 1))
         new = [w for w in range(first, last) if w not in self._row_of]
         for w in new:

@@ -129,18 +129,12 @@ class PanedWIDAggregate(WIDAggregate):
             return
         width = len(self.groups)
         scratch = [self.slices.new_row() for _ in ready]
-        n = self.cells.arrays["n"]
-        rows_l, gids_l, wids_l = [], [], []
         for w, row in zip(ready, scratch, strict=True):
             self._slide_running(w, panes, pane_rows, width)
             lo, hi = self._panes_of(w, panes)
             self.cells.copy_row(row, self._running_row(), width, self._invertible)
             self.cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
-            g = np.flatnonzero(n[row, :width] > 0)
-            rows_l.append(np.full(g.shape[0], row, np.int64))
-            gids_l.append(g)
-            wids_l.append(np.full(g.shape[0], w, np.int64))
-        cells = np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l)
+        cells = self._cells_of(list(zip(ready, scratch, strict=True)))
         self._queue(*cells, len(ready), lambda: self.slices.free_rows(scratch))
 
     def _running_row(self) -> int:

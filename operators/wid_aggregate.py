@@ -250,7 +250,7 @@ class WIDAggregate(Operator):
             if self.allowed_lateness:
                 self._emit_windows(ready)
             else:
-                self._queue(*self._cells_of(ready), len(ready), lambda: self._free_windows(ready))
+                self._queue(*self._window_cells(ready), len(ready), lambda: self._free_windows(ready))
         self.first_open = q
         if not self.partitioned:
             self._queue_punctuation(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
@@ -314,21 +314,23 @@ class WIDAggregate(Operator):
             self._pending.popleft()
             item.then()
 
-    def _cells_of(self, wids: list[int]) -> tuple[I64, I64, I64]:
-        """The non-empty cells of windows ``wids``: rows, group ids, window ids."""
+    def _cells_of(self, windows: list[tuple[int, int]]) -> tuple[I64, I64, I64]:
+        """The non-empty cells of ``(window id, state row)`` pairs: rows, group ids, window ids."""
         n = self.cells.arrays["n"]
         width = len(self.groups)
         rows_l, gids_l, wids_l = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for w in wids:
-            row = self._row_of[w]
+        for w, row in windows:
             g = np.flatnonzero(n[row, :width] > 0)
             rows_l.append(np.full(g.shape[0], row, np.int64))
             gids_l.append(g)
             wids_l.append(np.full(g.shape[0], w, np.int64))
         return np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l)
 
+    def _window_cells(self, wids: list[int]) -> tuple[I64, I64, I64]:
+        return self._cells_of([(w, self._row_of[w]) for w in wids])
+
     def _emit_windows(self, wids: list[int]) -> None:
-        self._emit_cells(*self._cells_of(wids))
+        self._emit_cells(*self._window_cells(wids))
 
     def _emit_cells(self, rows: I64, gids: I64, wids: I64, revision: I64 | None = None) -> None:
         if rows.shape[0] == 0:

@@ -400,6 +400,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         )
         if isinstance(window, Landmark | SlideByTuple) or attribute == "row-num":
             raise UnsupportedQuery("late='update' works with time-based sliding and tumbling windows only")
+    groups, aggs = tuple(group_physicals), tuple(calls)
     agg: Operator
     shared: dict[str, Any] = {}  # the Plan's sharing fields
     if isinstance(window, SlideByTuple):
@@ -408,9 +409,9 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             attribute,
             window.slide_rows,
             window.by_rank,
-            tuple(group_physicals),
+            groups,
             group_types,
-            tuple(calls),
+            aggs,
             internal,
             having,
             decode,
@@ -421,27 +422,25 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         if _paned(window, calls, lateness):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
-                query, stage, ctx, window, tuple(group_physicals), group_types, tuple(calls), internal, having
+                query, stage, ctx, window, groups, group_types, aggs, internal, having
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
-            agg = AdaptWIDAggregate(
-                window, tuple(group_physicals), group_types, tuple(calls), internal, having, decode
-            )
+            agg = AdaptWIDAggregate(window, groups, group_types, aggs, internal, having, decode)
             ctx.add(agg, bucket)
         elif (
             isinstance(stage.op, Select)  # the gain is the filtered copy it saves
             and isinstance(window, Sliding)
             and lateness is None
-            and fusable(tuple(calls), group_types)
+            and fusable(aggs, group_types)
         ):
-            upstream, predicates = _unselect(stage, ctx)
+            upstream, predicates = _unselect(stage.op, ctx)
             agg = FusedWIDAggregate(
                 window,
                 predicates,
-                tuple(group_physicals),
+                groups,
                 group_types,
-                tuple(calls),
+                aggs,
                 internal,
                 having,
                 decode,
@@ -452,9 +451,9 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             bucket = ctx.add(Bucket(window, lateness), stage.op)
             agg = WIDAggregate(
                 window,
-                tuple(group_physicals),
+                groups,
                 group_types,
-                tuple(calls),
+                aggs,
                 internal,
                 having,
                 allowed_lateness=lateness is not None,
@@ -551,12 +550,9 @@ def _paned(window: Any, calls: list[AggregateCall], lateness: int | None) -> boo
     )
 
 
-def _unselect(stage: Stage, ctx: Context) -> tuple[Operator, list[tuple[Predicate, str]]]:
-    """Take a Select that ends ``stage`` out of the graph, for a fused operator to run its
-    conjuncts; returns what fed it and its conjuncts."""
-    select = stage.op
-    if not isinstance(select, Select):
-        return select, []
+def _unselect(select: Select, ctx: Context) -> tuple[Operator, list[tuple[Predicate, str]]]:
+    """Take ``select`` out of the graph, for a fused operator to run its conjuncts; returns what
+    fed it and its conjuncts."""
     upstream = next(op for op in ctx.plan_ops if any(out is select for out, _ in op.outputs))
     upstream.outputs[:] = [(op, port) for op, port in upstream.outputs if op is not select]
     ctx.plan_ops.remove(select)
