@@ -135,14 +135,14 @@ class CellState:
         }
 
     def declare(self, calls: tuple[AggregateCall, ...]) -> None:
-        """Add the accumulators ``calls`` need and do not have yet, at identity in every cell
-        (holistic calls are not taken: their logs have no partials to share)."""
-        assert not any(call.func.holistic for call in calls)
+        """Add the accumulators ``calls`` need and do not have yet, at identity in every cell;
+        a holistic call's column gets an empty value log if it has none."""
         before = set(self._identity)
         rows, groups = self.shape
         self.calls = (*self.calls, *[call for call in calls if call not in self.calls])
         for call in calls:
-            self._declare(call)
+            if not (call.func.holistic and call.column in self.logs):
+                self._declare(call)
         for name in self._identity.keys() - before:
             self.arrays[name] = np.full((rows, groups), self._identity[name], dtype=self._dtype[name])
 
@@ -283,6 +283,12 @@ class CellState:
                 array[dst] += array[src]
         for log in self.logs.values():
             log.rows[: log.n][log.rows[: log.n] == src] = dst
+
+    def forget_logs(self, keep: set[str]) -> None:
+        """Drop the value logs of columns not in ``keep`` (no reader of them is left)."""
+        for col in [col for col in self.logs if col not in keep]:
+            del self.logs[col]
+        self.calls = tuple(c for c in self.calls if not c.func.holistic or c.column in keep)
 
     def invertible(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """Those of the accumulators ``names`` a subtraction undoes exactly: counts and

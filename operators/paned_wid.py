@@ -10,7 +10,9 @@ query: a window is the combination of its ``r / p`` slices (``p`` the slice widt
 running window slides to the next by adding the slices that enter and subtracting those that
 leave, ``s / p`` slices each way whatever ``r``. Minima, maxima, float sums and variances are
 combined from the window's slices (Chan's formula for variances): exact, with no subtraction of
-floats. Holistic aggregates (median, quantile, distinct counts, heavy hitters) keep plain WID.
+floats. Holistic aggregates (median, quantile, distinct counts, heavy hitters) read per-slice
+summaries that merge: each slice keeps its values once (the exact summary), and a window's
+summary is the union of its slices', gathered when it is emitted and freed once it is out.
 
 Punctuation contract. On ``Punctuation(q, "wid")`` from the slices (slices ``< q`` complete)
 every window whose slices are all complete - ``end(w) <= q * p`` - is emitted once, at
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.operators.aggregate_kernels import expand_cells
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.wid_aggregate import I64, Having, SlowFlush, WIDAggregate, touched_windows
@@ -54,8 +57,6 @@ class PanedWIDAggregate(WIDAggregate):
         decode: Callable[[I64], Any] | None = None,
         flush: SlowFlush | None = None,
     ) -> None:
-        if any(call.func.holistic for call in calls):
-            raise ValueError("holistic aggregates have no pane partials to combine")
         if window.range % slices.width or window.slide % slices.width:
             raise ValueError(f"slices of {slices.width} do not tile windows of {window.describe()}")
         groups, types = slices.group_columns, slices.group_types
@@ -69,6 +70,7 @@ class PanedWIDAggregate(WIDAggregate):
         names = tuple(own.arrays)
         self._invertible = own.invertible(names)
         self._combined = tuple(name for name in names if name not in self._invertible)
+        self.summaries = tuple(sorted({c.column for c in calls if c.func.holistic and c.column}))
         self._next_window = NO_PROGRESS  # windows below this one were emitted
         self._running: int | None = None  # the row of the invertible accumulators of _running_window
         self._running_window: int | None = None
@@ -134,8 +136,28 @@ class PanedWIDAggregate(WIDAggregate):
             lo, hi = self._panes_of(w, panes)
             self.cells.copy_row(row, self._running_row(), width, self._invertible)
             self.cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
+        if self.summaries:
+            self._merge_summaries(ready, scratch, panes, pane_rows)
         cells = self._cells_of(list(zip(ready, scratch, strict=True)))
         self._queue(*cells, len(ready), lambda: self.slices.free_rows(scratch))
+
+    def _merge_summaries(self, ready: list[int], scratch: list[int], panes: I64, pane_rows: I64) -> None:
+        """Give each ready window's scratch row the union of its slices' values, in one pass
+        over the value logs: an entry of slice ``s`` goes to every ready window holding ``s``."""
+        base = ready[0]
+        row_of = np.full(ready[-1] - base + 1, -1, np.int64)
+        row_of[np.array(ready, np.int64) - base] = scratch
+        for col in self.summaries:
+            log = self.cells.logs[col]
+            size = max(int(log.rows[: log.n].max(initial=-1)), int(pane_rows.max())) + 1
+            slice_of, live = np.zeros(size, np.int64), np.zeros(size, np.bool_)
+            slice_of[pane_rows] = panes
+            live[pane_rows] = True  # not rows of other generations, readers' running windows or scratch
+            entries = np.flatnonzero(live[log.rows[: log.n]])
+            ws, we = self.window_out.wids(slice_of[log.rows[entries]] * self.pane)
+            ws, we = np.maximum(ws, base), np.minimum(we, ready[-1] + 1)
+            rows, gids, index = expand_cells(ws, we, base, row_of, log.gids[entries])
+            log.append(rows, gids, log.values[entries[index]])
 
     def _running_row(self) -> int:
         assert self._running is not None, "attach() before punctuation"

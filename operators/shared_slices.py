@@ -2,7 +2,8 @@
 
 Stream slicing (seed 001, §4) generalises panes: every sliding-window query on a stream reads
 one set of slices whose edges include all of their window edges, so a tuple updates exactly one
-slice cell ``(slice, group)`` however many queries and overlapping windows read it. Here a slice
+slice cell ``(slice, group)`` however many queries and overlapping windows read it - and, for
+holistic aggregates, one entry of its slice's value log (the slice's exact summary). Here a slice
 is a tumbling window of ``width`` (the Bucket before this operator tags each tuple with it), and
 ``width`` divides every reader's pane ``gcd(RANGE, SLIDE)``, so each reader's windows are unions
 of whole slices. The readers, one :class:`~lowtide.operators.paned_wid.PanedWIDAggregate` per
@@ -76,6 +77,8 @@ class SharedSlices(Operator):
 
     def leave(self, reader: PanedWIDAggregate) -> None:
         self.readers.remove(reader)
+        # A value log no reader needs would only grow with every tuple.
+        self.cells.forget_logs({col for r in self.readers for col in r.summaries})
 
     def new_row(self) -> int:
         if self._free:

@@ -419,10 +419,11 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         ctx.add(agg, stage.op)
     else:
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
-        if _paned(window, calls, lateness):
+        share = _share_of(query, ctx, window, groups, group_types)
+        if _paned(window, calls, lateness, share is not None):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
-                query, stage, ctx, window, groups, group_types, aggs, internal, having
+                query, stage, ctx, window, share, groups, group_types, aggs, internal, having
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
@@ -491,17 +492,17 @@ def _paned_aggregate(
     stage: Stage,
     ctx: Context,
     window: Sliding,
+    share: Share | None,
     groups: tuple[str, ...],
     types: tuple[ColumnType, ...],
     calls: tuple[AggregateCall, ...],
     internal: tuple[str, ...],
     having: Any,
 ) -> tuple[PanedWIDAggregate, dict[str, Any]]:
-    """Paned-WID: its window-level query over slices, shared with the engine's earlier queries
-    when slices fed the same way exist; returns it and the Plan's sharing fields."""
+    """Paned-WID: its window-level query over slices, those of ``share`` (an earlier query's,
+    fed the same way) or its own; returns it and the Plan's sharing fields."""
     width = pane_of(window).range
     key = _share_key(query, groups, types, ctx.policy)
-    share = ctx.shares.find(key, width) if ctx.shares is not None and key is not None else None
     own_input = ctx.inputs[0][1]
     if share is None:
         bucket = ctx.add(Bucket(pane_of(window)), stage.op)
@@ -523,6 +524,16 @@ def _paned_aggregate(
     return reader, {"share": share, "joins_share": True, "reader": reader, "late_handler": handler}
 
 
+def _share_of(
+    query: Query, ctx: Context, window: Any, groups: tuple[str, ...], types: tuple[ColumnType, ...]
+) -> Share | None:
+    """The slices of an earlier query that a sliding ``window`` over them could read."""
+    key = _share_key(query, groups, types, ctx.policy)
+    if not isinstance(window, Sliding) or ctx.shares is None or key is None:
+        return None
+    return ctx.shares.find(key, pane_of(window).range)
+
+
 def _share_key(
     query: Query, groups: tuple[str, ...], types: tuple[ColumnType, ...], policy: LatePolicy
 ) -> tuple[Any, ...] | None:
@@ -540,13 +551,15 @@ def _share_key(
 PANED_MIN_OVERLAP = 4
 
 
-def _paned(window: Any, calls: list[AggregateCall], lateness: int | None) -> bool:
-    """Whether a sliding window runs as Paned-WID (explain shows the choice)."""
+def _paned(window: Any, calls: list[AggregateCall], lateness: int | None, shared: bool) -> bool:
+    """Whether a sliding window runs as Paned-WID (explain shows the choice). Holistic
+    aggregates take it only to read slices another query keeps already: alone, AdaptWID holds
+    less state at the same speed (bench/adapt.py, the holistic table)."""
     return (
         isinstance(window, Sliding)
         and window.range >= PANED_MIN_OVERLAP * window.slide
         and lateness is None  # revisions of late tuples need per-window cells
-        and not any(call.func.holistic for call in calls)
+        and (shared or not any(call.func.holistic for call in calls))
     )
 
 

@@ -64,3 +64,21 @@ def test_dropping_a_reader_leaves_the_others_and_the_last_takes_the_slices_down(
     engine.push("S", batch([5]))
     engine.close_source("S")
     assert [(r["window_start"], r["n"]) for r in rows(engine, "c")] == [(2, 1), (3, 1), (4, 1), (5, 1)]
+
+
+def test_a_holistic_query_reads_slices_another_keeps_and_its_log_goes_with_it() -> None:
+    engine = Engine()
+    engine.create_stream("S", SCHEMA)
+    median = "SELECT k, median(v) AS m [RANGE 8, SLIDE 2, WA ts] FROM S GROUP BY k"
+    assert "AdaptWID" in engine.explain(median)  # alone: no slices to read
+    engine.register_query(sql(8, 2), name="counts")
+    assert "Paned-WID" in engine.explain(median) and "shared with 1 query" in engine.explain(median)
+    engine.register_query(median, name="m")
+    engine.push("S", {"k": np.ones(4, np.int64), "v": np.array([5, 1, 9, 2]), "ts": np.array([0, 1, 3, 9])})
+    engine.punctuate("S", 8)
+    medians = {r["window_start"]: r["m"] for r in rows(engine, "m")}
+    assert medians == {-6: 3.0, -4: 5.0, -2: 5.0, 0: 5.0}  # ts 9 is in no complete window
+    slices = engine._queries["counts"].plan.reader.slices  # type: ignore[union-attr]
+    assert list(slices.cells.logs) == ["v"]
+    engine.drop_query("m")
+    assert not slices.cells.logs  # no reader of the values is left: tuples stop logging them
