@@ -440,5 +440,5 @@ def _typed(state: Arr, empty: npt.NDArray[np.bool_], kind: ColumnType | None, fu
     if kind is None or kind.name == "float64":
         return np.where(empty, np.nan, state.astype(np.float64))
     if func is AggFunc.SUM:
-        return state.astype(np.int64)
-    return state.astype(kind.dtype)
+        return state.astype(np.int64, copy=False)
+    return state.astype(kind.dtype, copy=False)

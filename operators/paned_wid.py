@@ -37,6 +37,9 @@ from lowtide.operators.wid_aggregate import I64, Having, SlowFlush, WIDAggregate
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
+# Windows emitted together at most: a burst (the end of the stream) reuses this many scratch rows.
+EMIT_CHUNK = 64
+
 
 def pane_of(window: Sliding) -> Sliding:
     """The tumbling window of panes that ``window`` is cut into."""
@@ -130,16 +133,50 @@ class PanedWIDAggregate(WIDAggregate):
         if not ready:
             return
         width = len(self.groups)
-        scratch = [self.slices.new_row() for _ in ready]
-        for w, row in zip(ready, scratch, strict=True):
-            self._slide_running(w, panes, pane_rows, width)
-            lo, hi = self._panes_of(w, panes)
-            self.cells.copy_row(row, self._running_row(), width, self._invertible)
-            self.cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
-        if self.summaries:
-            self._merge_summaries(ready, scratch, panes, pane_rows)
-        cells = self._cells_of(list(zip(ready, scratch, strict=True)))
-        self._queue(*cells, len(ready), lambda: self.slices.free_rows(scratch))
+        # Sliding the running window costs about 2 * SLIDE / p + 1 slice rows per window, prefix
+        # sums one per live slice: many windows at once (a gap, the end of the stream) take those.
+        bulk = len(ready) * (2 * self.panes_per_slide + 1) >= panes.shape[0]
+        prefix = self._prefix_sums(pane_rows, width) if bulk else {}
+        for part in range(0, len(ready), EMIT_CHUNK):
+            chunk = ready[part : part + EMIT_CHUNK]
+            scratch = [self.slices.new_row() for _ in chunk]
+            if bulk:
+                self._from_prefix(chunk, scratch, panes, prefix, width)
+            for w, row in zip(chunk, scratch, strict=True):
+                if not bulk:
+                    self._slide_running(w, panes, pane_rows, width)
+                    self.cells.copy_row(row, self._running_row(), width, self._invertible)
+                if self._combined:
+                    lo, hi = self._panes_of(w, panes)
+                    self.cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
+            if self.summaries:
+                self._merge_summaries(chunk, scratch, panes, pane_rows)
+            cells = self._cells_of(list(zip(chunk, scratch, strict=True)))
+            self._queue(*cells, len(chunk), lambda rows=scratch: self.slices.free_rows(rows))
+            if self.flush is None:
+                self._drain(None)  # out at once: the next chunk reuses the scratch rows
+        if bulk:
+            self._running_window = None  # the running window starts afresh
+
+    def _prefix_sums(self, pane_rows: I64, width: int) -> dict[str, I64]:
+        """Per invertible accumulator, the sums of the first ``i`` live slices (row ``i``)."""
+        prefix = {}
+        for name in self._invertible:
+            array = self.cells.arrays[name]
+            prefix[name] = np.zeros((pane_rows.shape[0] + 1, width), array.dtype)
+            np.cumsum(array[pane_rows, :width], axis=0, out=prefix[name][1:])
+        return prefix
+
+    def _from_prefix(
+        self, ready: list[int], scratch: list[int], panes: I64, prefix: dict[str, I64], width: int
+    ) -> None:
+        """The invertible accumulators of the ready windows as differences of prefix sums
+        (exact: integers)."""
+        first = np.array(ready, np.int64) * self.panes_per_slide
+        lo, hi = np.searchsorted(panes, first), np.searchsorted(panes, first + self.panes_per_window)
+        rows = np.array(scratch, np.int64)
+        for name, sums in prefix.items():
+            self.cells.arrays[name][rows, :width] = sums[hi] - sums[lo]
 
     def _merge_summaries(self, ready: list[int], scratch: list[int], panes: I64, pane_rows: I64) -> None:
         """Give each ready window's scratch row the union of its slices' values, in one pass

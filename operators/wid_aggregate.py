@@ -316,15 +316,9 @@ class WIDAggregate(Operator):
 
     def _cells_of(self, windows: list[tuple[int, int]]) -> tuple[I64, I64, I64]:
         """The non-empty cells of ``(window id, state row)`` pairs: rows, group ids, window ids."""
-        n = self.cells.arrays["n"]
-        width = len(self.groups)
-        rows_l, gids_l, wids_l = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for w, row in windows:
-            g = np.flatnonzero(n[row, :width] > 0)
-            rows_l.append(np.full(g.shape[0], row, np.int64))
-            gids_l.append(g)
-            wids_l.append(np.full(g.shape[0], w, np.int64))
-        return np.concatenate(rows_l), np.concatenate(gids_l), np.concatenate(wids_l)
+        pairs = np.array(windows, np.int64).reshape(-1, 2)
+        which, gids = np.nonzero(self.cells.arrays["n"][pairs[:, 1], : len(self.groups)] > 0)
+        return pairs[which, 1], gids.astype(np.int64, copy=False), pairs[which, 0]
 
     def _window_cells(self, wids: list[int]) -> tuple[I64, I64, I64]:
         return self._cells_of([(w, self._row_of[w]) for w in wids])
@@ -437,7 +431,9 @@ class WIDAggregate(Operator):
 def key_columns(keys: I64, names: tuple[str, ...], types: tuple[ColumnType, ...]) -> dict[str, Any]:
     """Result columns of group keys ``[n, k]``, back in their types (floats from bit patterns)."""
     return {
-        name: keys[:, j].astype(kind.dtype) if kind.name != "float64" else keys[:, j].view(np.float64)
+        name: keys[:, j].astype(kind.dtype, copy=False)
+        if kind.name != "float64"
+        else keys[:, j].view(np.float64)
         for j, (name, kind) in enumerate(zip(names, types, strict=True))
     }
 
