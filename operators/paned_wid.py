@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -152,7 +153,7 @@ class PanedWIDAggregate(WIDAggregate):
             if self.summaries:
                 self._merge_summaries(chunk, scratch, panes, pane_rows)
             cells = self._cells_of(list(zip(chunk, scratch, strict=True)))
-            self._queue(*cells, len(chunk), lambda rows=scratch: self.slices.free_rows(rows))
+            self._queue(*cells, len(chunk), partial(self.slices.free_rows, scratch))
             if self.flush is None:
                 self._drain(None)  # out at once: the next chunk reuses the scratch rows
         if bulk:
