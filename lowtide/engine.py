@@ -219,13 +219,9 @@ class Engine:
         running.subscribers = self._subscribers(running)
         plan = running.plan
         plan.start()
-        if plan.share is not None:
-            assert plan.late_handler is not None
-            if plan.joins_share:
-                plan.share.late_handlers.append(plan.late_handler)
-                self._regranulate()
-                return  # its input is subscribed and punctuated already
-            self._shares.add(plan.share)
+        if self._shares.enter(plan):
+            self._regranulate()
+            return  # it reads slices whose input is subscribed and punctuated already
         for stream_name, op in running.subscribers:
             stream = self._streams[stream_name]
             stream.subscribers.append(op)
@@ -245,7 +241,7 @@ class Engine:
         readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
         if readers:
             raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
-        self._leave_share(running.plan)
+        self._shares.leave(running.plan)
         del self._queries[name]
         for stream_name, op in running.subscribers:
             if not self._shared_input(op):
@@ -254,20 +250,13 @@ class Engine:
         self._forget(name)
         self._regranulate()
 
-    def _leave_share(self, plan: Plan) -> None:
-        """Stop a query's reading of shared slices; the last reader takes them down."""
-        share = plan.share
-        if share is None:
-            return
-        assert plan.reader is not None and plan.late_handler is not None
-        plan.reader.detach()
-        share.late_handlers.remove(plan.late_handler)
-        if not share.slices.readers:
-            self._shares.remove(share)
-
     def _shared_input(self, op: Input) -> bool:
-        """Whether ``op`` still feeds slices some query reads."""
-        return any(q.plan.share is not None and q.plan.share.input is op for q in self._queries.values())
+        """Whether ``op`` still feeds slices some query reads (a query reading shared slices
+        lists what feeds them among its subscribers)."""
+        return any(
+            q.plan.share is not None and any(o is op for _, o in q.subscribers)
+            for q in self._queries.values()
+        )
 
     def _regranulate(self) -> None:
         """Generated punctuation no finer than the windows in use need (gcd of their slides)."""

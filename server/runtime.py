@@ -105,6 +105,8 @@ class FrontEngine(Engine):
         self.remote: dict[str, RemoteQuery] = {}
         self._strings_sent = 0
         self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
+        # Shared slices -> the query feeding them and its dispatches (they outlive it while read).
+        self._feeders: dict[int, tuple[RemoteQuery, list[tuple[str, Input]]]] = {}
 
     # -- registration ---------------------------------------------------------------------------
     def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
@@ -113,6 +115,9 @@ class FrontEngine(Engine):
         n = self.workers.size
         single = partitioning.single or n == 1
         workers = [zlib.crc32(running.name.encode()) % n] if single else list(range(n))
+        feeder = self._feeders.get(id(plan.share)) if plan.joins_share else None
+        if feeder is not None:  # its slices are in the workers of the query that feeds them
+            workers = feeder[0].workers
         meld = Meld(len(workers))
         meld.connect(running.sink)
         remote = RemoteQuery(running.name, running, partitioning, workers, meld)
@@ -133,14 +138,15 @@ class FrontEngine(Engine):
         self.sync_strings()
         for worker in workers:
             self.workers.post(worker, ("register", running.name, spec))
-        return [
+        if feeder is not None:
+            return feeder[1]  # the feeding query's dispatch sends the tuples once for all readers
+        dispatches: list[tuple[str, Input]] = [
             (stream, Dispatch(self, remote, index, stream, running.policy))
             for index, (stream, _) in enumerate(plan.inputs)
         ]
-
-    def _slice_shares(self) -> None:
-        # Each query's graph runs in the workers, fed per query: nothing here to share.
-        return None
+        if plan.share is not None:
+            self._feeders[id(plan.share)] = (remote, dispatches)
+        return dispatches
 
     def sync_strings(self) -> None:
         """Broadcast the string pool's new entries, so every worker decodes as the front does."""
@@ -161,6 +167,8 @@ class FrontEngine(Engine):
         if remote is not None:
             for worker in remote.workers:
                 self.workers.post(worker, ("drop", name))
+        live = {id(q.plan.share) for q in self._queries.values() if q.plan.share is not None}
+        self._feeders = {share: feeder for share, feeder in self._feeders.items() if share in live}
 
     # -- worker output --------------------------------------------------------------------------
     def on_worker_message(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any]) -> str | None:

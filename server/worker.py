@@ -36,6 +36,7 @@ from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.sharing import Shares
 from lowtide.schema import ColumnType, Schema
 from lowtide.server.channel import ChannelReader, ChannelWriter
 from lowtide.strings import StringPool
@@ -118,6 +119,11 @@ class Worker:
         self.out = outbound
         self.pool = StringPool()
         self.queries: dict[str, _Hosted] = {}
+        # Sliding queries on one stream share slices here as in the in-process engine. The front
+        # sends their tuples once, under the name of the query that feeds the slices: ``feeds``
+        # maps a name to the inputs its messages go to, kept while any query reads through them.
+        self.shares = Shares()
+        self.feeds: dict[str, list[Input]] = {}
 
     def register(self, name: str, spec: QuerySpec) -> None:
         schemas = {
@@ -138,31 +144,47 @@ class Worker:
             LatePolicy.parse(spec.late),
             spec.allowed_lateness,
             on_drop,
-            flush=spec.flush,
+            self.shares,
+            spec.flush,
         )
         plan = plan_query(parse_query(spec.sql), ctx)
         plan.start()
         plan.output.connect(_Forward(name, self.out))
-        self.queries[name] = _Hosted(plan, [op for _, op in plan.inputs], plan.operators)
+        inputs = [op for _, op in plan.inputs]
+        self.queries[name] = _Hosted(plan, inputs, plan.operators)
+        if not self.shares.enter(plan):
+            self.feeds[name] = inputs
+
+    def drop(self, name: str) -> None:
+        hosted = self.queries.pop(name, None)
+        if hosted is None:
+            return
+        self.shares.leave(hosted.plan)
+        feeding = {id(op) for h in self.queries.values() if h.plan.share is not None for op in h.inputs}
+        self.feeds = {
+            query: inputs
+            for query, inputs in self.feeds.items()
+            if query in self.queries or any(id(op) in feeding for op in inputs)
+        }
 
     def handle(self, header: tuple[Any, ...], arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
         kind = header[0]
         try:
             if kind == "batch":
                 _, query, index, late, n = header
-                hosted = self.queries.get(query)
-                if hosted is not None:
+                inputs = self.feeds.get(query)
+                if inputs is not None:
                     batch = Batch(dict(arrays), n)
-                    target = hosted.inputs[index]
+                    target = inputs[index]
                     if late:
                         target.process_late(batch)
                     else:
                         target.process(batch)
             elif kind == "punctuate":
                 _, query, index, attribute, value, sent = header
-                hosted = self.queries.get(query)
-                if hosted is not None:
-                    hosted.inputs[index].punctuate(Punctuation(value, attribute))
+                inputs = self.feeds.get(query)
+                if inputs is not None:
+                    inputs[index].punctuate(Punctuation(value, attribute))
                     # After every result this punctuation released: the front times the round trip.
                     self.out.send(("released", query, sent))
             elif kind == "sync":
@@ -172,14 +194,14 @@ class Worker:
             elif kind == "register":
                 self.register(header[1], header[2])
             elif kind == "drop":
-                self.queries.pop(header[1], None)
+                self.drop(header[1])
             elif kind == "stats":
                 self.out.send(("stats", self.stats()))
             elif kind == "stop":
                 return False
         except (LowtideError, ValueError, KeyError, IndexError, TypeError) as exc:
             query = header[1] if len(header) > 1 and isinstance(header[1], str) else ""
-            self.queries.pop(query, None)
+            self.drop(query)
             self.out.send(("failed", query, f"{type(exc).__name__}: {exc}"))
         return True
 

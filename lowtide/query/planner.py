@@ -91,7 +91,7 @@ class Context:
     policy: LatePolicy
     allowed_lateness: str | int | None
     on_drop: Callable[[Batch, tuple[tuple[str, ColumnType], ...]], None]
-    shares: Shares | None = None  # None: every query gets slices of its own (server workers)
+    shares: Shares | None = None  # where slices to share are found; None: every query has its own
     flush: SlowFlush | None = None  # smooth emission of time windows; None: all at punctuation
     plan_ops: list[Operator] = field(default_factory=list)
     inputs: list[tuple[str, Input]] = field(default_factory=list)

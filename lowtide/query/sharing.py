@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.shared_slices import SharedSlices
+
+if TYPE_CHECKING:
+    from lowtide.query.planner import Plan
 
 
 @dataclass
@@ -43,6 +47,30 @@ class Shares:
     def find(self, key: Hashable, pane: int) -> Share | None:
         """A share for ``key`` whose slices tile panes of ``pane``."""
         return next((s for s in self._by_key.get(key, []) if pane % s.slices.width == 0), None)
+
+    def enter(self, plan: Plan) -> bool:
+        """Record a started plan's share; True when the plan joined slices fed already (then its
+        own input feeds nothing)."""
+        share = plan.share
+        if share is None:
+            return False
+        assert plan.late_handler is not None
+        if plan.joins_share:
+            share.late_handlers.append(plan.late_handler)
+            return True
+        self.add(share)
+        return False
+
+    def leave(self, plan: Plan) -> None:
+        """Stop a plan's reading of its share; the last reader takes the slices down."""
+        share = plan.share
+        if share is None:
+            return
+        assert plan.reader is not None and plan.late_handler is not None
+        plan.reader.detach()
+        share.late_handlers.remove(plan.late_handler)
+        if not share.slices.readers:
+            self.remove(share)
 
     def add(self, share: Share) -> None:
         self._by_key.setdefault(share.key, []).append(share)

@@ -35,6 +35,7 @@ from wire import (
 )
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, ManualClock, Punctuation
+from lowtide.proto import lowtide_pb2 as pb
 from lowtide.query import split_statements
 
 pytestmark = pytest.mark.integration
@@ -321,3 +322,39 @@ def _same_items(a: list[Any], b: list[Any]) -> bool:
         if (x.to_pylist() != y.to_pylist()) if isinstance(x, pa.Table) else x != y:
             return False
     return True
+
+
+def test_sliding_queries_share_slices_in_the_workers(mirror: Mirror) -> None:
+    """Queries on one stream read one set of slices in the workers, fed once by the query that
+    started them: readers that join midway (grouped, global on one worker, holistic) and a
+    feeder dropped while others still read give the engine's results."""
+    rnd = random.Random(31)
+    stream = fresh("shared")
+    mirror.create_stream(stream, sources=["a", "b"])
+
+    def sql(minutes: int, aggs: str = "count(*) AS n, sum(len) AS bytes", by: bool = True) -> str:
+        group = " GROUP BY srcIP" if by else ""
+        key = "srcIP, " if by else ""
+        return f"SELECT {key}{aggs} [RANGE {minutes} minutes, SLIDE 1 minute, WA ts] FROM {stream}{group}"
+
+    feeders = [mirror.register(sql(5), fresh("feed")), mirror.register(sql(4, by=False), fresh("feed_all"))]
+    plan = mirror.stub.ExplainQuery(pb.ExplainQueryRequest(sql=sql(10, "median(len) AS m"))).plan
+    assert "Paned-WID" in plan and "shared with 1 query" in plan, plan
+    data = {(stream, s): packets(rnd, 150, T0, T0 + SPAN) for s in ("a", "b")}
+    calls = schedule(data, rnd, {stream: PACKET})
+    readers = [mirror.register(sql(10, "median(len) AS m, count(*) AS n"), fresh("holistic"))]
+    for call in calls[: len(calls) // 3]:
+        mirror.ingest(*call)
+    readers += [mirror.register(sql(10), fresh("later")), mirror.register(sql(8, by=False), fresh("all"))]
+    subs = {q: Subscription(mirror.stub, q, from_oldest=True) for q in readers}
+    for call in calls[len(calls) // 3 : 2 * len(calls) // 3]:
+        mirror.ingest(*call)
+    for name in feeders:  # the slices stay fed for the queries still reading them
+        mirror.stub.DropQuery(pb.DropQueryRequest(name=name))
+        mirror.engine.drop_query(name)
+    for call in calls[2 * len(calls) // 3 :]:
+        mirror.ingest(*call)
+    for name in readers:
+        expected = mirror.results(name)
+        assert rows(expected), name
+        assert_same(subs[name].until(END_OF_STREAM), expected, name)
