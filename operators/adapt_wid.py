@@ -326,7 +326,6 @@ class AdaptWIDAggregate(Operator):
         self._unfolded = 0  # (about) the tuples of eager groups still in B
         self.first_open = NO_PROGRESS
         self._hw_end = NO_PROGRESS  # exclusive end of the newest window seen
-        self._out_punctuation: int | None = None
         self.windows_open = math.ceil(window.range / window.slide)  # wed / SLIDE, wed starts at RANGE
         self.overlap = max(window.range / window.slide, 1.0)  # windows per tuple, on average
         self.high = math.inf
@@ -514,12 +513,7 @@ class AdaptWIDAggregate(Operator):
         self._thresholds()
         self._switch_to_lazy()
         self._compact()
-        self._punctuate_out(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
-
-    def _punctuate_out(self, value: int) -> None:
-        if self._out_punctuation is None or value > self._out_punctuation:
-            self._out_punctuation = value
-            self.emit_punctuation(Punctuation(value, "window_end"))
+        self.emit_progress(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
 
     def _expire_below(self, q: int) -> None:
         """Drop the state of the windows ``< q``: winVol loses the tuples whose last window closed."""

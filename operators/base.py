@@ -23,6 +23,7 @@ class Operator(ABC):
         self._outputs: list[tuple[Operator, int]] = []
         self.tuples_in = 0
         self.tuples_out = 0
+        self.progress_out: dict[str, int] = {}  # the last punctuation emitted, per attribute
 
     @property
     def outputs(self) -> list[tuple[Operator, int]]:
@@ -51,6 +52,14 @@ class Operator(ABC):
     def emit_punctuation(self, punctuation: Punctuation) -> None:
         for operator, port in self._outputs:
             operator.punctuate(punctuation, port)
+
+    def emit_progress(self, value: int, attribute: str = "window_end") -> None:
+        """Emit ``Punctuation(value, attribute)`` when it moves that attribute on: output
+        punctuation never goes back nor repeats."""
+        last = self.progress_out.get(attribute)
+        if last is None or value > last:
+            self.progress_out[attribute] = value
+            self.emit_punctuation(Punctuation(value, attribute))
 
     def describe(self) -> str:
         """One line for ``explain``: the operator and its parameters."""

@@ -63,8 +63,6 @@ class Bucket(Operator):
         self.window = window
         self.allowed_lateness = allowed_lateness
         self._rows_seen = 0
-        self._last: int | None = None
-        self._last_retain: int | None = None
         self._partitions = GroupTable(len(window.partition)) if isinstance(window, Rows) else None
         self._partition_counts = np.zeros(0, dtype=np.int64)
 
@@ -124,12 +122,9 @@ class Bucket(Operator):
 
     def _advance(self, first_open: int, retain: int | None) -> None:
         # Windows are emitted (wid) before they may be forgotten (wid_retain <= wid).
-        if self._last is None or first_open > self._last:
-            self._last = first_open
-            self.emit_punctuation(Punctuation(first_open, "wid"))
-        if retain is not None and (self._last_retain is None or retain > self._last_retain):
-            self._last_retain = retain
-            self.emit_punctuation(Punctuation(retain, "wid_retain"))
+        self.emit_progress(first_open, "wid")
+        if retain is not None:
+            self.emit_progress(retain, "wid_retain")
 
     def state_bytes(self) -> int:
         return self._partitions.nbytes() + int(self._partition_counts.nbytes) if self._partitions else 0

@@ -19,7 +19,6 @@ class Meld(Operator):
         super().__init__()
         self.inputs = inputs
         self._bounds: dict[str, list[int]] = {}
-        self._out: dict[str, int] = {}
 
     def describe(self) -> str:
         return f"Meld of {self.inputs} inputs"
@@ -27,7 +26,7 @@ class Meld(Operator):
     @property
     def low_watermark(self) -> int:
         """The lowest output punctuation over its attributes (NO_PROGRESS before any)."""
-        return min(self._out.values(), default=NO_PROGRESS)
+        return min(self.progress_out.values(), default=NO_PROGRESS)
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
@@ -37,6 +36,5 @@ class Meld(Operator):
         bounds = self._bounds.setdefault(punctuation.attribute, [NO_PROGRESS] * self.inputs)
         bounds[port] = max(bounds[port], punctuation.value)
         low = min(bounds)
-        if low > self._out.get(punctuation.attribute, NO_PROGRESS):
-            self._out[punctuation.attribute] = low
-            self.emit_punctuation(Punctuation(low, punctuation.attribute))
+        if low > NO_PROGRESS:
+            self.emit_progress(low, punctuation.attribute)

@@ -343,7 +343,6 @@ class OAJoin(Operator):
         n_keys = len(left.keys) + (1 if isinstance(window, Tumbling) else 0)
         self._stores = (_Store(n_keys, left.columns), _Store(n_keys, right.columns))
         self._bounds = [NO_PROGRESS, NO_PROGRESS]  # b0, b1
-        self._emitted = [NO_PROGRESS, NO_PROGRESS]  # last output punctuation per ts column
         # probe output buffers, reused across batches: about the largest recent probe output
         self._need = 0
         self._pairs: tuple[I64, I64] = (np.empty(_MIN_ROWS, np.int64), np.empty(_MIN_ROWS, np.int64))
@@ -419,10 +418,9 @@ class OAJoin(Operator):
         self._stores[1 - port].purge(self.threshold(1 - port))
         for side in (0, 1):
             bound = min(self._bounds[side], self.threshold(side))
-            if bound > self._emitted[side]:
-                self._emitted[side] = bound
+            if bound > NO_PROGRESS:
                 s = self.sides[side]
-                self.emit_punctuation(Punctuation(bound, f"{s.prefix}.{s.ts}"))
+                self.emit_progress(bound, f"{s.prefix}.{s.ts}")
 
     def describe(self) -> str:
         (lp, lts), (rp, rts) = ((s.prefix, s.ts) for s in self.sides)

@@ -151,7 +151,6 @@ class WIDAggregate(Operator):
         self._rows_used = 0
         self.first_open = NO_PROGRESS
         self.retained_from = NO_PROGRESS
-        self._out_punctuation: int | None = None
         self.landmark = isinstance(window, Landmark)
         self.partitioned = isinstance(window, Rows) and bool(window.partition)
         if self.landmark:
@@ -267,11 +266,6 @@ class WIDAggregate(Operator):
         self._release(sorted(w for w in self._row_of if w < min(retain, self.first_open)))
         self._compact_groups()
 
-    def _punctuate_out(self, value: int) -> None:
-        if self._out_punctuation is None or value > self._out_punctuation:
-            self._out_punctuation = value
-            self.emit_punctuation(Punctuation(value, "window_end"))
-
     # -- emission ---------------------------------------------------------------------------
     def _queue(self, rows: I64, gids: I64, wids: I64, windows: int, then: Callable[[], None]) -> None:
         """Emit the cells of ``windows`` complete windows (all at once, or slowly), then ``then``."""
@@ -280,7 +274,7 @@ class WIDAggregate(Operator):
     def _queue_punctuation(self, value: int) -> None:
         """Punctuate once the windows queued before are out; bound how far behind they are."""
         empty = np.empty(0, np.int64)
-        self._queue(empty, empty, empty, 0, lambda: self._punctuate_out(value))
+        self._queue(empty, empty, empty, 0, lambda: self.emit_progress(value))
         if self.flush is None or value >= END_OF_STREAM:
             self._drain(None)
             return
@@ -400,7 +394,7 @@ class WIDAggregate(Operator):
         assert isinstance(self.window, Rows)
         if not self._row_of:
             if final:
-                self._punctuate_out(END_OF_STREAM)
+                self.emit_progress(END_OF_STREAM)
             return
         n = self.cells.arrays["n"]
         width = len(self.groups)
@@ -420,7 +414,7 @@ class WIDAggregate(Operator):
         # A partition not seen yet starts at row 0, below every partition seen: until the end
         # of the stream no window end can be promised, whatever the seen partitions reached.
         if final:
-            self._punctuate_out(END_OF_STREAM)
+            self.emit_progress(END_OF_STREAM)
 
     def _compact_groups(self) -> None:
         """Forget groups that have no cell in any open window (bounded state under key churn)."""
