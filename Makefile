@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/windows.py
+	$(BIN)/python bench/server_queries.py
 	$(BIN)/python bench/disorder.py
 	$(BIN)/python bench/skew.py
 	$(BIN)/python bench/join.py
