@@ -8,7 +8,7 @@ batches each followed by punctuation) through the raw gRPC stub, then closes its
 
 Figure: tuples / (start signal -> every query's subscriber has its end-of-stream punctuation),
 so it includes emitting every window of every query; the median of ``--runs``, a fresh server
-each run. Writes ``bench/results/server_queries.md``.
+each run. Writes ``bench/results/server_queries.md`` and ``bench/results/server_queries.png``.
 
     python bench/server_queries.py [--rows 10000000] [--runs 3] [--queries 1,2,5,10]
 """
@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|",
     ]
     first = 0.0
+    rates: dict[int, float] = {}
     for count in (int(q) for q in args.queries.split(",")):
         found = [run_once(args.rows, count) for _ in range(args.runs)]
-        rate = statistics.median(f[0] for f in found)
+        rate = rates[count] = statistics.median(f[0] for f in found)
         first = first or rate
         shared = "shared" if "shared with" in found[0][1] else "its own"
         runs = ", ".join(f"{f[0] / 1e6:.2f}" for f in found)
@@ -97,8 +98,26 @@ def main(argv: list[str] | None = None) -> int:
         print(lines[-1], file=sys.stderr)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "server_queries.md").write_text("\n".join(lines) + "\n")
+    plot(rates)
     print("\n".join(lines))
     return 0
+
+
+def plot(rates: dict[int, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(6, 4))
+    counts = list(rates)
+    axis.bar([str(c) for c in counts], [rates[c] / 1e6 for c in counts], color="tab:blue")
+    axis.set_xlabel("sliding queries on one stream (shared slices)")
+    axis.set_ylabel("M tuples/s, every query to its end")
+    axis.set_title("lowtide serve, 2 workers")
+    axis.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "server_queries.png", dpi=110)
 
 
 if __name__ == "__main__":
