@@ -310,9 +310,16 @@ class WIDAggregate(Operator):
 
     def _cells_of(self, windows: list[tuple[int, int]]) -> tuple[I64, I64, I64]:
         """The non-empty cells of ``(window id, state row)`` pairs: rows, group ids, window ids."""
+        n, width = self.cells.arrays["n"], len(self.groups)
         pairs = np.array(windows, np.int64).reshape(-1, 2)
-        which, gids = np.nonzero(self.cells.arrays["n"][pairs[:, 1], : len(self.groups)] > 0)
-        return pairs[which, 1], gids.astype(np.int64, copy=False), pairs[which, 0]
+        rows, gids, wids = [pairs[:0, 1]], [pairs[:0, 1]], [pairs[:0, 0]]
+        for lo in range(0, pairs.shape[0], 64):  # 64 rows of counts at a time: no copy of them all
+            part = pairs[lo : lo + 64]
+            which, groups = np.nonzero(n[part[:, 1], :width] > 0)
+            rows.append(part[which, 1])
+            gids.append(groups.astype(np.int64, copy=False))
+            wids.append(part[which, 0])
+        return np.concatenate(rows), np.concatenate(gids), np.concatenate(wids)
 
     def _window_cells(self, wids: list[int]) -> tuple[I64, I64, I64]:
         return self._cells_of([(w, self._row_of[w]) for w in wids])
