@@ -153,6 +153,10 @@ class Front:
         name = self.engine.on_worker_message(worker, header, arrays)
         if name is not None:
             self._publish(name)
+        if header[0] == "failed":  # the queries sharing its slices failed with it
+            for remote in self.engine.remote.values():
+                if remote.failed:
+                    self._close_failed(remote.name, "ABORTED", remote.failed)
 
     def _on_death(self, worker: int) -> None:
         self.metrics.worker_restarted(worker)

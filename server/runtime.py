@@ -199,7 +199,13 @@ class FrontEngine(Engine):
                 if self.on_released is not None:
                     self.on_released(remote.name, time.monotonic() - header[2])
         elif kind == "failed":
-            self.fail(remote, f"query {remote.name!r} failed on worker {worker}: {header[2]}")
+            reason = f"query {remote.name!r} failed on worker {worker}: {header[2]}"
+            self.fail(remote, reason)
+            if any(feeder is remote for feeder, _ in self._feeders.values()):
+                # The queries reading the slices it fed get no more tuples: they fail with it.
+                for other in self.remote.values():
+                    if other.running.subscribers is remote.running.subscribers and not other.failed:
+                        self.fail(other, reason)
         return remote.name
 
     def worker_died(self, worker: int) -> list[str]:
