@@ -29,6 +29,8 @@ from lowtide.server.worker import QuerySpec, decode_columns
 from lowtide.server.workers import WorkerPool
 from lowtide.testing import Clock
 
+MAX_RELEASING = 1_000  # punctuation still waiting for some of a query's workers to release it
+
 
 @dataclass
 class RemoteQuery:
@@ -194,6 +196,8 @@ class FrontEngine(Engine):
             done = remote.released.get(header[2], 0) + 1
             if done < len(remote.workers):
                 remote.released[header[2]] = done
+                if len(remote.released) > MAX_RELEASING:  # a worker that never answers: forget
+                    del remote.released[min(remote.released)]
             else:
                 remote.released.pop(header[2], None)
                 if self.on_released is not None:

@@ -97,12 +97,14 @@ class _Forward(Operator):
         super().__init__()
         self.query = query
         self.out = out
+        self.punctuations = 0  # output punctuation sent so far
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
         self.out.send(("result", self.query, batch.n), encode_columns(batch.columns))
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        self.punctuations += 1
         self.out.send(("punctuation", self.query, punctuation.attribute, punctuation.value))
 
 
@@ -110,6 +112,8 @@ class _Forward(Operator):
 class _Hosted:
     plan: Plan
     inputs: list[Input]
+    forward: _Forward
+    slow_flush: bool  # its output punctuation may leave after the punctuation that released it
     operators: list[Operator] = field(default_factory=list)
 
 
@@ -149,9 +153,10 @@ class Worker:
         )
         plan = plan_query(parse_query(spec.sql), ctx)
         plan.start()
-        plan.output.connect(_Forward(name, self.out))
+        forward = _Forward(name, self.out)
+        plan.output.connect(forward)
         inputs = [op for _, op in plan.inputs]
-        self.queries[name] = _Hosted(plan, inputs, plan.operators)
+        self.queries[name] = _Hosted(plan, inputs, forward, spec.flush is not None, plan.operators)
         if not self.shares.enter(plan):
             self.feeds[name] = inputs
 
@@ -184,9 +189,15 @@ class Worker:
                 _, query, index, attribute, value, sent = header
                 inputs = self.feeds.get(query)
                 if inputs is not None:
+                    before = {name: hosted.forward.punctuations for name, hosted in self.queries.items()}
                     inputs[index].punctuate(Punctuation(value, attribute))
-                    # After every result this punctuation released: the front times the round trip.
-                    self.out.send(("released", query, sent))
+                    # The front times punctuation to result for each query whose output this
+                    # punctuation moved on (every worker of a query moves alike: windows close
+                    # by punctuation, not by data), after the results it released.
+                    for name, hosted in self.queries.items():
+                        moved = hosted.forward.punctuations > before.get(name, hosted.forward.punctuations)
+                        if moved or (hosted.slow_flush and name == query):
+                            self.out.send(("released", name, sent))
             elif kind == "sync":
                 self.out.send(("synced", header[1]))
             elif kind == "strings":  # the front's new dictionary entries, codes from header[1]
