@@ -185,12 +185,13 @@ class PanedWIDAggregate(WIDAggregate):
         base = ready[0]
         row_of = np.full(ready[-1] - base + 1, -1, np.int64)
         row_of[np.array(ready, np.int64) - base] = scratch
-        for col in self.summaries:
-            log = self.cells.logs[col]
-            size = max(int(log.rows[: log.n].max(initial=-1)), int(pane_rows.max())) + 1
-            slice_of, live = np.zeros(size, np.int64), np.zeros(size, np.bool_)
-            slice_of[pane_rows] = panes
-            live[pane_rows] = True  # not rows of other generations, readers' running windows or scratch
+        # The logs share the slices' rows: one map from row to live slice serves them all.
+        logs = [self.cells.logs[col] for col in self.summaries]
+        size = max([int(pane_rows.max())] + [int(log.rows[: log.n].max(initial=-1)) for log in logs]) + 1
+        slice_of, live = np.zeros(size, np.int64), np.zeros(size, np.bool_)
+        slice_of[pane_rows] = panes
+        live[pane_rows] = True  # not rows of other generations, readers' running windows or scratch
+        for log in logs:
             entries = np.flatnonzero(live[log.rows[: log.n]])
             ws, we = self.window_out.wids(slice_of[log.rows[entries]] * self.pane)
             ws, we = np.maximum(ws, base), np.minimum(we, ready[-1] + 1)

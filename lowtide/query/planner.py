@@ -419,11 +419,12 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         ctx.add(agg, stage.op)
     else:
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
-        share = _share_of(query, ctx, window, groups, group_types)
+        key = _share_key(query, groups, group_types, ctx.policy)
+        share = _share_of(key, ctx, window)
         if _paned(window, calls, lateness, share is not None):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
-                query, stage, ctx, window, share, groups, group_types, aggs, internal, having
+                stage, ctx, window, key, share, groups, group_types, aggs, internal, having
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
@@ -488,10 +489,10 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
 
 
 def _paned_aggregate(
-    query: Query,
     stage: Stage,
     ctx: Context,
     window: Sliding,
+    key: tuple[Any, ...] | None,
     share: Share | None,
     groups: tuple[str, ...],
     types: tuple[ColumnType, ...],
@@ -500,13 +501,13 @@ def _paned_aggregate(
     having: Any,
 ) -> tuple[PanedWIDAggregate, dict[str, Any]]:
     """Paned-WID: its window-level query over slices, those of ``share`` (an earlier query's,
-    fed the same way) or its own; returns it and the Plan's sharing fields."""
-    width = pane_of(window).range
-    key = _share_key(query, groups, types, ctx.policy)
+    fed the same way) or its own, shareable under ``key``; returns it and the Plan's sharing
+    fields."""
     own_input = ctx.inputs[0][1]
     if share is None:
-        bucket = ctx.add(Bucket(pane_of(window)), stage.op)
-        slices = SharedSlices(width, groups, types)
+        pane = pane_of(window)
+        bucket = ctx.add(Bucket(pane), stage.op)
+        slices = SharedSlices(pane.range, groups, types)
         ctx.add(slices, bucket)
     else:
         ctx.plan_ops[:] = share.operators
@@ -524,11 +525,9 @@ def _paned_aggregate(
     return reader, {"share": share, "joins_share": True, "reader": reader, "late_handler": handler}
 
 
-def _share_of(
-    query: Query, ctx: Context, window: Any, groups: tuple[str, ...], types: tuple[ColumnType, ...]
-) -> Share | None:
-    """The slices of an earlier query that a sliding ``window`` over them could read."""
-    key = _share_key(query, groups, types, ctx.policy)
+def _share_of(key: tuple[Any, ...] | None, ctx: Context, window: Any) -> Share | None:
+    """The slices of an earlier query, shareable under ``key``, that a sliding ``window`` over
+    them could read."""
     if not isinstance(window, Sliding) or ctx.shares is None or key is None:
         return None
     return ctx.shares.find(key, pane_of(window).range)
