@@ -25,8 +25,8 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 
 from lowtide import errors
-from lowtide.engine import Query
 from lowtide.errors import LowtideError, QuerySyntaxError
+from lowtide.handles import Query
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.punctuation.model import Punctuation
 

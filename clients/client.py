@@ -31,10 +31,9 @@ import grpc.aio
 from lowtide.clients import _wire as wire
 from lowtide.clients._batching import Batcher, prepare, punctuation_value
 from lowtide.clients._wire import IngestResult, ServerError, translate
-from lowtide.engine import Query
 from lowtide.errors import InvalidArgument, LowtideError
+from lowtide.handles import Item, Query
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
-from lowtide.results import Item
 from lowtide.schema import to_arrow_table
 
 T = TypeVar("T")

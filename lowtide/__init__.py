@@ -1,6 +1,14 @@
-"""lowtide: exact window queries over disordered, multi-source streams (the OOP architecture)."""
+"""lowtide: exact window queries over disordered, multi-source streams (the OOP architecture).
 
-from lowtide.engine import Engine, Limits, Query, SlowFlush
+The engine (``Engine``, ``Limits``, ``SlowFlush``) loads on first use, so ``import lowtide.clients``
+(a producer, a Spark executor) never pays for the planner, lark or numba.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from lowtide.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -13,8 +21,26 @@ from lowtide.errors import (
     SchemaMismatch,
     UnsupportedQuery,
 )
+from lowtide.handles import Query
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.testing import ManualClock
+
+if TYPE_CHECKING:
+    from lowtide.engine import Engine, Limits, SlowFlush
+
+__version__ = "0.1.0"
+
+_LAZY = {"Engine": "lowtide.engine", "Limits": "lowtide.engine", "SlowFlush": "lowtide.engine"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lowtide' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "END_OF_STREAM",
@@ -35,4 +61,5 @@ __all__ = [
     "SchemaMismatch",
     "SlowFlush",
     "UnsupportedQuery",
+    "__version__",
 ]

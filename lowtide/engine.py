@@ -17,6 +17,7 @@ import numpy as np
 
 from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
+from lowtide.handles import Item, Query
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.wid_aggregate import SlowFlush
@@ -26,31 +27,13 @@ from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.planner import Context, Plan, plan_query
 from lowtide.query.sharing import Shares
-from lowtide.results import Fields, Item, Sink, to_table
+from lowtide.results import Fields, Sink, to_table
 from lowtide.schema import Schema
 from lowtide.stream import Stream
 from lowtide.strings import StringPool
 from lowtide.testing import Clock, WallClock
 
 DEFAULT_SOURCE = "default"
-
-
-class Query(str):
-    """The name of a registered query (a ``str``), with its text: pass it to ``poll``."""
-
-    sql: str
-
-    def __new__(cls, name: str, sql: str) -> Query:
-        self = super().__new__(cls, name)
-        self.sql = sql
-        return self
-
-    @property
-    def name(self) -> str:
-        return str(self)
-
-    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]
-        return (str(self), self.sql)  # so a Query pickles (e.g. into a spawned process)
 
 
 @dataclass

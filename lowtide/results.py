@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 
 from lowtide.batch import Batch
+from lowtide.handles import Item
 from lowtide.operators.base import Operator
 from lowtide.punctuation.model import Punctuation
 from lowtide.schema import ColumnType
 from lowtide.strings import StringPool
 
-Item: TypeAlias = pa.Table | Punctuation
 Fields: TypeAlias = tuple[tuple[str, ColumnType], ...]
 
 

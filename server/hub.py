@@ -13,7 +13,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from lowtide.results import Item
+from lowtide.handles import Item
 
 
 @dataclass(frozen=True)
