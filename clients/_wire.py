@@ -27,6 +27,7 @@ import pyarrow as pa
 from lowtide import errors
 from lowtide.errors import LowtideError, QuerySyntaxError
 from lowtide.handles import Query
+from lowtide.ipc import read_ipc
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.punctuation.model import Punctuation
 
@@ -67,6 +68,8 @@ _BY_STATUS: dict[str, type[LowtideError]] = {
     "NOT_FOUND": errors.NotFound,
     "ALREADY_EXISTS": errors.AlreadyExists,
     "RESOURCE_EXHAUSTED": errors.ResourceExhausted,
+    "UNAUTHENTICATED": errors.Unauthenticated,
+    "PERMISSION_DENIED": errors.PermissionDenied,
     "UNAVAILABLE": ServerUnavailable,
     "DEADLINE_EXCEEDED": DeadlineExceeded,
 }
@@ -92,10 +95,28 @@ def translate(exc: Exception, target: str) -> LowtideError:
             return QuerySyntaxError(match.group(3), int(match.group(1)), int(match.group(2)))
         kind = errors.InvalidArgument
     if kind is ServerUnavailable:
-        return ServerUnavailable(f"lowtide server at {target} is unavailable: {details}")
+        return ServerUnavailable(f"no lowtide server is reachable at {target}: {_unreachable(details)}")
     if kind is None:
         return ServerError(details, status)
     return kind(details)
+
+
+def _unreachable(details: str) -> str:
+    """Why a channel found no server, in words a user can act on."""
+    lowered = details.lower()
+    if "handshake" in lowered or "ssl" in lowered:
+        # A TLS client meeting a plaintext server, or a certificate the roots do not cover.
+        return (
+            "the TLS handshake failed; does it serve TLS (serve --tls-cert), "
+            "and do --tls-ca's roots sign its certificate?"
+        )
+    if lowered.endswith("socket closed"):
+        # What a plaintext client sees of a TLS server.
+        return "it closed the connection; if it serves TLS, pass --tls-ca (root_certificates=)"
+    # gRPC's detail ("failed to connect to all addresses; last error: UNKNOWN: ipv4:...:
+    # Failed to connect to remote host: Connection refused") ends with the part a user needs.
+    cause = details.rsplit(": ", 1)[-1].strip(" .[]").lower()
+    return f"{cause}; is it running?"
 
 
 # -- Arrow ----------------------------------------------------------------------------------------
@@ -109,7 +130,12 @@ def arrow_bytes(tables: Sequence[pa.Table]) -> bytes:
 
 
 def read_arrow(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(data).read_all()
+    """A result table the server sent, validated in full like everything read from the network
+    (:func:`lowtide.ipc.read_ipc`); a malformed one is a :class:`ServerError`."""
+    try:
+        return read_ipc(data)
+    except LowtideError as exc:
+        raise ServerError(f"the server sent a malformed result: {exc}", "DATA_LOSS") from exc
 
 
 def subscribe_item(response: Any) -> pa.Table | Punctuation:
@@ -182,6 +208,7 @@ def _stream_info(s: Any) -> dict[str, Any]:
         "tuples_ingested": int(s.tuples_ingested),
         "late_tuples": int(s.late_tuples),
         "source_punctuation": {k: int(v) for k, v in s.source_punctuation.items()},
+        "declared": list(s.declared_sources),
     }
 
 
@@ -217,6 +244,7 @@ def _query_info(q: Any) -> dict[str, Any]:
         "results": int(q.results),
         "late_tuples": int(q.late_tuples),
         "low_watermark": int(q.low_watermark),
+        "time_unit": q.time_unit,
     }
 
 

@@ -41,12 +41,13 @@ Spark's file and Kafka sources do). Do not declare the partition sources on the 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from lowtide.clients._conform import Conformed, Layout, conform
+from lowtide.clients._security import RootCertificates, pem_bytes
 from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import Client, Producer
 from lowtide.errors import InvalidArgument, NotFound
@@ -98,6 +99,8 @@ class LowtideSink:
 
     ``timeout`` (seconds) bounds each call to the server, so that a server that stops answering
     fails the batch instead of hanging the query. ``max_part_rows`` caps the rows of one message.
+    ``root_certificates`` and ``token`` are :class:`~lowtide.clients.Client`'s (TLS, bearer
+    token); the certificates are read here, on the driver, so executors need no copy of the file.
     """
 
     def __init__(
@@ -110,6 +113,8 @@ class LowtideSink:
         parallel: bool = False,
         timeout: float = 60.0,
         max_part_rows: int = 250_000,
+        root_certificates: RootCertificates | None = None,
+        token: str | None = None,
     ) -> None:
         if not stream:
             raise InvalidArgument("the Spark sink needs a stream name")
@@ -120,6 +125,9 @@ class LowtideSink:
         self.parallel = parallel
         self.timeout = timeout
         self.max_part_rows = max_part_rows
+        # Plain bytes and a string: the sink is pickled to the executors, a channel could not be.
+        self.root_certificates = pem_bytes(root_certificates)
+        self.token = token
         self.batches = 0  # micro-batches applied by this sink (replays skipped are not counted)
         self.rows = 0
         self.duplicates = 0  # batches (driver mode) or partitions (parallel) skipped as replays
@@ -166,7 +174,7 @@ class LowtideSink:
     # -- internals ------------------------------------------------------------------------------
     def _connect(self) -> Client:
         if self._client is None:
-            self._client = Client(self.target, timeout=self.timeout)
+            self._client = Client(self.target, self.timeout, self.root_certificates, self.token)
         return self._client
 
     def _producer(self, source: str) -> Producer:
@@ -212,7 +220,7 @@ class LowtideSink:
     def _forward_partitions(self, batch_df: Any, layout: Layout, wire_id: int) -> None:
         send = PartitionSender(
             self.target, self.stream, self.source, wire_id, layout, self.mode.column, self.timeout,
-            self.max_part_rows,
+            self.max_part_rows, self.root_certificates, self.token,
         )  # fmt: skip
         reports = batch_df.mapInArrow(send, REPORT_DDL).toArrow().to_pylist()
         for report in reports:
@@ -243,6 +251,8 @@ class PartitionSender:
     watermark_column: str | None
     timeout: float
     max_part_rows: int
+    root_certificates: bytes | None = None
+    token: str | None = field(default=None, repr=False)  # kept out of Spark's plans and logs
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -255,7 +265,7 @@ class PartitionSender:
         if received:
             conformed = conform(pa.Table.from_batches(received), self.layout, self.watermark_column)
         if conformed is not None and conformed.table.num_rows:
-            with _executor_client(self.target, self.timeout).producer(
+            with _executor_client(self.target, self.timeout, self.root_certificates, self.token).producer(
                 self.stream,
                 f"{self.source}/p{partition}",
                 linger_ms=0,
@@ -275,13 +285,15 @@ class PartitionSender:
 
 
 # Spark reuses its Python workers across tasks: each keeps one channel per server for its lifetime.
-_executor_clients: dict[tuple[str, float], Client] = {}
+_executor_clients: dict[tuple[str, float, bytes | None, str | None], Client] = {}
 
 
-def _executor_client(target: str, timeout: float) -> Client:
-    key = (target, timeout)
+def _executor_client(
+    target: str, timeout: float, root_certificates: bytes | None, token: str | None
+) -> Client:
+    key = (target, timeout, root_certificates, token)
     if key not in _executor_clients:
-        _executor_clients[key] = Client(target, timeout=timeout)
+        _executor_clients[key] = Client(target, timeout, root_certificates, token)
     return _executor_clients[key]
 
 

@@ -15,10 +15,12 @@ from lowtide.errors import (
     LateTuple,
     LowtideError,
     NotFound,
+    PermissionDenied,
     QuerySyntaxError,
     RegressingPunctuation,
     ResourceExhausted,
     SchemaMismatch,
+    Unauthenticated,
     UnsupportedQuery,
 )
 from lowtide.handles import Query
@@ -53,6 +55,7 @@ __all__ = [
     "LowtideError",
     "ManualClock",
     "NotFound",
+    "PermissionDenied",
     "Punctuation",
     "Query",
     "QuerySyntaxError",
@@ -60,6 +63,7 @@ __all__ = [
     "ResourceExhausted",
     "SchemaMismatch",
     "SlowFlush",
+    "Unauthenticated",
     "UnsupportedQuery",
     "__version__",
 ]

@@ -1,17 +1,21 @@
 """The ``lowtide`` command. Errors print one line on stderr and exit non-zero.
 
     lowtide serve [--host H] [--port P] [--workers N] [--metrics-port P] [--state-dir D] [--config F]
+                  [--metrics-host H] [--tls-cert F --tls-key F] [--tokens F]
     lowtide stream create NAME --schema 'srcIP:string,len:int32,ts:timestamp[ms]' [--progressing ts]
                                 [--punctuation explicit] [--sources a,b] [--idle-timeout S]
     lowtide stream drop NAME | stream list [--format table|json]
     lowtide query register SQL [--name N] [--late drop|update|error] [--allowed-lateness L]
     lowtide query explain SQL | query drop NAME | query list [--format table|json]
     lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
-    lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest] [--limit N] [--show-punctuation]
+    lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now] [--time-format raw|iso]
+                       [--limit N] [--show-punctuation]
     lowtide demo [--seconds S] [--rate R] [--workers N] [--in-process | --spark [--parallel]]
 
 Every command but ``serve`` and ``demo`` talks to the server named by ``--server`` (default
-``$LOWTIDE_SERVER``, else ``127.0.0.1:50051``). Exit codes: 0 success, 1 any error (one line
+``$LOWTIDE_SERVER``, else ``127.0.0.1:50051``), over TLS with ``--tls-ca F`` (the PEM roots to
+trust) and with a bearer token ``--token T`` (default ``$LOWTIDE_TOKEN``; the variable keeps the
+token out of the process list). Exit codes: 0 success, 1 any error (one line
 ``lowtide: <reason>`` on stderr), 2 a usage error (argparse), 130 interrupted.
 """
 
@@ -21,6 +25,7 @@ import argparse
 import os
 import sys
 
+from lowtide import __version__
 from lowtide.errors import LowtideError
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -64,12 +69,19 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lowtide", description="out-of-order stream processing")
+    parser.add_argument("--version", action="version", version=f"lowtide {__version__}")
     parser.add_argument(
         "--server",
         default=os.environ.get("LOWTIDE_SERVER", DEFAULT_SERVER),
         help=f"server address host:port (default $LOWTIDE_SERVER or {DEFAULT_SERVER})",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per control call (default 30)")
+    parser.add_argument("--tls-ca", metavar="F", help="connect over TLS, trusting the PEM certificates in F")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("LOWTIDE_TOKEN") or None,
+        help="bearer token for a server with --tokens (default $LOWTIDE_TOKEN)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the server until SIGTERM or SIGINT")
@@ -77,8 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 50051)")
     serve.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
     serve.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one (default 9464)")
-    serve.add_argument("--state-dir", help="directory for server state")
+    serve.add_argument("--state-dir", help="durable state: not supported yet (refuses to start)")
     serve.add_argument("--config", help="TOML file of server settings (options here win)")
+    serve.add_argument("--metrics-host", help="Prometheus bind address (default 127.0.0.1, whatever --host)")
+    serve.add_argument("--tls-cert", metavar="F", help="serve TLS with this PEM certificate (and --tls-key)")
+    serve.add_argument("--tls-key", metavar="F", help="the PEM private key of --tls-cert")
+    serve.add_argument(
+        "--tokens", metavar="F", help="TOML file whose [tokens] table maps tokens to admin|producer|reader"
+    )
 
     stream = commands.add_parser("stream", help="create, drop or list streams")
     stream_commands = stream.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -133,7 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     tail = commands.add_parser("tail", help="print a query's results as they come")
     tail.add_argument("query", help="a query name, or <query>.late for its late tuples")
     tail.add_argument("--format", choices=("table", "jsonl", "csv"), default="table")
-    tail.add_argument("--from-oldest", action="store_true", help="replay the retained results first")
+    since = tail.add_mutually_exclusive_group()
+    since.add_argument(
+        "--from-oldest", action="store_true", help="start at the oldest retained result (the default)"
+    )
+    since.add_argument("--from-now", action="store_true", help="only results emitted from now on")
+    tail.add_argument(
+        "--time-format",
+        choices=("raw", "iso"),
+        help="window bounds and punctuation as numbers or ISO 8601 times (default: iso for table)",
+    )
     tail.add_argument("--limit", type=_positive, help="stop after this many result rows")
     tail.add_argument("--show-punctuation", action="store_true", help="print punctuation markers too")
 
@@ -153,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # gRPC's C core logs failed TLS handshakes on stderr; the one-line error says it better.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         if args.command == "demo":
             if args.spark:

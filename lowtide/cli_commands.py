@@ -21,7 +21,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _serve(args)
     from lowtide.clients import Client
 
-    with Client(args.server, timeout=args.timeout) as client:
+    with Client(args.server, timeout=args.timeout, root_certificates=args.tls_ca, token=args.token) as client:
         handler = _HANDLERS[(args.command, getattr(args, "action", None))]
         handler(client, args)
     return 0
@@ -38,6 +38,10 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         metrics_port=args.metrics_port,
         state_dir=args.state_dir,
+        metrics_host=args.metrics_host,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tokens=args.tokens,
     )
     return serve(config)
 
@@ -135,9 +139,19 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
 def _send(client: Any, args: argparse.Namespace) -> None:
     from lowtide.cli_io import LazyProgress, read_batches
 
-    schema = next((s["schema"] for s in client.list_streams() if s["name"] == args.stream), None)
-    if schema is None:
+    info = next((s for s in client.list_streams() if s["name"] == args.stream), None)
+    if info is None:
         raise NotFound(f"unknown stream {args.stream!r}")
+    schema = info["schema"]
+    declared = info.get("declared", [])
+    if declared and args.source not in declared:
+        # The engine adds an undeclared source to the stream's minimum when it first speaks.
+        print(
+            f"lowtide: warning: source {args.source!r} is not declared on stream {args.stream!r} "
+            f"(declared: {', '.join(declared)}); it counts as an extra source: the stream's progress "
+            "waits for it as well as for each declared source",
+            file=sys.stderr,
+        )
     batches = read_batches(args.file, schema, args.batch_rows, args.format)
     with (
         LazyProgress(f"sending {args.file}", batches.total, batches.unit) as progress,
@@ -160,22 +174,43 @@ def _send(client: Any, args: argparse.Namespace) -> None:
 
 
 def _tail(client: Any, args: argparse.Namespace) -> None:
-    from lowtide.cli_io import writer_for
+    """Print a query's results, one window-sorted table per punctuation; end at end-of-stream."""
+    from lowtide.cli_io import Collated, Times, writer_for
 
+    iso = args.time_format == "iso" or (args.time_format is None and args.format == "table")
+    times = Times(iso, _time_unit(client, args.query) if iso else "")
     writer = writer_for(args.format, sys.stdout)
+    held = Collated()
     rows = 0
-    with client.subscribe(args.query, from_oldest=args.from_oldest) as subscription:
-        for item in subscription:
-            if isinstance(item, Punctuation):
-                if args.show_punctuation:
-                    writer.punctuation(item)
-                continue
+
+    def release(punctuation: Punctuation | None = None) -> bool:
+        """Print the held rows ``punctuation`` completes; whether ``--limit`` is reached."""
+        nonlocal rows
+        table = held.release(punctuation)
+        if table is not None:
             if args.limit is not None:
-                item = item.slice(0, args.limit - rows)
-            writer.table(item)
-            rows += item.num_rows
-            if args.limit is not None and rows >= args.limit:
-                break
+                table = table.slice(0, args.limit - rows)
+            writer.table(times.table(table))
+            rows += table.num_rows
+        return args.limit is not None and rows >= args.limit
+
+    with client.subscribe(args.query, from_oldest=not args.from_now) as subscription:
+        for item in subscription:
+            if not isinstance(item, Punctuation):
+                held.add(item)
+                continue
+            if release(item):
+                return
+            if args.show_punctuation:
+                writer.punctuation(item.attribute, times.punctuation(item))
+            if item.value >= END_OF_STREAM:
+                return
+        release()  # the server ended the subscription (it is shutting down)
+
+
+def _time_unit(client: Any, query: str) -> str:
+    """The unit of the query's window bounds (``ms``...), "" for plain numbers or a late stream."""
+    return next((q["time_unit"] for q in client.list_queries() if q["name"] == query), "")
 
 
 _HANDLERS = {

@@ -4,7 +4,8 @@
 ``.gz``/``.bz2``/``.zst``) as Arrow record batches, reading columns with the stream's types so a
 string column of digits stays a string. Progress is counted in bytes of the file (CSV, JSONL) or
 rows (Parquet); the readers parse one 4 MiB block at a time so the bytes read track the bytes
-sent. ``writer_for`` prints result tables as a table, JSON lines or CSV.
+sent. ``writer_for`` prints result tables as a table, JSON lines or CSV; ``Collated`` and ``Times``
+shape them for reading: one table per punctuation, times as numbers or ISO 8601.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from lowtide.errors import InvalidArgument
-from lowtide.punctuation.model import Punctuation
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 _COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 _FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -216,6 +218,69 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class Collated:
+    """Result rows held until a punctuation covers their window, released as one sorted table.
+
+    Several workers emit a window's rows (each holds some of its groups), and the output
+    punctuation (the minimum over the workers) may pass before a slower worker's rows of a later
+    window: a punctuation on ``window_end`` of value ``v`` completes exactly the windows ending
+    below ``v``. Releasing those, whole, shows every window once.
+    """
+
+    def __init__(self) -> None:
+        self._tables: list[pa.Table] = []
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._tables.append(table)
+
+    def release(self, punctuation: Punctuation | None = None) -> pa.Table | None:
+        """The rows ``punctuation`` completes (``None``: every row held), window then group order."""
+        if not self._tables:
+            return None
+        table = pa.concat_tables(self._tables, promote_options="default")
+        self._tables = []
+        if punctuation is not None and punctuation.attribute in table.column_names:
+            covered = pc.less(table[punctuation.attribute], punctuation.value)
+            rest = table.filter(pc.invert(covered))
+            if rest.num_rows:
+                self._tables.append(rest)
+            table = table.filter(covered)
+            if not table.num_rows:
+                return None
+        # window_start, window_end, the groups, then the aggregates: windows in order, groups within.
+        keys = [(f.name, "ascending") for f in table.schema if not pa.types.is_nested(f.type)]
+        return table.sort_by(keys) if keys else table
+
+
+class Times:
+    """How window bounds and punctuation are shown: numbers (``raw``) or ISO 8601 (``iso``).
+
+    ``unit`` is the query's ``time_unit`` (``ms`` for a timestamp[ms] window attribute); without
+    one (row windows, integer attributes) times stay numbers either way.
+    """
+
+    def __init__(self, iso: bool, unit: str) -> None:
+        self.unit = unit if iso else ""
+
+    def table(self, table: pa.Table) -> pa.Table:
+        if not self.unit:
+            return table
+        for name in ("window_start", "window_end"):
+            index = table.schema.get_field_index(name)
+            if index >= 0 and pa.types.is_integer(table.schema.field(index).type):
+                table = table.set_column(index, name, table.column(index).cast(pa.timestamp(self.unit)))
+        return table
+
+    def punctuation(self, item: Punctuation) -> str | int:
+        """``end`` for the end-of-stream punctuation, else its value as the window bounds show."""
+        if item.value >= END_OF_STREAM:
+            return "end"
+        if self.unit and item.attribute == "window_end":
+            return str(_plain(pa.scalar(item.value, pa.timestamp(self.unit)).as_py()))
+        return item.value
+
+
 class Writer:
     """Prints result tables and (when asked) punctuation markers; flushes after each item."""
 
@@ -225,7 +290,7 @@ class Writer:
     def table(self, table: pa.Table) -> None:
         raise NotImplementedError
 
-    def punctuation(self, item: Punctuation) -> None:
+    def punctuation(self, attribute: str, shown: str | int) -> None:
         raise NotImplementedError
 
 
@@ -235,8 +300,8 @@ class JsonLinesWriter(Writer):
             self.out.write(json.dumps(row, default=_plain) + "\n")
         self.out.flush()
 
-    def punctuation(self, item: Punctuation) -> None:
-        self.out.write(json.dumps({"punctuation": item.value, "attribute": item.attribute}) + "\n")
+    def punctuation(self, attribute: str, shown: str | int) -> None:
+        self.out.write(json.dumps({"punctuation": shown, "attribute": attribute}) + "\n")
         self.out.flush()
 
 
@@ -257,8 +322,8 @@ class CsvWriter(Writer):
             )
         self.out.flush()
 
-    def punctuation(self, item: Punctuation) -> None:
-        self.out.write(f"# punctuation {item.attribute}={item.value}\n")
+    def punctuation(self, attribute: str, shown: str | int) -> None:
+        self.out.write(f"# punctuation {attribute}={shown}\n")
         self.out.flush()
 
 
@@ -278,8 +343,8 @@ class TableWriter(Writer):
         self.out.write(format_table(table.column_names, rows) + "\n\n")
         self.out.flush()
 
-    def punctuation(self, item: Punctuation) -> None:
-        self.out.write(f"-- punctuation {item.attribute} = {item.value} --\n\n")
+    def punctuation(self, attribute: str, shown: str | int) -> None:
+        self.out.write(f"-- punctuation {attribute} = {shown} --\n\n")
         self.out.flush()
 
 

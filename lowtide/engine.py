@@ -18,22 +18,26 @@ import numpy as np
 from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
 from lowtide.handles import Item, Query
+from lowtide.ipc import validate_table
+from lowtide.names import check_name, check_source, shown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.generators import Generator
-from lowtide.punctuation.model import NO_PROGRESS, Punctuation
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
+from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
 from lowtide.query.planner import Context, Plan, plan_query
 from lowtide.query.sharing import Shares
 from lowtide.results import Fields, Sink, to_table
-from lowtide.schema import Schema
+from lowtide.schema import Schema, to_arrow_table
 from lowtide.stream import Stream
 from lowtide.strings import StringPool
 from lowtide.testing import Clock, WallClock
 
 DEFAULT_SOURCE = "default"
+MAX_QUERY_BYTES = 64 * 1024
 
 
 @dataclass
@@ -41,6 +45,7 @@ class Limits:
     max_streams: int = 1000
     max_queries: int = 1000
     max_batch_rows: int = 10_000_000
+    max_query_bytes: int = MAX_QUERY_BYTES  # query text, UTF-8 encoded
 
 
 @dataclass
@@ -87,16 +92,17 @@ class Engine:
         idle_timeout: float | None = None,
     ) -> None:
         """Create a stream; ``idle_timeout`` is in seconds of wall time."""
+        check_name(name, "stream")  # names: see lowtide.names
         if name in self._streams or name in self._queries:
             raise AlreadyExists(f"stream {name!r} already exists")
         if sum(not s.derived for s in self._streams.values()) >= self.limits.max_streams:
             raise ResourceExhausted(f"at most {self.limits.max_streams} streams")
-        if not name or "." in name:
-            raise InvalidArgument(f"bad stream name {name!r}: use letters, digits and underscores")
+        for source in sources or ():
+            check_source(source)
         typed = Schema.of(schema, progressing)
         generator = Generator.parse(punctuation, typed.type_of(progressing).unit_ms)
-        if idle_timeout is not None and idle_timeout <= 0:
-            raise InvalidArgument("idle_timeout must be positive (seconds)")
+        if idle_timeout is not None and not (0 < idle_timeout < math.inf):
+            raise InvalidArgument(f"idle_timeout must be a positive number of seconds, got {idle_timeout}")
         self._streams[name] = Stream(name, typed, generator, self.clock, tuple(sources or ()), idle_timeout)
 
     def drop_stream(self, name: str) -> None:
@@ -118,8 +124,8 @@ class Engine:
     def _stream(self, name: str) -> Stream:
         try:
             return self._streams[name]
-        except KeyError:
-            raise NotFound(f"unknown stream {name!r}") from None
+        except (KeyError, TypeError):
+            raise NotFound(f"unknown stream {shown(name)}") from None
 
     # -- queries ------------------------------------------------------------------------------
     def register_query(
@@ -132,6 +138,7 @@ class Engine:
             while name in self._queries or name in self._streams:
                 self._counter += 1
                 name = f"q{self._counter}"
+        check_name(name, "query")
         if name in self._queries or name in self._streams:
             raise AlreadyExists(f"query or stream {name!r} already exists")
         if len(self._queries) >= self.limits.max_queries:
@@ -149,7 +156,19 @@ class Engine:
     def _plan(
         self, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None
     ) -> RunningQuery:
-        query = parse_query(sql)
+        if not isinstance(sql, str):
+            raise InvalidArgument(f"a query is text, not {type(sql).__name__}")
+        size = len(sql.encode("utf-8", "surrogatepass"))
+        if size > self.limits.max_query_bytes:
+            raise InvalidArgument(f"query of {size} bytes is over the limit of {self.limits.max_query_bytes}")
+        try:
+            return self._planned(parse_query(sql), sql, name, policy, allowed_lateness)
+        except RecursionError:  # parse_query bounds nesting; this is the backstop
+            raise InvalidArgument("query nests too deeply") from None
+
+    def _planned(
+        self, query: QueryTree, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None
+    ) -> RunningQuery:
         holder: list[RunningQuery] = []
 
         def on_drop(batch: Batch, fields: Fields) -> None:
@@ -258,6 +277,7 @@ class Engine:
                 "columns": [name for name, _ in q.plan.schema],
                 "results": q.sink.results,
                 "late_tuples": q.late_dropped,
+                "time_unit": q.plan.time_unit,
             }
             for q in self._queries.values()
         ]
@@ -265,29 +285,33 @@ class Engine:
     def _query(self, name: str) -> RunningQuery:
         try:
             return self._queries[name]
-        except KeyError:
-            raise NotFound(f"unknown query {name!r}") from None
+        except (KeyError, TypeError):
+            raise NotFound(f"unknown query {shown(name)}") from None
 
     # -- data ---------------------------------------------------------------------------------
     def push(self, stream: str, data: Any, source: str = DEFAULT_SOURCE) -> None:
         """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
         self.push_admitted(stream, [self.admit(stream, data)], source)
 
-    def admit(self, stream: str, data: Any) -> Batch:
+    def admit(self, stream: str, data: Any, validated: bool = False) -> Batch:
         """Check a batch, or one part of a batch, against ``stream``: engine columns, strings coded.
 
         Nothing is applied (only the string dictionary grows): ``push_admitted`` applies it. The
         server admits the parts of a large batch as they arrive and applies them together.
+        Arrow data is validated in full first, unless ``validated`` (the server's
+        :func:`~lowtide.ipc.read_ipc` did it).
         """
         target = self._stream(stream)
         if target.derived:
             raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
-        batch = target.admit(data, self.pool)
-        if batch.n > self.limits.max_batch_rows:
+        table = to_arrow_table(data)
+        if table.num_rows > self.limits.max_batch_rows:  # before any column is converted
             raise ResourceExhausted(
-                f"batch of {batch.n} rows is over the limit of {self.limits.max_batch_rows}"
+                f"batch of {table.num_rows} rows is over the limit of {self.limits.max_batch_rows}"
             )
-        return batch
+        if not validated:
+            validate_table(table)
+        return target.admit(table, self.pool)
 
     def push_admitted(self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE) -> None:
         """Apply the admitted parts of one batch from ``source``, all or none: they are late
@@ -295,7 +319,9 @@ class Engine:
         target = self._stream(stream)
         self.tick()
         known = target.sources.get(source)
-        if known is not None and known.closed:
+        if known is None:
+            check_source(source)
+        elif known.closed:
             raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
         late = [target.late_mask(batch) for batch in parts]
         n_late = sum(int(mask.sum()) for mask in late)
@@ -319,6 +345,10 @@ class Engine:
                 f"{target.attribute!r}, got {value!r}"
             )
         value = int(value)
+        if not NO_PROGRESS <= value <= END_OF_STREAM:
+            raise InvalidArgument(f"punctuation {value} of stream {stream!r} is out of the int64 range")
+        if source not in target.sources:
+            check_source(source)
         target.check_punctuation(source, value)
         target.punctuate(source, value)
 

@@ -9,12 +9,19 @@
     │   └── LateTuple                 late tuples under the ``error`` late policy
     ├── NotFound                      NOT_FOUND: unknown stream, query or source
     ├── AlreadyExists                 ALREADY_EXISTS: a duplicate stream or query name
-    └── ResourceExhausted             RESOURCE_EXHAUSTED: a configured limit was passed
+    ├── ResourceExhausted             RESOURCE_EXHAUSTED: a configured limit was passed
+    ├── Unauthenticated               UNAUTHENTICATED: no bearer token, or one the server does not know
+    ├── PermissionDenied              PERMISSION_DENIED: the token's role may not make that call
+    └── StartupFailure                the server cannot start (a port in use, a bad setting)
 
 A call that raises leaves the engine as it was before the call.
 """
 
 from __future__ import annotations
+
+# A reason travels as the gRPC status detail, percent-encoded in the trailing metadata, whose
+# default limit is 8 KiB: 500 characters stay below it even when each is 4 bytes of UTF-8.
+MAX_REASON = 500
 
 
 class LowtideError(Exception):
@@ -23,8 +30,10 @@ class LowtideError(Exception):
     status: str = "UNKNOWN"
 
     def __init__(self, reason: str) -> None:
-        # A reason is one line: the server sends it as the gRPC status detail.
-        super().__init__(" ".join(reason.split()))
+        # A reason is one line of at most MAX_REASON characters: the server sends it as the
+        # gRPC status detail.
+        line = " ".join(reason.split())
+        super().__init__(line if len(line) <= MAX_REASON else line[: MAX_REASON - 3] + "...")
 
     @property
     def reason(self) -> str:
@@ -68,3 +77,21 @@ class AlreadyExists(LowtideError):
 
 class ResourceExhausted(LowtideError):
     status = "RESOURCE_EXHAUSTED"
+
+
+class Unauthenticated(LowtideError):
+    """The server wants a bearer token (``--tokens``) and the call had none it knows."""
+
+    status = "UNAUTHENTICATED"
+
+
+class PermissionDenied(LowtideError):
+    """The call's token is known, but its role (admin, producer, reader) does not allow the call."""
+
+    status = "PERMISSION_DENIED"
+
+
+class StartupFailure(LowtideError):
+    """``lowtide serve`` cannot start; never sent over the network."""
+
+    status = "FAILED_PRECONDITION"

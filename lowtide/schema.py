@@ -9,7 +9,8 @@ rejected whole with a one-line reason, before anything is changed.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +21,13 @@ import pyarrow.compute as pc
 
 from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument, SchemaMismatch
+from lowtide.names import check_column, shown
 from lowtide.strings import NULL_CODE, StringPool
 
 _TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns)\]$")
 _BASE_TYPES = {"int64", "int32", "float64", "bool", "string"}
 _UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+MAX_COLUMNS = 1024  # columns of a stream's schema
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,11 @@ class ColumnType:
 
     @staticmethod
     def parse(name: str) -> ColumnType:
-        name = name.strip().lower()
+        name = str(name).strip().lower()
         if name in _BASE_TYPES or _TIMESTAMP.match(name):
             return ColumnType(name)
         raise InvalidArgument(
-            f"unknown column type {name!r}; expected one of int64, int32, float64, bool, string, "
+            f"unknown column type {shown(name)}; expected one of int64, int32, float64, bool, string, "
             "timestamp[s|ms|us|ns]"
         )
 
@@ -119,13 +122,15 @@ class Schema:
     def of(columns: Mapping[str, str | ColumnType], progressing: str) -> Schema:
         if not columns:
             raise InvalidArgument("a schema needs at least one column")
+        if len(columns) > MAX_COLUMNS:
+            raise InvalidArgument(f"a schema has at most {MAX_COLUMNS} columns, got {len(columns)}")
         typed = tuple(
-            (name, kind if isinstance(kind, ColumnType) else ColumnType.parse(kind))
+            (check_column(name), kind if isinstance(kind, ColumnType) else ColumnType.parse(kind))
             for name, kind in columns.items()
         )
         schema = Schema(typed, progressing)
         if progressing not in schema.names:
-            raise InvalidArgument(f"progressing attribute {progressing!r} is not a column of the schema")
+            raise InvalidArgument(f"progressing attribute {shown(progressing)} is not a column of the schema")
         if not schema.type_of(progressing).is_integer:
             raise InvalidArgument(
                 f"progressing attribute {progressing!r} must be an integer or timestamp column, "
@@ -179,21 +184,38 @@ def _integers(name: str, values: pa.ChunkedArray, kind: ColumnType) -> npt.NDArr
     if pa.types.is_timestamp(vtype):
         if not kind.is_timestamp:
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got a timestamp")
-        values = values.cast(pa.timestamp(kind.unit or "ms")).cast(pa.int64())
+        try:  # another unit: only values it holds exactly (ns -> ms must not truncate or overflow)
+            values = values.cast(pa.timestamp(kind.unit or "ms")).cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaMismatch(
+                f"column {name!r} is {kind.name}, got {vtype} values it cannot hold exactly: "
+                f"{' '.join(str(exc).split())}"
+            ) from exc
     elif pa.types.is_floating(vtype):
         as_float = values.to_numpy()
         if not np.all(np.isfinite(as_float)) or np.any(as_float != np.floor(as_float)):
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got non-integral numbers")
-        return np.asarray(as_float, dtype=kind.dtype)
+        if len(as_float) and (as_float.min() < -(2.0**63) or as_float.max() >= 2.0**63):
+            raise SchemaMismatch(f"column {name!r} is {kind.name}, got numbers out of its range")
+        return _fit(name, as_float.astype(np.int64), kind)
     elif not pa.types.is_integer(vtype):
         raise SchemaMismatch(f"column {name!r} is {kind.name}, got {vtype}")
     out = values.to_numpy()
+    if vtype == pa.uint64() and len(out) and out.max() >= 2**63:
+        raise SchemaMismatch(f"column {name!r} is {kind.name}, got values out of its range")
+    return _fit(name, out, kind)
+
+
+def _fit(name: str, out: npt.NDArray[Any], kind: ColumnType) -> npt.NDArray[Any]:
     if kind.name == "int32" and len(out) and (out.min() < -(2**31) or out.max() >= 2**31):
         raise SchemaMismatch(f"column {name!r} is int32, got values out of its range")
     return np.asarray(out, dtype=kind.dtype)
 
 
-def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPool) -> npt.NDArray[Any]:
+def _column(
+    name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPool | None
+) -> npt.NDArray[Any]:
+    """The engine column of ``values``; without a pool (a check only) strings are not coded."""
     vtype = values.type
     if pa.types.is_null(vtype) and len(values) == 0:
         return np.empty(0, dtype=kind.dtype)  # an empty list has no type of its own: it fits any column
@@ -204,12 +226,14 @@ def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPo
             raise SchemaMismatch(f"column {name!r} is string, got {vtype}")
         if values.null_count == len(values):  # all null: no dictionary for the pool to map
             return np.full(len(values), NULL_CODE, dtype=np.int64)
-        return pool.encode(values)
+        return pool.encode(values) if pool is not None else np.empty(0, dtype=np.int64)
     if values.null_count:
         if kind.name != "float64":
             raise SchemaMismatch(
                 f"column {name!r} ({kind.name}) has nulls; only float64 and string columns may"
             )
+        if not (pa.types.is_floating(vtype) or pa.types.is_integer(vtype) or pa.types.is_null(vtype)):
+            raise SchemaMismatch(f"column {name!r} is float64, got {vtype}")
         values = pc.fill_null(values.cast(pa.float64()), float("nan"))
     if kind.is_integer:
         return _integers(name, values, kind)
@@ -225,14 +249,55 @@ def _column(name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPo
 def admit(data: Any, schema: Schema, pool: StringPool) -> Batch:
     """Check a user batch against ``schema`` and turn it into engine columns (the door)."""
     table = to_arrow_table(data)
-    names = set(table.column_names)
-    if schema.progressing not in names:
+    check_names(table.column_names, schema)
+    columns = {}
+    for name, kind in schema.columns:
+        values = table.column(name)
+        try:
+            columns[name] = _column(name, values, kind, pool)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+            reason = " ".join(str(exc).split())
+            raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc
+    return Batch(columns, table.num_rows)
+
+
+def check_names(names: Sequence[str], schema: Schema) -> None:
+    """The columns of a batch against ``schema``: the progressing attribute, missing, unknown."""
+    present = set(names)
+    if len(present) < len(names):
+        twice = sorted(n for n, times in Counter(names).items() if times > 1)
+        raise SchemaMismatch(f"column(s) {', '.join(map(repr, twice))} appear more than once in the batch")
+    if schema.progressing not in present:
         raise SchemaMismatch(f"batch lacks the progressing attribute {schema.progressing!r}")
-    missing = [n for n in schema.names if n not in names]
+    missing = [n for n in schema.names if n not in present]
     if missing:
         raise SchemaMismatch(f"batch lacks column(s) {', '.join(map(repr, missing))}")
-    unknown = [n for n in table.column_names if n not in schema.names]
+    known = set(schema.names)
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise SchemaMismatch(f"unknown column(s) {', '.join(map(repr, unknown))}")
-    columns = {name: _column(name, table.column(name), kind, pool) for name, kind in schema.columns}
-    return Batch(columns, table.num_rows)
+
+
+def check(table: pa.Table, schema: Schema) -> None:
+    """Whether :func:`admit` takes ``table``, without making engine columns (a producer checks
+    its sends with this before they leave): raises what the door would raise."""
+    check_names(table.column_names, schema)
+    for name, kind in schema.columns:
+        values = table.column(name)
+        if _exact(values, kind):
+            continue
+        try:
+            _column(name, values, kind, None)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+            reason = " ".join(str(exc).split())
+            raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc
+
+
+def _exact(values: pa.ChunkedArray, kind: ColumnType) -> bool:
+    """Values of the column's own Arrow type that the door takes as they are (no copy to check)."""
+    vtype = values.type
+    if kind.is_string:
+        if pa.types.is_dictionary(vtype):
+            vtype = vtype.value_type
+        return bool(pa.types.is_string(vtype) or pa.types.is_large_string(vtype))
+    return bool(vtype == kind.arrow) and (values.null_count == 0 or kind.name == "float64")

@@ -72,6 +72,7 @@ class Stream:
             "progressing": self.attribute,
             "punctuation": self.generator.kind,
             "sources": sorted(self.sources),
+            "declared": list(self.declared),
             "low_watermark": self.progress,
             "source_punctuation": {s.name: s.punctuation for s in self.sources.values()},
         }

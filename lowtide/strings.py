@@ -62,8 +62,11 @@ class StringPool:
             values = pc.dictionary_encode(values)
         dictionary = values.dictionary.to_pylist()
         found = list(map(self._codes.get, dictionary))  # C-level lookups; None marks a new string
-        if None in found:
-            found = [self.code(s) if c is None else c for s, c in zip(dictionary, found, strict=True)]
+        if None in found:  # a null among the dictionary's values (Arrow allows it) is a null string
+            found = [
+                NULL_CODE if s is None else self.code(s) if c is None else c
+                for s, c in zip(dictionary, found, strict=True)
+            ]
         mapping = np.array(found, dtype=np.int64)
         indices = values.indices
         if indices.null_count:

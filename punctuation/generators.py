@@ -14,13 +14,17 @@ breaks it is late. Explicit punctuation is accepted on every kind of stream.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from lowtide.errors import InvalidArgument
+from lowtide.names import shown
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-z]+)?\s*$", re.IGNORECASE)
 _MS = {"ms": 1.0, "s": 1000.0, "min": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0}
+MAX_DURATION_MS = 2.0**52  # 142,000 years, exact as a float
+MAX_UNITS = 2**62  # a duration in the attribute's units: window arithmetic stays within int64
 # Spelled-out units as Spark's withWatermark takes them ("10 seconds", "1 minute").
 _UNIT = {
     "ms": "ms", "millisecond": "ms", "milliseconds": "ms",
@@ -37,8 +41,11 @@ def parse_duration_ms(text: str) -> float:
     match = _DURATION.match(text)
     unit = _UNIT.get((match.group(2) or "ms").lower()) if match else None
     if match is None or unit is None:
-        raise InvalidArgument(f"cannot read duration {text!r}; write e.g. 500ms, 2s, 10 seconds, 1min")
-    return float(match.group(1)) * _MS[unit]
+        raise InvalidArgument(f"cannot read duration {shown(text)}; write e.g. 500ms, 2s, 10 seconds, 1min")
+    ms = float(match.group(1)) * _MS[unit]
+    if not abs(ms) <= MAX_DURATION_MS:
+        raise InvalidArgument(f"duration {shown(text)} is too long (at most 2^52 ms)")
+    return ms
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class Generator:
                 raise InvalidArgument("heartbeat period must be positive")
             return Generator(kind, period_ms=period_ms, skew=duration_units(skew, unit_ms))
         raise InvalidArgument(
-            f"unknown punctuation generator {spec!r}; expected explicit, ordered, bounded:<slack> "
+            f"unknown punctuation generator {shown(spec)}; expected explicit, ordered, bounded:<slack> "
             "or heartbeat:<period>,<skew>"
         )
 
@@ -86,6 +93,9 @@ class Generator:
 def duration_units(text: str, unit_ms: float) -> int:
     """A duration in units of ``unit_ms`` milliseconds; a bare integer is already in units."""
     text = text.strip()
-    if re.fullmatch(r"-?\d+", text):
+    if re.fullmatch(r"-?\d{1,19}", text) and abs(int(text)) <= MAX_UNITS:
         return int(text)  # a bare integer is in the attribute's own units
-    return round(parse_duration_ms(text) / unit_ms)
+    units = parse_duration_ms(text) / unit_ms if not re.fullmatch(r"-?\d+", text) else math.inf
+    if not abs(units) <= MAX_UNITS:
+        raise InvalidArgument(f"duration {shown(text)} is out of range (at most 2^62 units)")
+    return round(units)

@@ -4,7 +4,8 @@ host = "127.0.0.1"        # bind address (loopback by default)
 port = 50051              # 0: pick a free port and print it
 workers = 2               # worker processes (default: the number of cores)
 metrics_port = 9464       # Prometheus exposition; 0: a free port; -1: off
-state_dir = ""            # reserved for checkpoints (a later issue)
+metrics_host = "127.0.0.1"  # the exposition's bind address (not host's: metrics stay on loopback)
+state_dir = ""            # durable state: not supported yet (a non-empty value refuses to start)
 max_message_bytes = 67108864
 max_batch_rows = 1000000
 max_streams = 1000
@@ -13,6 +14,9 @@ max_query_state_bytes = 1073741824
 retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
+tls_cert = ""             # PEM certificate (chain): serve TLS; needs tls_key, and the reverse
+tls_key = ""              # PEM private key (unencrypted) of tls_cert
+tokens = ""               # TOML file whose [tokens] table maps each token to admin|producer|reader
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class ServerConfig:
     port: int = 50051
     workers: int = max(1, os.cpu_count() or 1)
     metrics_port: int = 9464
+    metrics_host: str = "127.0.0.1"
     state_dir: str = ""
     max_message_bytes: int = 64 << 20
     max_batch_rows: int = 1_000_000
@@ -41,6 +46,9 @@ class ServerConfig:
     retained_items: int = 1024
     flush_every: int = 0
     flush_max_windows: int = 2
+    tls_cert: str = ""
+    tls_key: str = ""
+    tokens: str = ""
 
     @staticmethod
     def load(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
@@ -60,6 +68,11 @@ class ServerConfig:
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if config.workers < 1:
             raise InvalidArgument("workers must be at least 1")
+        if config.state_dir:
+            # Accepting it and keeping state in memory would promise durability we do not give.
+            raise InvalidArgument("--state-dir (state_dir) is not supported yet: state lives in memory only")
+        if bool(config.tls_cert) != bool(config.tls_key):
+            raise InvalidArgument("--tls-cert and --tls-key (tls_cert, tls_key) go together: both or neither")
         if config.flush_every < 0 or config.flush_max_windows < 0:
             raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
+import re
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,31 +25,42 @@ import pyarrow as pa
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from lowtide import __version__, errors
 from lowtide.engine import Limits, SlowFlush
-from lowtide.errors import InvalidArgument, LowtideError, NotFound, ResourceExhausted, SchemaMismatch
+from lowtide.errors import (
+    InvalidArgument,
+    LowtideError,
+    NotFound,
+    ResourceExhausted,
+    StartupFailure,
+)
+from lowtide.ipc import read_ipc
+from lowtide.names import shown
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
+from lowtide.server import auth
 from lowtide.server.batches import AppliedBatches, PartialBatch
 from lowtide.server.config import ServerConfig
 from lowtide.server.hub import Closed, Hub
 from lowtide.server.metrics import ServerMetrics
+from lowtide.server.ports import ensure_free
 from lowtide.server.runtime import FrontEngine
 from lowtide.server.workers import WorkerPool
 
-VERSION = "0.1.0"
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+log = logging.getLogger("lowtide.server")
+_INTEGER = re.compile(r"-?[0-9]{1,19}")  # int() of longer digit strings is slow, or refused
 
 
 def _columns(schema: dict[str, str]) -> list[pb.Column]:
     return [pb.Column(name=name, type=kind) for name, kind in schema.items()]
 
 
-def _read_arrow(data: bytes) -> pa.Table:
-    try:
-        return pa.ipc.open_stream(data).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SchemaMismatch(f"malformed Arrow IPC stream: {str(exc).splitlines()[0]}") from exc
+def _read_arrow(data: bytes, max_rows: int | None = None) -> pa.Table:
+    """A received Arrow IPC stream, checked and validated in full (:func:`lowtide.ipc.read_ipc`):
+    ``SchemaMismatch`` when malformed, ``ResourceExhausted`` past ``max_rows``."""
+    return read_ipc(data, max_rows)
 
 
 def _arrow_bytes(table: pa.Table) -> bytes:
@@ -56,21 +70,122 @@ def _arrow_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: LowtideError) -> None:
+async def _abort(
+    context: grpc.aio.ServicerContext[Any, Any], exc: LowtideError, extra: tuple[tuple[str, str], ...] = ()
+) -> None:
     await context.abort(
-        grpc.StatusCode[exc.status], str(exc), trailing_metadata=(("lowtide-error", type(exc).__name__),)
+        grpc.StatusCode[exc.status],
+        str(exc),
+        trailing_metadata=(("lowtide-error", type(exc).__name__), *extra),
     )
 
 
+class _Undecodable:
+    """A request message that does not parse (bad UTF-8 in a string field, a truncated field):
+    gRPC would answer UNKNOWN before any handler ran; it reaches the handler as this instead,
+    which answers INVALID_ARGUMENT."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decoder(message: Any) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError, whatever its parser raises
+            detail = str(exc).rsplit(": ", 1)[-1]  # after "Error parsing message with type '...'"
+            return _Undecodable(f"malformed {message.DESCRIPTOR.name} message: {detail}")
+
+    return decode
+
+
+def _decoded(request: Any) -> Any:
+    """``request`` as it is; InvalidArgument for one that did not parse."""
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(request.reason)
+    return request
+
+
+def add_service(service: Service, server: grpc.aio.Server) -> None:
+    """What the generated ``add_LowtideServicer_to_server`` does, with request decoders that let
+    a malformed message reach its handler (see :class:`_Undecodable`)."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    described = pb.DESCRIPTOR.services_by_name["Lowtide"]
+    handlers = {}
+    for method in described.methods:
+        make = kinds[(method.client_streaming, method.server_streaming)]
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        handlers[method.name] = make(
+            getattr(service, method.name), _decoder(request), response.SerializeToString
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(described.full_name, handlers),))
+    server.add_registered_method_handlers(described.full_name, handlers)  # type: ignore[attr-defined]
+
+
+class _Tally:
+    """One Ingest call so far: the index of the message at hand (0-based) and what was applied.
+
+    A rejection stops the call at that message, whole: the messages before it were applied, the
+    ones after it were not read. Its trailing metadata says which (``lowtide-message``) and what
+    the call applied before it (``lowtide-applied``: tuples,batches,duplicates), so a producer can
+    name the batch and resend what follows it.
+    """
+
+    def __init__(self) -> None:
+        self.message = -1
+        self.tuples = self.batches = self.duplicates = 0
+
+    async def count(self, requests: AsyncIterator[pb.IngestRequest]) -> AsyncIterator[pb.IngestRequest]:
+        async for request in requests:
+            self.message += 1
+            _decoded(request)
+            yield request
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        applied = f"{self.tuples},{self.batches},{self.duplicates}"
+        return (("lowtide-message", str(max(self.message, 0))), ("lowtide-applied", applied))
+
+
+async def _abort_unexpected(context: grpc.aio.ServicerContext[Any, Any], exc: Exception, call: str) -> None:
+    """The safety net under every call: an exception no lowtide check raised on purpose ends the
+    call with a status and a one-line reason, never the process. Its traceback goes to the log.
+
+    RecursionError (something nested too deeply) is the request's fault: INVALID_ARGUMENT;
+    MemoryError: RESOURCE_EXHAUSTED; anything else is a bug of ours: INTERNAL, ``internal error:
+    <class>: <first line>``.
+    """
+    lines = str(exc).strip().splitlines()
+    first = type(exc).__name__ + (f": {lines[0]}" if lines else "")
+    log.error("%s failed: %s", call, first, exc_info=exc)
+    if isinstance(exc, RecursionError):
+        await _abort(context, InvalidArgument("the request nests too deeply"))
+    elif isinstance(exc, MemoryError):
+        await _abort(context, ResourceExhausted(f"out of memory serving {call}"))
+    else:
+        reason = " ".join(f"internal error: {first}".split())
+        await context.abort(grpc.StatusCode.INTERNAL, reason[: errors.MAX_REASON])
+
+
 def translated(handler: Handler) -> Handler:
-    """Map lowtide errors to their gRPC status; the exception's class travels in metadata."""
+    """Map lowtide errors to their gRPC status; the exception's class travels in metadata. Any
+    other exception becomes a status too (:func:`_abort_unexpected`)."""
 
     @functools.wraps(handler)
     async def wrapper(self: Service, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
-            return await handler(self, request, context)
+            return await handler(self, _decoded(request), context)
+        except grpc.aio.AbortError:
+            raise  # a status already set (context.abort raises this)
         except LowtideError as exc:
             await _abort(context, exc)
+        except Exception as exc:
+            await _abort_unexpected(context, exc, handler.__name__)
 
     return wrapper  # type: ignore[return-value]
 
@@ -236,9 +351,14 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def CreateStream(self, request: pb.CreateStreamRequest, context: Any) -> pb.CreateStreamResponse:
+        schema: dict[str, str] = {}
+        for column in request.schema:
+            if column.name in schema:
+                raise InvalidArgument(f"column {shown(column.name)} appears more than once in the schema")
+            schema[column.name] = column.type
         self.engine.create_stream(
             request.name,
-            {c.name: c.type for c in request.schema},
+            schema,
             progressing=request.progressing or "ts",
             punctuation=request.punctuation or "explicit",
             sources=list(request.sources),
@@ -266,6 +386,7 @@ class Service(pb_grpc.LowtideServicer):
                     tuples_ingested=streams[s["name"]]["ingested"],
                     late_tuples=streams[s["name"]]["late"],
                     source_punctuation=s["source_punctuation"],
+                    declared_sources=s["declared"],
                 )
                 for s in self.engine.list_streams()
             ]
@@ -273,8 +394,8 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def RegisterQuery(self, request: pb.RegisterQueryRequest, context: Any) -> pb.RegisterQueryResponse:
-        text = request.allowed_lateness
-        lateness: str | int | None = int(text) if text.lstrip("-").isdigit() else (text or None)
+        text = request.allowed_lateness  # a number of units, else a duration: the planner checks both
+        lateness: str | int | None = int(text) if _INTEGER.fullmatch(text) else (text or None)
         name = self.front.register(request.sql, request.name or None, request.late or "drop", lateness)
         running = self.engine.remote[name].running
         return pb.RegisterQueryResponse(
@@ -306,6 +427,7 @@ class Service(pb_grpc.LowtideServicer):
                     results=q["results"],
                     late_tuples=q["late_tuples"],
                     low_watermark=remote.meld.low_watermark,
+                    time_unit=q["time_unit"],
                 )
             )
         return pb.ListQueriesResponse(queries=infos)
@@ -314,9 +436,18 @@ class Service(pb_grpc.LowtideServicer):
     async def Ingest(
         self, request_iterator: AsyncIterator[pb.IngestRequest], context: Any
     ) -> pb.IngestResponse:
+        tally = _Tally()
+        try:
+            return await self._ingest(tally.count(request_iterator), tally)
+        except LowtideError as exc:  # names the message it stopped at (see _Tally)
+            await _abort(context, exc, tally.metadata())
+            raise  # not reached: abort raises
+
+    async def _ingest(
+        self, request_iterator: AsyncIterator[pb.IngestRequest], tally: _Tally
+    ) -> pb.IngestResponse:
         front, engine = self.front, self.engine
         stream = source = ""
-        tuples = batches = duplicates = 0
         partial: PartialBatch | None = None  # a multi-part batch until its last part arrives
         async for request in request_iterator:
             if not stream:
@@ -332,22 +463,26 @@ class Service(pb_grpc.LowtideServicer):
                     partial = PartialBatch(batch_id, parts, duplicate)
                 partial.check(batch_id, parts)
                 # Each part is checked and coded on arrival, while the client sends the next.
-                admitted = None if partial.duplicate else engine.admit(stream, _read_arrow(request.arrow))
+                if partial.duplicate:
+                    admitted = None
+                else:
+                    table = _read_arrow(request.arrow, engine.limits.max_batch_rows)
+                    admitted = engine.admit(stream, table, validated=True)
                 if not partial.take(admitted):
                     continue
                 whole, partial = partial, None
                 applied = front.applied_batches(stream, source)
                 # Checked again at the end: another call may have applied the same id meanwhile.
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
-                    duplicates += 1
+                    tally.duplicates += 1
                     continue
                 engine.push_admitted(stream, whole.admitted, source)
                 rows = sum(batch.n for batch in whole.admitted)
                 front.metrics.ingest_batch(stream, rows, time.perf_counter() - whole.began)
                 if whole.batch_id:
                     applied.add(whole.batch_id)
-                tuples += rows
-                batches += 1
+                tally.tuples += rows
+                tally.batches += 1
                 await front.workers.wait_for_room()
             elif partial is not None:
                 raise InvalidArgument(partial.cut_short())
@@ -358,9 +493,25 @@ class Service(pb_grpc.LowtideServicer):
         if partial is not None:
             raise InvalidArgument(partial.cut_short())
         low = engine.low_watermark(stream) if stream else 0
-        return pb.IngestResponse(tuples=tuples, batches=batches, duplicates=duplicates, low_watermark=low)
+        return pb.IngestResponse(
+            tuples=tally.tuples, batches=tally.batches, duplicates=tally.duplicates, low_watermark=low
+        )
 
     async def Subscribe(
+        self, request: pb.SubscribeRequest, context: Any
+    ) -> AsyncIterator[pb.SubscribeResponse]:
+        """Every failure ends the call with a status, as :func:`translated` does for the others."""
+        try:
+            async for response in self._subscribe(_decoded(request), context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except LowtideError as exc:
+            await _abort(context, exc)
+        except Exception as exc:
+            await _abort_unexpected(context, exc, "Subscribe")
+
+    async def _subscribe(
         self, request: pb.SubscribeRequest, context: Any
     ) -> AsyncIterator[pb.SubscribeResponse]:
         hub = self.front.hubs.get(request.query)
@@ -390,19 +541,23 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
-        return pb.HealthResponse(status="SERVING", workers=self.front.workers.size, version=VERSION)
+        return pb.HealthResponse(status="SERVING", workers=self.front.workers.size, version=__version__)
 
 
 async def _serve(config: ServerConfig) -> int:
+    security = auth.load(config)  # TLS files and tokens are read and checked before anything starts
+    # Both ports are taken before any worker starts: a start that fails says why in one line.
+    ensure_free(config.host, config.port, "gRPC")
+    if config.metrics_port > 0:
+        ensure_free(config.metrics_host, config.metrics_port, "metrics")
     front = Front(config)
-    await front.start()
-    await front.sync()  # every worker is up and answering before the server says it serves
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
     ]
-    server = grpc.aio.server(options=options)
-    pb_grpc.add_LowtideServicer_to_server(Service(front), server)
+    server = grpc.aio.server(options=options, interceptors=security.interceptors)
+    add_service(Service(front), server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -410,13 +565,31 @@ async def _serve(config: ServerConfig) -> int:
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     )
     reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    address = f"{config.host}:{config.port}"
+    try:
+        if security.credentials is not None:
+            port = server.add_secure_port(address, security.credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # taken since ensure_free looked
+        raise StartupFailure(f"cannot serve gRPC on {address}: address already in use") from None
     metrics_url = "off"
     if config.metrics_port >= 0:
-        bound = front.metrics.serve(config.host, config.metrics_port)
-        metrics_url = f"http://{config.host}:{bound}/metrics"
+        try:
+            bound = front.metrics.serve(config.metrics_host, config.metrics_port)
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            where = f"{config.metrics_host}:{config.metrics_port}"
+            raise StartupFailure(f"cannot serve metrics on {where}: {reason}") from None
+        metrics_url = f"http://{config.metrics_host}:{bound}/metrics"
+    if security.notice:
+        print(security.notice, file=sys.stderr)
+    if not config.state_dir:
+        print("lowtide: no --state-dir: streams, queries and windows live in memory only", file=sys.stderr)
+    await front.start()
+    await front.sync()  # every worker is up and answering before the server says it serves
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     print(
         f"lowtide serving on {config.host}:{port} with {config.workers} workers; metrics on {metrics_url}",
         flush=True,

@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 
 from lowtide.batch import Batch
-from lowtide.errors import LowtideError
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.wid_aggregate import SlowFlush
@@ -210,10 +209,14 @@ class Worker:
                 self.out.send(("stats", self.stats()))
             elif kind == "stop":
                 return False
-        except (LowtideError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except (EOFError, OSError):
+            raise  # the front went away: worker_main ends the process quietly
+        except Exception as exc:  # MemoryError, OverflowError, ... too: the query fails, not the worker
             query = header[1] if len(header) > 1 and isinstance(header[1], str) else ""
             self.drop(query)
-            self.out.send(("failed", query, f"{type(exc).__name__}: {exc}"))
+            lines = str(exc).strip().splitlines()
+            reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            self.out.send(("failed", query, reason[:300]))
         return True
 
     def stats(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr
 from lark.tree import Meta
@@ -66,6 +66,10 @@ _TERMINAL_TEXT = {
     "$END": "end of query",
 }
 _MAX_EXPECTED = 8
+# Levels of the parse tree (each nested parenthesis, NOT, unary minus and chained operator is one):
+# deeper queries are refused before anything recurses over them. A chain of 190 ORs still fits.
+MAX_NESTING = 200
+_INT64 = 2**63 - 1
 # One chunk of a script: a string, a quoted identifier, a comment, a ';', or other text.
 _SCRIPT_CHUNK = re.compile(r"""'[^']*'?|"[^"]*"?|--[^\n]*|;|[^'";-]+|-""")
 
@@ -89,16 +93,31 @@ def parse_query(sql: str) -> Query:
     if not split_statements(sql):
         raise QuerySyntaxError("empty query", 1, 1)
     try:
-        tree = _lark().parse(sql)
+        tree = _lark().parse(sql)  # LALR: an explicit stack, however deep the text nests
     except UnexpectedInput as exc:
         raise _syntax_error(exc, sql) from exc
+    if _too_deep(tree):  # building and planning the tree recurse: about 2 frames a level
+        raise UnsupportedQuery(f"query nests too deeply: more than {MAX_NESTING} levels of expressions")
     try:
         query: Query = _Builder(sql).transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, LowtideError):
             raise exc.orig_exc from None
+        if isinstance(exc.orig_exc, RecursionError):
+            raise UnsupportedQuery("query nests too deeply") from None
         raise
     return query
+
+
+def _too_deep(tree: Tree[Token]) -> bool:
+    """Whether ``tree`` is more than ``MAX_NESTING`` levels deep (walked without recursion)."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return True
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+    return False
 
 
 @cache
@@ -201,6 +220,18 @@ class _Param(NamedTuple):
 
 def _error_at(token: Token, reason: str) -> QuerySyntaxError:
     return QuerySyntaxError(reason, token.line or 1, token.column or 1)
+
+
+def _shorten(text: str, most: int = 30) -> str:
+    return text if len(text) <= most else text[:most] + "..."
+
+
+def _integer(token: Token) -> int:
+    """A whole-number token as an int64 (a longer one is refused before int() reads it)."""
+    digits = token.lstrip("0") or "0"
+    if len(digits) > 19 or int(digits) > _INT64:
+        raise _error_at(token, f"number {_shorten(token)} is out of range (at most {_INT64})")
+    return int(digits)
 
 
 def _flatten(children: list[Any]) -> list[Any]:
@@ -326,8 +357,8 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
 
     def rows(self, c: list[Any]) -> Rows:
         if not c[0].isdigit():
-            raise _error_at(c[0], f"a row count is a whole number; got {c[0]}")
-        return Rows(int(c[0]))
+            raise _error_at(c[0], f"a row count is a whole number; got {_shorten(c[0])}")
+        return Rows(_integer(c[0]))
 
     # ---- expressions ----
 
@@ -349,7 +380,7 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
     def literal(self, c: list[Any]) -> Literal:
         token: Token = c[0]
         if token.type == "NUMBER":
-            return Literal(int(token) if token.isdigit() else float(token))
+            return Literal(_integer(token) if token.isdigit() else float(token))
         if token.type == "STRING":
             return Literal(token[1:-1].replace("''", "'"))
         return Literal({"TRUE": True, "FALSE": False, "NULL": None}[token.type])

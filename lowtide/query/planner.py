@@ -73,6 +73,7 @@ class Plan:
     joins_share: bool = False  # the share exists and is fed already
     reader: PanedWIDAggregate | None = None  # the Paned-WID reading slices, attached by start()
     late_handler: Callable[[Batch], None] | None = None  # this query's late side stream
+    time_unit: str = ""  # s|ms|us|ns: window bounds are epoch times in this unit; "": plain numbers
 
     def start(self) -> None:
         """Begin reading shared slices (planning leaves them untouched, for ``explain``)."""
@@ -485,7 +486,8 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             )
         }
         last = ctx.add(Project(outputs, {}), agg)
-    return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides, **shared)
+    unit = kind.name[len("timestamp[") : -1] if kind.name.startswith("timestamp[") else ""
+    return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides, time_unit=unit, **shared)
 
 
 def _paned_aggregate(

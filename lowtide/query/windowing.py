@@ -11,6 +11,9 @@ from lowtide.query.ast import Rows as RowCount
 from lowtide.schema import ColumnType
 
 _UNIT_MS = {"ms": 1.0, "s": 1000.0, "min": 60_000.0, "h": 3_600_000.0, "day": 86_400_000.0}
+# Window extents, slides and lateness in the attribute's units, and row counts: window arithmetic
+# on int64 attribute values must not overflow.
+MAX_EXTENT = 2**62
 
 
 def to_units(value: Duration | RowCount, kind: ColumnType, what: str) -> int:
@@ -19,6 +22,10 @@ def to_units(value: Duration | RowCount, kind: ColumnType, what: str) -> int:
         raise UnsupportedQuery(f"{what} is a number of rows but the window is on {kind.name} values")
     scale = 1.0 if value.unit is None else _UNIT_MS[value.unit] / kind.unit_ms
     units = value.amount * scale
+    if not 0 < units <= MAX_EXTENT:  # NaN and infinity too
+        raise UnsupportedQuery(
+            f"{what} must be a positive whole number of {kind.unit or 'units'} up to 2^62, got {units:g}"
+        )
     whole = round(units)
     if abs(units - whole) > 1e-9 or whole <= 0:
         raise UnsupportedQuery(
@@ -28,8 +35,8 @@ def to_units(value: Duration | RowCount, kind: ColumnType, what: str) -> int:
 
 
 def rows_of(value: Duration | RowCount | None, what: str) -> int:
-    if not isinstance(value, RowCount) or value.count <= 0:
-        raise UnsupportedQuery(f"{what} of a tuple window must be a positive number of rows")
+    if not isinstance(value, RowCount) or not 0 < value.count <= MAX_EXTENT:
+        raise UnsupportedQuery(f"{what} of a tuple window must be a positive number of rows, up to 2^62")
     return value.count
 
 

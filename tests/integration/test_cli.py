@@ -98,6 +98,36 @@ def test_cli_end_to_end(target: str, fresh: Callable[[str], str], tmp_path: Path
     assert next(q for q in queries if q["name"] == query)["results"] == len(want)
     assert query in ok(target, "query", "list")
 
+
+def test_tail_after_send_prints_each_window_once_and_exits_at_end(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The README's order: send, then tail; rows of both workers come as one sorted table."""
+    stream, query = fresh("Main"), fresh("q")
+    sql = f"SELECT srcIP, count(*) AS n [RANGE 1 minute, WA ts] FROM {stream} GROUP BY srcIP"
+    ok(target, "stream", "create", stream, "--schema", "srcIP:string,ts:timestamp[ms]", "--sources", "a")
+    ok(target, "query", "register", sql, "--name", query)
+    hosts = [f"10.0.0.{i}" for i in range(40)]  # hashed over both workers
+    lines = ["srcIP,ts", *(f"{h},{t}" for t in (1_000, 61_000, 62_000) for h in hosts)]
+    (tmp_path / "in.csv").write_text("\n".join(lines) + "\n")
+    ok(target, "send", stream, str(tmp_path / "in.csv"), "--source", "a", "--punctuation", "end")
+
+    out = ok(target, "tail", query, "--show-punctuation").splitlines()  # exits: end of stream
+    header, *rows = [line.split() for line in out if line and not line.startswith("--")]
+    assert header == ["window_start", "window_end", "srcIP", "n", "revision"]
+    minute = "1970-01-01T00:01:00"
+    want = [["1970-01-01T00:00:00", minute, h, "1", "0"] for h in sorted(hosts)]
+    want += [[minute, "1970-01-01T00:02:00", h, "2", "0"] for h in sorted(hosts)]
+    assert rows == want  # one table, each window once, in window then group order
+    assert out[-2:] == ["-- punctuation window_end = end --", ""]
+
+    raw = [json.loads(line) for line in ok(target, "tail", query, "--format", "jsonl").splitlines()]
+    assert [(r["window_start"], r["srcIP"]) for r in raw] == [
+        (w, h) for w in (0, 60_000) for h in sorted(hosts)
+    ]
+    iso = ok(target, "tail", query, "--format", "jsonl", "--time-format", "iso", "--limit", "1")
+    assert json.loads(iso)["window_end"] == minute
+
     assert "read by query" in fails(target, "stream", "drop", stream)
     assert ok(target, "query", "drop", query) == ""
     assert ok(target, "stream", "drop", stream) == ""
@@ -137,7 +167,9 @@ def test_cli_errors_are_one_line(target: str, fresh: Callable[[str], str], tmp_p
     bad.write_text("k,ts,extra\na,1,2\n")
     assert "unknown column" in fails(target, "send", stream, str(bad))
     assert "unknown query" in fails(target, "tail", fresh("q"))
-    assert "unavailable" in fails("127.0.0.1:1", "stream", "list")
+    assert fails("127.0.0.1:1", "stream", "list") == (
+        "lowtide: no lowtide server is reachable at 127.0.0.1:1: connection refused; is it running?"
+    )
     assert "--schema" in fails(target, "stream", "create", stream, code=2)  # usage error: argparse
     assert "positive integer" in fails(target, "send", stream, str(bad), "--batch-rows", "0", code=2)
     ok(target, "stream", "drop", stream)

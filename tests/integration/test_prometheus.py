@@ -2,17 +2,15 @@
 
 The exposition is served from this test process, its snapshot read from a real in-process
 ``lowtide.Engine`` that ingested data (the end-to-end server test is elsewhere). Prometheus is the
-Debian package, installed with apt-get when missing (skipped when apt-get cannot install it), run
-on a temporary config and storage, listening on and scraping 127.0.0.1 only.
+Debian package (``.ci/run`` installs it; without it these tests skip and say how to install it),
+run on a temporary config and storage, listening on and scraping 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
-import os
 import re
 import shutil
 import socket
@@ -37,53 +35,23 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "lowtide.json"
 WAIT = 60.0  # seconds: any wait on Prometheus fails with a clear message past this
-INSTALL_TIMEOUT = 900.0
+INSTALL_COMMAND = "sudo apt-get install -y --no-install-recommends prometheus"
 T = TypeVar("T")
 
 
-# -- Prometheus, installed and run ------------------------------------------------------------------
+# -- Prometheus, found and run -----------------------------------------------------------------------
 def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(command, 124, "", f"timed out after {exc.timeout:.0f} s")
 
 
-def _last_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = (result.stderr or result.stdout).strip().splitlines()
-    return lines[-1] if lines else f"exit status {result.returncode}"
-
-
-def install_prometheus() -> Path:
-    """The ``prometheus`` binary, installed from the Debian package when missing."""
-    found = shutil.which("prometheus")
-    if found:
-        return Path(found)
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.skip("prometheus is not installed and there is no apt-get to install it")
-    if os.geteuid() != 0:
-        pytest.skip("prometheus is not installed and installing it with apt-get needs root")
-    # One installer at a time (pytest-xdist workers), and wait for dpkg's own lock a while.
-    with open("/tmp/lowtide-test-prometheus-install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = shutil.which("prometheus")
-        if found:
-            return Path(found)
-        apt_get = [apt, "-o", "DPkg::Lock::Timeout=120"]
-        install = [*apt_get, "install", "-y", "--no-install-recommends", "prometheus"]
-        result = _run(install, INSTALL_TIMEOUT)
-        if result.returncode != 0:  # perhaps stale package lists
-            update = _run([*apt_get, "update"], INSTALL_TIMEOUT)
-            if update.returncode != 0:
-                pytest.skip(f"apt-get update failed (no network?): {_last_line(update)}")
-            result = _run(install, INSTALL_TIMEOUT)
-            if result.returncode != 0:
-                pytest.skip(f"apt-get install prometheus failed: {_last_line(result)}")
+def find_prometheus() -> Path:
+    """The ``prometheus`` binary on PATH (``.ci/run`` installs it); tests never install packages."""
     found = shutil.which("prometheus")
     if found is None:
-        pytest.fail("apt-get installed the prometheus package but no prometheus binary is on PATH")
+        pytest.skip(f"prometheus is not installed: run `{INSTALL_COMMAND}` (as .ci/run does)")
     return Path(found)
 
 
@@ -189,7 +157,7 @@ def run_prometheus(binary: Path, workdir: Path, metrics_port: int) -> Iterator[P
 
 @pytest.fixture(scope="module")
 def prometheus_binary() -> Path:
-    return install_prometheus()
+    return find_prometheus()
 
 
 # -- the exposition, fed by a real engine -------------------------------------------------------------

@@ -13,12 +13,12 @@ import random
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from server_harness import Server, running_server
+from thesis import thesis_queries
 from wire import (
     CLOSE,
     PACKET,
@@ -36,29 +36,14 @@ from wire import (
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, ManualClock, Punctuation
 from lowtide.proto import lowtide_pb2 as pb
-from lowtide.query import split_statements
 
 pytestmark = pytest.mark.integration
 
-THESIS = Path(__file__).resolve().parents[3] / "shared" / "queries" / "thesis.sql"  # /work/shared
 STREAMS = ["Main", "Main1", "Main2", "Control", "M", "M1", "M2", "A", "B", "C", "D", "S0", "S1", "packets"]
 SOURCES = ["p0", "p1", "p2"]
 SPAN = 20 * 60_000  # 20 minutes of event time, in ms
 T0 = 1_700_000_000_000 // 60_000 * 60_000
 _names = itertools.count()
-
-
-def thesis_queries() -> dict[str, str]:
-    """The statements of thesis.sql by label (``Q5-2``), from the comment line above each."""
-    if not THESIS.exists():
-        pytest.skip(f"{THESIS} is absent")
-    out = {}
-    for chunk in THESIS.read_text().split(";"):
-        labels = [line[3:].split(":")[0] for line in chunk.splitlines() if line.startswith("-- Q")]
-        statements = split_statements(chunk)
-        if statements:
-            out[labels[-1]] = statements[0]
-    return out
 
 
 REPLIES = [("M1", "M2"), ("S0", "S1"), ("A", "C"), ("B", "D"), ("Main1", "Main2")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from harness import columns
 from reference import Agg, Spec, Window, assert_rows_equal, evaluate
 from strategies import SCHEMA
+from thesis import thesis_queries
 
 from lowtide import (
     END_OF_STREAM,
@@ -31,9 +31,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.meld import Meld
 from lowtide.operators.windows import Landmark, Rows, Sliding
-from lowtide.query import split_statements
 
-THESIS_SQL = Path(__file__).resolve().parents[3] / "shared" / "queries" / "thesis.sql"
 PACKET = {
     "srcIP": "string",
     "srcPort": "int32",
@@ -45,18 +43,6 @@ PACKET = {
 PACKET_STREAMS = ["Main", "Main1", "Main2", "Control", "M", "M1", "M2", "A", "B", "C", "D", "packets"]
 
 
-def thesis_queries() -> list[tuple[str, str]]:
-    if not THESIS_SQL.exists():
-        return []
-    out = []
-    for chunk in THESIS_SQL.read_text().split(";"):
-        labels = [line[3:].split(":")[0] for line in chunk.splitlines() if line.startswith("-- Q")]
-        statements = split_statements(chunk)
-        if statements:
-            out.append((labels[-1], statements[0]))
-    return out
-
-
 def thesis_engine() -> Engine:
     engine = Engine()
     for name in PACKET_STREAMS:
@@ -66,8 +52,7 @@ def thesis_engine() -> Engine:
     return engine
 
 
-@pytest.mark.skipif(not THESIS_SQL.exists(), reason="shared/queries/thesis.sql is beside the repository")
-@pytest.mark.parametrize(("label", "sql"), thesis_queries() or [("none", "")])
+@pytest.mark.parametrize(("label", "sql"), sorted(thesis_queries().items()))
 def test_every_thesis_query_registers_explains_and_runs(label: str, sql: str) -> None:
     engine = thesis_engine()
     plan = engine.explain(sql).splitlines()

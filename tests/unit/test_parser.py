@@ -1,12 +1,11 @@
-"""The query parser: the dissertation's queries (shared/queries/thesis.sql) and the error messages."""
+"""The query parser: the dissertation's queries (tests/data/thesis.sql) and the error messages."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from thesis import THESIS_SQL, thesis_queries
 
 from lowtide.errors import LowtideError, QuerySyntaxError, UnsupportedQuery
 from lowtide.query import (
@@ -27,21 +26,6 @@ from lowtide.query import (
     split_statements,
 )
 
-THESIS_SQL = Path(__file__).resolve().parents[3] / "shared" / "queries" / "thesis.sql"
-
-
-def thesis_queries() -> dict[str, str]:
-    """The statements of thesis.sql by their label (`Q5-2`), taken from the comment above each."""
-    if not THESIS_SQL.exists():
-        pytest.skip(f"{THESIS_SQL} is absent: the dissertation's queries live beside the repository")
-    labelled: dict[str, str] = {}
-    for chunk in THESIS_SQL.read_text().split(";"):
-        labels = [line[3:].split(":")[0] for line in chunk.splitlines() if line.startswith("-- Q")]
-        statements = split_statements(chunk)
-        if statements:
-            labelled[labels[-1]] = statements[0]
-    return labelled
-
 
 @pytest.fixture(scope="module")
 def thesis() -> dict[str, Query]:
@@ -58,10 +42,8 @@ def syntax_error(sql: str) -> QuerySyntaxError:
 
 
 def test_every_thesis_statement_parses() -> None:
-    statements = split_statements(THESIS_SQL.read_text()) if THESIS_SQL.exists() else []
-    if not statements:
-        pytest.skip(f"{THESIS_SQL} is absent")
-    assert len(statements) == len(thesis_queries()) >= 20
+    statements = split_statements(THESIS_SQL.read_text())
+    assert len(statements) == len(thesis_queries()) == 23
     for sql in statements:
         assert parse_query(sql).text == sql
 

@@ -1,0 +1,20 @@
+"""The dissertation's queries (tests/data/thesis.sql, a copy of shared/queries/thesis.sql), by label."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lowtide.query import split_statements
+
+THESIS_SQL = Path(__file__).resolve().parent / "data" / "thesis.sql"
+
+
+def thesis_queries() -> dict[str, str]:
+    """Each statement by the label of the last ``-- Qn-m:`` comment above it (``Q5-2``)."""
+    labelled: dict[str, str] = {}
+    for chunk in THESIS_SQL.read_text().split(";"):
+        labels = [line[3:].split(":")[0] for line in chunk.splitlines() if line.startswith("-- Q")]
+        statements = split_statements(chunk)
+        if statements:
+            labelled[labels[-1]] = statements[0]
+    return labelled

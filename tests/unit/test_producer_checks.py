@@ -1,0 +1,308 @@
+"""The producer's checks and bookkeeping without a server (DESIGN §10): the schema checks of a
+send, the punctuation floor, the batcher's messages and how they are named, and what a rejected
+Ingest call leaves: the error for the next call, the messages to send again, the result."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lowtide.clients import _producing
+from lowtide.clients._batching import Batcher, Outgoing
+from lowtide.clients._checks import Contract, RowCheck
+from lowtide.clients._producing import CallLog, ProducerCore
+from lowtide.clients._wire import ServerUnavailable, read_arrow
+from lowtide.errors import LateTuple, NotFound, RegressingPunctuation, SchemaMismatch
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+from lowtide.schema import Schema, check
+
+SCHEMA = {"k": "string", "len": "int32", "x": "float64", "ok": "bool", "ts": "timestamp[ms]"}
+INFO = {
+    "name": "S",
+    "schema": SCHEMA,
+    "progressing": "ts",
+    "declared": ["a", "b"],
+    "source_punctuation": {"a": 100, "gone": END_OF_STREAM},
+}
+
+
+def schema() -> Schema:
+    return Schema.of(SCHEMA, "ts")
+
+
+def good(n: int = 3) -> dict[str, Any]:
+    return {
+        "k": ["a"] * n,
+        "len": pa.array(range(n), pa.int32()),
+        "x": [0.5] * n,
+        "ok": [True] * n,
+        "ts": pa.array(range(n), pa.timestamp("ms")),
+    }
+
+
+# -- tables: the server's door rules, client-side ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"ts": None}, "lacks the progressing attribute 'ts'"),
+        ({"len": None}, r"lacks column\(s\) 'len'"),
+        ({"extra": [1, 2, 3]}, r"unknown column\(s\) 'extra'"),
+        ({"len": ["1", "2", "3"]}, "column 'len' is int32, got string"),
+        ({"len": [1, 2, 2**40]}, "column 'len' is int32, got values out of its range"),
+        ({"ts": [1.0, 2.5, 3.0]}, "column 'ts' is timestamp.ms., got non-integral numbers"),
+        ({"ts": [1, None, 3]}, r"column 'ts' \(timestamp\[ms\]\) has nulls"),
+        ({"ok": [1, 0, 1]}, "column 'ok' is bool, got int64"),
+        ({"k": [1, 2, 3]}, "column 'k' is string, got int64"),
+        ({"x": [True, False, True]}, "column 'x' is float64, got bool"),
+        (
+            {"ts": pa.array([1_001, 2, 3], pa.timestamp("us"))},
+            "column 'ts' is timestamp.ms., got timestamp.us.",
+        ),
+    ],
+)
+def test_a_table_that_the_door_refuses_is_refused_before_it_leaves(
+    change: dict[str, Any], reason: str
+) -> None:
+    data = good()
+    for name, values in change.items():
+        if values is None:
+            del data[name]
+        else:
+            data[name] = values
+    with pytest.raises(SchemaMismatch, match=reason):
+        check(pa.table(data), schema())
+
+
+def test_tables_the_door_takes_pass() -> None:
+    check(pa.table(good()), schema())
+    converted = {"k": pa.array(["a", None, "b"]).dictionary_encode(), "len": [1, 2, 3], "x": [1, None, 2]}
+    converted |= {"ok": [True, False, True], "ts": [1.0, 2.0, 3.0]}  # integral floats are exact
+    check(pa.table(converted), schema())
+    check(pa.table({n: pa.array([], pa.null()) for n in SCHEMA}), schema())  # empty: fits any type
+
+
+# -- rows -----------------------------------------------------------------------------------------
+def test_a_row_is_checked_value_by_value_and_typed_as_the_stream() -> None:
+    rows = RowCheck(schema())
+    names, values = rows({"k": "a", "len": np.int64(3), "x": 1, "ok": np.bool_(True), "ts": 5.0})
+    assert names == tuple(SCHEMA)
+    assert values == ("a", 3, 1.0, True, 5) and type(values[4]) is int
+    when = datetime.datetime(2024, 1, 1, 0, 0, 0, 5000)
+    assert rows({"k": None, "len": 1, "x": None, "ok": False, "ts": when})[1][4] == when
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"k": "a", "len": 1, "x": 1.0, "ok": True}, "lacks the progressing attribute 'ts'"),
+        ({"k": "a", "x": 1.0, "ok": True, "ts": 1}, r"lacks column\(s\) 'len'"),
+        ({"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": 1, "y": 2}, r"unknown column\(s\) 'y'"),
+        ({"k": 2, "len": 1, "x": 1.0, "ok": True, "ts": 1}, "column 'k' is string, got int 2"),
+        ({"k": "a", "len": True, "x": 1.0, "ok": True, "ts": 1}, "column 'len' is int32, got bool"),
+        (
+            {"k": "a", "len": 2**31, "x": 1.0, "ok": True, "ts": 1},
+            "column 'len' is int32, got 2147483648, out",
+        ),
+        ({"k": "a", "len": 1, "x": "1", "ok": True, "ts": 1}, "column 'x' is float64, got str"),
+        ({"k": "a", "len": 1, "x": 1.0, "ok": 1, "ts": 1}, "column 'ok' is bool, got int"),
+        (
+            {"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": None},
+            r"column 'ts' \(timestamp\[ms\]\) has nulls",
+        ),
+        (
+            {"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": 1.5},
+            "column 'ts' is timestamp.ms., got non-integral",
+        ),
+        (
+            {"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": datetime.datetime(2024, 1, 1, 0, 0, 0, 5)},
+            "finer than its unit",
+        ),
+    ],
+)
+def test_a_row_the_door_would_refuse_raises(row: dict[str, Any], reason: str) -> None:
+    with pytest.raises(SchemaMismatch, match=reason):
+        RowCheck(schema())(row)
+
+
+def test_rows_become_one_batch_of_the_streams_types() -> None:
+    batcher = Batcher("S", "a", 10, 60.0, rows=RowCheck(schema()))
+    for i in range(3):
+        assert batcher.add({"k": "a", "len": i, "x": i, "ok": True, "ts": float(i)}, send=i + 1) == []
+    with pytest.raises(SchemaMismatch):  # refused whole: nothing of it is kept
+        batcher.add({"k": "a", "len": "no", "x": 1.0, "ok": True, "ts": 9}, send=4)
+    (message,) = batcher.flush()
+    table = read_arrow(message.request.arrow)
+    assert table.schema == pa.schema([(n, schema().type_of(n).arrow) for n in SCHEMA])
+    assert table.column("ts").cast(pa.int64()).to_pylist() == [0, 1, 2]
+    assert message.what == "batch 1 (rows 0..2 of sends #1..#3)"
+    assert (message.rows, message.sends, message.kind, message.last) == (3, (1, 3), "batch", True)
+    check(table, schema())
+
+
+# -- the batcher's messages and their names --------------------------------------------------------
+def test_messages_name_their_batch_rows_and_sends() -> None:
+    batcher = Batcher("S", "a", 4, 0.0)
+    header = batcher.header()
+    assert (header.request.stream, header.request.source, header.kind) == ("S", "a", "header")
+    first = batcher.add(pa.table({"ts": [1, 2, 3, 4, 5, 6]}), send=1)  # two batches of at most 4
+    assert [m.what for m in first] == ["batch 1 (rows 0..3 of send #1)", "batch 2 (rows 4..5 of send #1)"]
+    parts = Batcher("S", "a", 2, 0.0)
+    parts.add(pa.table({"ts": [0]}), send=1)
+    due = parts.add_batch(pa.table({"ts": [1, 2, 3, 4, 5]}), batch_id=7, send=2)
+    assert [(m.unit, m.last, m.request.batch_parts) for m in due] == [
+        (2, False, 3),
+        (2, False, 3),
+        (2, True, 3),
+    ]
+    assert {m.what for m in due} == {"batch 2 (batch_id 7, rows 1..5 of send #2)"}
+    (punctuation,) = parts.punctuation(50, number=1)
+    assert (punctuation.what, punctuation.unit) == ("punctuation 50 (punctuate #1)", 3)
+    assert parts.close()[-1].what == "close()"
+    assert all(not m.request.stream for m in [*first, *due])  # the call's header names the stream
+
+
+# -- the contract: stream, declared sources, punctuation floor -------------------------------------
+def test_contract_from_list_streams() -> None:
+    contract = Contract.of([INFO], "S", "a")
+    assert (contract.declared, contract.punctuation, contract.closed) == (("a", "b"), 100, False)
+    assert Contract.of([INFO], "S", "new").punctuation == NO_PROGRESS
+    with pytest.raises(NotFound, match="unknown stream 'T'"):
+        Contract.of([INFO], "T", "a")
+
+
+def test_punctuation_never_goes_back() -> None:
+    core = ProducerCore("t", "S", "a", 100, 0.0)
+    core.open([INFO])
+    with pytest.raises(RegressingPunctuation, match=r"goes back from 100 \(the source's on the server"):
+        core.punctuate(99)
+    core.punctuate(100)  # equal is no step back
+    core.punctuate(500)
+    with pytest.raises(RegressingPunctuation, match=r"goes back from 500 \(this producer's last"):
+        core.punctuate(10)
+    assert core.punctuations == 2 and core.last_punctuation == 500
+    closed = ProducerCore("t", "S", "gone", 100, 0.0)
+    closed.open([INFO])
+    with pytest.raises(RegressingPunctuation, match="is closed"):
+        closed.punctuate(END_OF_STREAM)
+
+
+# -- a rejected call --------------------------------------------------------------------------------
+class Rejected(grpc.RpcError):
+    """What a failed Ingest call raises in the client: status, reason, trailing metadata."""
+
+    def __init__(self, kind: str, reason: str, message: int | None, applied: str | None = None) -> None:
+        self._kind, self._reason = kind, reason
+        self._metadata = [("lowtide-error", kind)] if kind else []
+        if message is not None:
+            self._metadata.append(("lowtide-message", str(message)))
+        if applied is not None:
+            self._metadata.append(("lowtide-applied", applied))
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INVALID_ARGUMENT if self._kind else grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._reason
+
+    def trailing_metadata(self) -> list[tuple[str, str]]:
+        return self._metadata
+
+
+def a_call(core: ProducerCore) -> CallLog:
+    """One call: batch 1, batch 2 (batch_id 5, in 2 parts), punctuation, batch 4."""
+    log = CallLog()
+    log.add(core.batcher.header())
+    entries: list[Outgoing] = []
+    entries += core.send(pa.table({"k": ["a"], "len": [1], "x": [1.0], "ok": [True], "ts": [1]}), None)
+    core.batcher.max_batch_rows = 1
+    entries += core.send(
+        pa.table({"k": ["a", "b"], "len": [1, 2], "x": [1.0, 2.0], "ok": [True] * 2, "ts": [2, 3]}), 5
+    )
+    entries += core.punctuate(200)
+    entries += core.send(pa.table({"k": ["c"], "len": [1], "x": [1.0], "ok": [True], "ts": [300]}), None)
+    for entry in entries:
+        log.add(entry)
+    return log
+
+
+def core() -> ProducerCore:
+    made = ProducerCore("t", "S", "a", 100, 0.0)
+    made.open([INFO])
+    return made
+
+
+def test_a_rejection_names_its_batch_and_what_follows_it_goes_again() -> None:
+    producer = core()
+    log = a_call(producer)
+    assert [e.kind for e in log.entries] == ["header", "batch", "batch", "batch", "punctuation", "batch"]
+    # The server rejected the second part of batch 2: the whole batch is refused, what follows goes again.
+    resend = producer.failed(log, Rejected("LateTuple", "1 tuple(s) are late", 3, "1,1,0"))
+    assert [e.what for e in resend] == ["punctuation 200 (punctuate #1)", "batch 3 (row 3 of send #3)"]
+    (error,) = producer.pending
+    assert isinstance(error, LateTuple)
+    assert str(error) == "batch 2 (batch_id 5, rows 1..2 of send #2) was rejected: 1 tuple(s) are late"
+    result = producer.result
+    assert result is not None and (result.tuples, result.batches, result.duplicates) == (1, 1, 0)
+    with pytest.raises(LateTuple, match="batch 2"):
+        producer.raise_pending()
+    producer.raise_pending()  # raised once
+
+
+def test_a_rejected_punctuation_or_close_is_named_too() -> None:
+    producer = core()
+    log = a_call(producer)
+    resend = producer.failed(log, Rejected("RegressingPunctuation", "goes back", 4))
+    assert [e.what for e in resend] == ["batch 3 (row 3 of send #3)"]
+    assert str(producer.pending[0]) == "punctuation 200 (punctuate #1) was rejected: goes back"
+    result = producer.result  # without the server's count: what came before, replays not told apart
+    assert result is not None and (result.tuples, result.batches) == (3, 2)
+    closing = core()
+    log = CallLog([closing.batcher.header(), *closing.close()])
+    assert closing.failed(log, Rejected("NotFound", "no source 'a'", 1, "0,0,0")) == []
+    assert str(closing.pending[0]) == "close() was rejected: no source 'a'" and not closing.closed
+
+
+def test_a_failure_that_names_no_message_sends_nothing_again() -> None:
+    producer = core()
+    log = a_call(producer)
+    assert producer.failed(log, Rejected("", "connection reset", None)) == []
+    (error,) = producer.pending
+    assert isinstance(error, ServerUnavailable)
+    assert "sends #1..#3 and punctuation 200 (punctuate #1) may or may not have been applied" in str(error)
+    unknown = core()
+    log = a_call(unknown)
+    assert unknown.failed(log, Rejected("NotFound", "unknown stream 'S'", 0, "0,0,0")) == []
+    assert str(unknown.pending[0]).endswith("; sends #1..#3 and punctuation 200 (punctuate #1) not applied")
+
+
+def test_results_add_up_over_calls_and_close_is_seen() -> None:
+    producer = core()
+    assert producer.result is None
+    log = a_call(producer)
+
+    class Response:
+        tuples, batches, duplicates, low_watermark = 4, 2, 1, 200
+
+    producer.succeeded(log, Response())
+    closing = CallLog([producer.batcher.header(), *producer.close()])
+    producer.succeeded(closing, Response())
+    result = producer.result
+    assert result is not None and (result.tuples, result.batches, result.duplicates) == (8, 4, 2)
+    assert result.low_watermark == 200 and producer.closed
+
+
+def test_a_call_ends_at_its_bound_never_inside_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_producing, "CALL_MAX_MESSAGES", 3)
+    producer = core()
+    log = CallLog()
+    full = []
+    for entry in a_call(producer).entries:
+        log.add(entry)
+        full.append(log.full())
+    # header, batch 1, part 1 of 2, part 2 of 2, punctuation, batch 3
+    assert full == [False, False, False, True, True, True]
