@@ -69,6 +69,7 @@ _BY_STATUS: dict[str, type[LowtideError]] = {
     "ALREADY_EXISTS": errors.AlreadyExists,
     "RESOURCE_EXHAUSTED": errors.ResourceExhausted,
     "UNAUTHENTICATED": errors.Unauthenticated,
+    "OUT_OF_RANGE": errors.OutOfRange,
     "PERMISSION_DENIED": errors.PermissionDenied,
     "UNAVAILABLE": ServerUnavailable,
     "DEADLINE_EXCEEDED": DeadlineExceeded,
@@ -138,17 +139,23 @@ def read_arrow(data: bytes) -> pa.Table:
         raise ServerError(f"the server sent a malformed result: {exc}", "DATA_LOSS") from exc
 
 
-def subscribe_item(response: Any) -> pa.Table | Punctuation:
-    """A Subscribe message as the client's item: a result table or a punctuation marker."""
+def subscribe_item(response: Any) -> tuple[int, pa.Table | Punctuation]:
+    """A Subscribe message as ``(offset, item)``: a result table or a punctuation marker."""
     which = response.WhichOneof("item")
     if which == "arrow":
-        return read_arrow(response.arrow)
+        return int(response.offset), read_arrow(response.arrow)
     if which == "punctuation":
-        return Punctuation(int(response.punctuation.value), response.punctuation.attribute)
+        return int(response.offset), Punctuation(
+            int(response.punctuation.value), response.punctuation.attribute
+        )
     raise ServerError(f"Subscribe sent a message without an item ({which})", "INTERNAL")
 
 
-def subscribe_request(query: str, from_oldest: bool) -> Any:
+def subscribe_request(query: str, from_oldest: bool, from_offset: int | None = None) -> Any:
+    if from_offset is not None:
+        if isinstance(from_offset, bool) or not isinstance(from_offset, int) or from_offset < 0:
+            raise errors.InvalidArgument(f"from_offset must be an offset (0 or more), got {from_offset!r}")
+        return pb.SubscribeRequest(query=str(query), from_oldest=from_oldest, from_offset=from_offset)
     return pb.SubscribeRequest(query=str(query), from_oldest=from_oldest)
 
 

@@ -54,10 +54,13 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
 class Subscription:
     """The items of a query, as they come: iterate it; ``cancel()`` or ``with`` ends it."""
 
-    def __init__(self, stub: Any, target: str, query: str, from_oldest: bool) -> None:
+    def __init__(
+        self, stub: Any, target: str, query: str, from_oldest: bool, from_offset: int | None = None
+    ) -> None:
         self._target = target
         self._cancelled = False
-        self._call = stub.Subscribe(wire.subscribe_request(query, from_oldest))
+        self._call = stub.Subscribe(wire.subscribe_request(query, from_oldest, from_offset))
+        self.offset: int | None = None  # the output offset of the last item yielded
 
     def __iter__(self) -> Subscription:
         return self
@@ -69,7 +72,8 @@ class Subscription:
             if self._cancelled:
                 raise StopIteration from None
             raise translate(exc, self._target) from exc
-        return wire.subscribe_item(response)
+        self.offset, item = wire.subscribe_item(response)
+        return item
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -182,23 +186,29 @@ class Client:
             streams=self.list_streams,
         )
 
-    def subscribe(self, query: str, from_oldest: bool = True) -> Subscription:
+    def subscribe(self, query: str, from_oldest: bool = True, from_offset: int | None = None) -> Subscription:
         """Result tables and punctuation of ``query`` (or ``"<query>.late"``).
 
         From the oldest item the server retains (``retained_items``, default 1024), so results
         emitted before the call are not missed; ``from_oldest=False``: only what comes from now on.
+        ``from_offset=n``: from output offset ``n`` on (``Subscription.offset`` is the offset of the
+        last item yielded: resume at ``offset + 1`` after a disconnect or a server restart);
+        ``OutOfRange`` when ``n`` is no longer retained.
         """
-        return Subscription(self._stub, self.target, query, from_oldest)
+        return Subscription(self._stub, self.target, query, from_oldest, from_offset)
 
 
 # -- asyncio --------------------------------------------------------------------------------------
 class AsyncSubscription:
     """:class:`Subscription` for asyncio: ``async for item in ...``."""
 
-    def __init__(self, stub: Any, target: str, query: str, from_oldest: bool) -> None:
+    def __init__(
+        self, stub: Any, target: str, query: str, from_oldest: bool, from_offset: int | None = None
+    ) -> None:
         self._target = target
         self._cancelled = False
-        self._call = stub.Subscribe(wire.subscribe_request(query, from_oldest))
+        self._call = stub.Subscribe(wire.subscribe_request(query, from_oldest, from_offset))
+        self.offset: int | None = None  # the output offset of the last item yielded
 
     def __aiter__(self) -> AsyncIterator[Item]:
         return self
@@ -216,7 +226,8 @@ class AsyncSubscription:
             raise
         if response is _EOF:
             raise StopAsyncIteration
-        return wire.subscribe_item(response)
+        self.offset, item = wire.subscribe_item(response)
+        return item
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -315,8 +326,10 @@ class AsyncClient:
             streams=self.list_streams,
         )
 
-    def subscribe(self, query: str, from_oldest: bool = True) -> AsyncSubscription:
-        return AsyncSubscription(self._stub, self.target, query, from_oldest)
+    def subscribe(
+        self, query: str, from_oldest: bool = True, from_offset: int | None = None
+    ) -> AsyncSubscription:
+        return AsyncSubscription(self._stub, self.target, query, from_oldest, from_offset)
 
 
 __all__ = ["AsyncClient", "AsyncProducer", "AsyncSubscription", "Client", "Item", "Producer", "Subscription"]

@@ -8,7 +8,8 @@
     lowtide query register SQL [--name N] [--late drop|update|error] [--allowed-lateness L]
     lowtide query explain SQL | query drop NAME | query list [--format table|json]
     lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
-    lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now] [--time-format raw|iso]
+    lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now | --from-offset N]
+                       [--time-format raw|iso]
                        [--limit N] [--show-punctuation]
     lowtide demo [--seconds S] [--rate R] [--workers N] [--in-process | --spark [--parallel]]
 
@@ -57,6 +58,12 @@ def _punctuation(text: str) -> str | int:
         raise argparse.ArgumentTypeError("expected none, end or an integer value") from None
 
 
+def _offset(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an output offset (0 or more), got {text!r}")
+    return int(text)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -89,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 50051)")
     serve.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
     serve.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one (default 9464)")
-    serve.add_argument("--state-dir", help="durable state: not supported yet (refuses to start)")
+    serve.add_argument(
+        "--state-dir",
+        help="keep streams, queries, windows and results here across restarts (else memory only)",
+    )
     serve.add_argument("--config", help="TOML file of server settings (options here win)")
     serve.add_argument("--metrics-host", help="Prometheus bind address (default 127.0.0.1, whatever --host)")
     serve.add_argument("--tls-cert", metavar="F", help="serve TLS with this PEM certificate (and --tls-key)")
@@ -156,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-oldest", action="store_true", help="start at the oldest retained result (the default)"
     )
     since.add_argument("--from-now", action="store_true", help="only results emitted from now on")
+    since.add_argument(
+        "--from-offset",
+        type=_offset,
+        metavar="N",
+        help="from output offset N on (--show-punctuation prints each marker's offset: resume at offset+1)",
+    )
     tail.add_argument(
         "--time-format",
         choices=("raw", "iso"),

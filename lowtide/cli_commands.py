@@ -194,7 +194,7 @@ def _tail(client: Any, args: argparse.Namespace) -> None:
             rows += table.num_rows
         return args.limit is not None and rows >= args.limit
 
-    with client.subscribe(args.query, from_oldest=not args.from_now) as subscription:
+    with client.subscribe(args.query, not args.from_now, args.from_offset) as subscription:
         for item in subscription:
             if not isinstance(item, Punctuation):
                 held.add(item)
@@ -202,7 +202,7 @@ def _tail(client: Any, args: argparse.Namespace) -> None:
             if release(item):
                 return
             if args.show_punctuation:
-                writer.punctuation(item.attribute, times.punctuation(item))
+                writer.punctuation(item.attribute, times.punctuation(item), subscription.offset)
             if item.value >= END_OF_STREAM:
                 return
         release()  # the server ended the subscription (it is shutting down)

@@ -290,7 +290,8 @@ class Writer:
     def table(self, table: pa.Table) -> None:
         raise NotImplementedError
 
-    def punctuation(self, attribute: str, shown: str | int) -> None:
+    def punctuation(self, attribute: str, shown: str | int, offset: int | None) -> None:
+        """A punctuation marker and its output offset (resume with ``tail --from-offset offset+1``)."""
         raise NotImplementedError
 
 
@@ -300,8 +301,8 @@ class JsonLinesWriter(Writer):
             self.out.write(json.dumps(row, default=_plain) + "\n")
         self.out.flush()
 
-    def punctuation(self, attribute: str, shown: str | int) -> None:
-        self.out.write(json.dumps({"punctuation": shown, "attribute": attribute}) + "\n")
+    def punctuation(self, attribute: str, shown: str | int, offset: int | None) -> None:
+        self.out.write(json.dumps({"punctuation": shown, "attribute": attribute, "offset": offset}) + "\n")
         self.out.flush()
 
 
@@ -322,8 +323,8 @@ class CsvWriter(Writer):
             )
         self.out.flush()
 
-    def punctuation(self, attribute: str, shown: str | int) -> None:
-        self.out.write(f"# punctuation {attribute}={shown}\n")
+    def punctuation(self, attribute: str, shown: str | int, offset: int | None) -> None:
+        self.out.write(f"# punctuation {attribute}={shown} offset={offset}\n")
         self.out.flush()
 
 
@@ -343,8 +344,8 @@ class TableWriter(Writer):
         self.out.write(format_table(table.column_names, rows) + "\n\n")
         self.out.flush()
 
-    def punctuation(self, attribute: str, shown: str | int) -> None:
-        self.out.write(f"-- punctuation {attribute} = {shown} --\n\n")
+    def punctuation(self, attribute: str, shown: str | int, offset: int | None) -> None:
+        self.out.write(f"-- punctuation {attribute} = {shown} (offset {offset}) --\n\n")
         self.out.flush()
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
@@ -92,6 +93,19 @@ class Engine:
         idle_timeout: float | None = None,
     ) -> None:
         """Create a stream; ``idle_timeout`` is in seconds of wall time."""
+        typed, generator = self.check_stream(name, schema, progressing, punctuation, sources, idle_timeout)
+        self._streams[name] = Stream(name, typed, generator, self.clock, tuple(sources or ()), idle_timeout)
+
+    def check_stream(
+        self,
+        name: str,
+        schema: Mapping[str, str],
+        progressing: str = "ts",
+        punctuation: str = "explicit",
+        sources: list[str] | tuple[str, ...] | None = None,
+        idle_timeout: float | None = None,
+    ) -> tuple[Schema, Generator]:
+        """Raise what :meth:`create_stream` would raise, changing nothing."""
         check_name(name, "stream")  # names: see lowtide.names
         if name in self._streams or name in self._queries:
             raise AlreadyExists(f"stream {name!r} already exists")
@@ -103,16 +117,19 @@ class Engine:
         generator = Generator.parse(punctuation, typed.type_of(progressing).unit_ms)
         if idle_timeout is not None and not (0 < idle_timeout < math.inf):
             raise InvalidArgument(f"idle_timeout must be a positive number of seconds, got {idle_timeout}")
-        self._streams[name] = Stream(name, typed, generator, self.clock, tuple(sources or ()), idle_timeout)
+        return typed, generator
 
     def drop_stream(self, name: str) -> None:
+        self.check_drop_stream(name)
+        del self._streams[name]
+
+    def check_drop_stream(self, name: str) -> None:
         stream = self._stream(name)
         if stream.derived:
             raise InvalidArgument(f"{name!r} is the result stream of a query; drop the query")
         readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
         if readers:
             raise InvalidArgument(f"stream {name!r} is read by query {readers[0]!r}; drop the query first")
-        del self._streams[name]
 
     def list_streams(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self._streams.values() if not s.derived]
@@ -147,6 +164,18 @@ class Engine:
         running = self._plan(sql, name, policy, allowed_lateness)
         self._attach(running)
         return Query(name, sql)
+
+    def check_query(
+        self, sql: str, name: str | None = None, late: str = "drop", allowed_lateness: str | int | None = None
+    ) -> None:
+        """Raise what :meth:`register_query` would raise, registering nothing."""
+        if name is not None:
+            check_name(name, "query")
+            if name in self._queries or name in self._streams:
+                raise AlreadyExists(f"query or stream {name!r} already exists")
+        if len(self._queries) >= self.limits.max_queries:
+            raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
+        self._plan(sql, name or "check", LatePolicy.parse(late), allowed_lateness)
 
     def explain(self, sql: str) -> str:
         """The operator graph a query would run, one operator a line, from input to output."""
@@ -239,10 +268,8 @@ class Engine:
         """Release what runs a dropped query (nothing beyond its graph here)."""
 
     def drop_query(self, name: str) -> None:
-        running = self._query(name)
-        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
-        if readers:
-            raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
+        self.check_drop_query(name)
+        running = self._queries[name]
         self._shares.leave(running.plan)
         del self._queries[name]
         for stream_name, op in running.subscribers:
@@ -251,6 +278,12 @@ class Engine:
         self._streams.pop(name, None)
         self._forget(name)
         self._regranulate()
+
+    def check_drop_query(self, name: str) -> None:
+        self._query(name)
+        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        if readers:
+            raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
 
     def _shared_input(self, op: Input) -> bool:
         """Whether ``op`` still feeds slices some query reads (a query reading shared slices
@@ -318,6 +351,14 @@ class Engine:
         against the same progress, and the stream advances once, after all of them."""
         target = self._stream(stream)
         self.tick()
+        late = self.check_batch(stream, parts, source)
+        target.ingest_parts(list(zip(parts, late, strict=True)), source)
+
+    def check_batch(
+        self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE
+    ) -> list[npt.NDArray[np.bool_]]:
+        """Raise what :meth:`push_admitted` would raise now; the late mask of each part."""
+        target = self._stream(stream)
         known = target.sources.get(source)
         if known is None:
             check_source(source)
@@ -330,12 +371,17 @@ class Engine:
                 f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "
                 "and a query reading it has late='error'"
             )
-        target.ingest_parts(list(zip(parts, late, strict=True)), source)
+        return late
 
     def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
         """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""
         target = self._stream(stream)
         self.tick()
+        target.punctuate(source, self.check_punctuation(stream, value, source))
+
+    def check_punctuation(self, stream: str, value: Any, source: str = DEFAULT_SOURCE) -> int:
+        """Raise what :meth:`punctuate` would raise now; the value as an int."""
+        target = self._stream(stream)
         integral = isinstance(value, int | np.integer) or (
             isinstance(value, float | np.floating) and bool(np.isfinite(value)) and float(value).is_integer()
         )
@@ -344,19 +390,21 @@ class Engine:
                 f"punctuation of stream {stream!r} must be an integer in the units of "
                 f"{target.attribute!r}, got {value!r}"
             )
-        value = int(value)
-        if not NO_PROGRESS <= value <= END_OF_STREAM:
-            raise InvalidArgument(f"punctuation {value} of stream {stream!r} is out of the int64 range")
+        whole = int(value)
+        if not NO_PROGRESS <= whole <= END_OF_STREAM:
+            raise InvalidArgument(f"punctuation {whole} of stream {stream!r} is out of the int64 range")
         if source not in target.sources:
             check_source(source)
-        target.check_punctuation(source, value)
-        target.punctuate(source, value)
+        target.check_punctuation(source, whole)
+        return whole
 
     def close_source(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
         """End ``source``: its punctuation becomes +inf."""
-        target = self._stream(stream)
-        target.check_source(source)
-        target.close(source)
+        self.check_close(stream, source)
+        self._stream(stream).close(source)
+
+    def check_close(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
+        self._stream(stream).check_source(source)
 
     def tick(self) -> None:
         """Run heartbeats and idle timeouts against the engine's clock."""
@@ -364,9 +412,17 @@ class Engine:
             if not stream.derived:
                 stream.tick()
 
+    def tick_due(self, now: float) -> bool:
+        """Whether a :meth:`tick` at ``now`` would move any stream (no state change)."""
+        return any(s.tick_due(now) for s in self._streams.values() if not s.derived)
+
     def poll(self, query: str) -> list[Item]:
         """Result tables and punctuation emitted since the last poll (``"<query>.late"``: late tuples)."""
         self.tick()
+        return self.drain(query)
+
+    def drain(self, query: str) -> list[Item]:
+        """:meth:`poll` without running the clock first."""
         if query.endswith(".late") and query[: -len(".late")] in self._queries:
             running = self._queries[query[: -len(".late")]]
             items, running.late_items = running.late_items, []

@@ -9,9 +9,11 @@
     │   └── LateTuple                 late tuples under the ``error`` late policy
     ├── NotFound                      NOT_FOUND: unknown stream, query or source
     ├── AlreadyExists                 ALREADY_EXISTS: a duplicate stream or query name
-    ├── ResourceExhausted             RESOURCE_EXHAUSTED: a configured limit was passed
+    ├── ResourceExhausted             RESOURCE_EXHAUSTED: a configured limit was passed, or a full disk
+    ├── OutOfRange                    OUT_OF_RANGE: a subscription offset older than the retention
     ├── Unauthenticated               UNAUTHENTICATED: no bearer token, or one the server does not know
     ├── PermissionDenied              PERMISSION_DENIED: the token's role may not make that call
+    ├── CorruptState                  DATA_LOSS: a state snapshot that is damaged or fits another plan
     └── StartupFailure                the server cannot start (a port in use, a bad setting)
 
 A call that raises leaves the engine as it was before the call.
@@ -79,6 +81,12 @@ class ResourceExhausted(LowtideError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class OutOfRange(LowtideError):
+    """``Subscribe(from_offset=n)`` where item ``n`` is no longer retained (``retained_items``)."""
+
+    status = "OUT_OF_RANGE"
+
+
 class Unauthenticated(LowtideError):
     """The server wants a bearer token (``--tokens``) and the call had none it knows."""
 
@@ -95,3 +103,10 @@ class StartupFailure(LowtideError):
     """``lowtide serve`` cannot start; never sent over the network."""
 
     status = "FAILED_PRECONDITION"
+
+
+class CorruptState(LowtideError):
+    """A state snapshot that cannot be read (truncated, damaged, an unknown format version) or
+    that does not fit the operators it is restored into (``lowtide.operators.state``)."""
+
+    status = "DATA_LOSS"

@@ -150,6 +150,17 @@ class Stream:
         known.punctuation = END_OF_STREAM
         self._publish()
 
+    def tick_due(self, now: float) -> bool:
+        """Whether :meth:`tick` at ``now`` would change anything (no state change)."""
+        if self.generator.kind == "heartbeat" and now >= self._next_heartbeat:
+            return True
+        if self.idle_timeout is None:
+            return False
+        return any(
+            (not known.closed and now - known.last_heard >= self.idle_timeout) != known.idle
+            for known in self.sources.values()
+        )
+
     def tick(self) -> None:
         """Heartbeats and idle timeouts, on the engine's clock."""
         now = self.clock.now()

@@ -65,6 +65,7 @@ class PartialBatch:
         self.duplicate = duplicate  # applied before: its parts are counted, never decoded
         self.received = 0
         self.admitted: list[Batch] = []
+        self.payloads: list[bytes] = []  # each part's Arrow IPC stream, for the input log
         self.began = time.perf_counter()  # the first part's arrival
 
     def check(self, batch_id: int, parts: int) -> None:

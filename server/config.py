@@ -5,7 +5,10 @@ port = 50051              # 0: pick a free port and print it
 workers = 2               # worker processes (default: the number of cores)
 metrics_port = 9464       # Prometheus exposition; 0: a free port; -1: off
 metrics_host = "127.0.0.1"  # the exposition's bind address (not host's: metrics stay on loopback)
-state_dir = ""            # durable state: not supported yet (a non-empty value refuses to start)
+state_dir = ""            # durable state (input log and checkpoints) here; "": memory only
+fsync = "no"              # input log: "no" (written to the OS before the ack: survives a crash of
+                          # any lowtide process), "always" (fsync before the ack: survives a power
+                          # loss; group commit), "everysec" (fsync once a second)
 max_message_bytes = 67108864
 max_batch_rows = 1000000
 max_streams = 1000
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.errors import InvalidArgument
+from lowtide.server.input_log import FSYNC_POLICIES
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class ServerConfig:
     metrics_port: int = 9464
     metrics_host: str = "127.0.0.1"
     state_dir: str = ""
+    fsync: str = "no"
     max_message_bytes: int = 64 << 20
     max_batch_rows: int = 1_000_000
     max_streams: int = 1000
@@ -68,9 +73,8 @@ class ServerConfig:
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if config.workers < 1:
             raise InvalidArgument("workers must be at least 1")
-        if config.state_dir:
-            # Accepting it and keeping state in memory would promise durability we do not give.
-            raise InvalidArgument("--state-dir (state_dir) is not supported yet: state lives in memory only")
+        if config.fsync not in FSYNC_POLICIES:
+            raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {config.fsync!r}")
         if bool(config.tls_cert) != bool(config.tls_key):
             raise InvalidArgument("--tls-cert and --tls-key (tls_cert, tls_key) go together: both or neither")
         if config.flush_every < 0 or config.flush_max_windows < 0:

@@ -10,6 +10,7 @@ workers, their results reach the subscribers, subscriptions end cleanly, the pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -26,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from lowtide import __version__, errors
+from lowtide.batch import Batch
 from lowtide.engine import Limits, SlowFlush
 from lowtide.errors import (
     InvalidArgument,
@@ -40,13 +42,17 @@ from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import auth
+from lowtide.server import input_log as records
 from lowtide.server.batches import AppliedBatches, PartialBatch
 from lowtide.server.config import ServerConfig
 from lowtide.server.hub import Closed, Hub
+from lowtide.server.input_log import Record
+from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.metrics import ServerMetrics
 from lowtide.server.ports import ensure_free
 from lowtide.server.runtime import FrontEngine
 from lowtide.server.workers import WorkerPool
+from lowtide.testing import ManualClock
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")
@@ -199,10 +205,15 @@ class Front:
         self.workers = WorkerPool(config.workers, self._on_message, self._on_death)
         limits = Limits(config.max_streams, config.max_queries, config.max_batch_rows)
         flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
-        self.engine = FrontEngine(self.workers, limits=limits, flush=flush)
+        # The door's clock reads the time each change was applied at (the input log records it),
+        # so replay runs heartbeats and idle timeouts exactly as they ran.
+        self.clock = ManualClock(time.time())
+        self.engine = FrontEngine(self.workers, clock=self.clock, limits=limits, flush=flush)
         self.engine.on_released = self.metrics.punctuation_to_result
         self.hubs: dict[str, Hub] = {}
         self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source
+        self.state = StateDirectory(config.state_dir, config.fsync) if config.state_dir else None
+        self.journal = Journal(self.apply, self.state.log if self.state else None)
         self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
@@ -213,6 +224,74 @@ class Front:
         self.workers.start()
         self.metrics.set_snapshot(lambda: self._snapshot)
         self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
+
+    # -- changes: applied in the journal's order, live and at replay ---------------------------
+    async def submit(self, record: Record, prepared: Any = None) -> Any:
+        return await self.journal.submit(record, prepared)
+
+    def apply(self, record: Record, prepared: Any = None) -> Any:
+        """Apply one change at the time it was made (see :mod:`lowtide.server.journal`)."""
+        self.clock.set(record.now)
+        engine = self.engine
+        match record:
+            case records.CreateStream():
+                engine.create_stream(
+                    record.name,
+                    record.schema,
+                    progressing=record.progressing,
+                    punctuation=record.punctuation,
+                    sources=record.sources,
+                    idle_timeout=record.idle_timeout,
+                )
+            case records.DropStream():
+                self.drop_stream(record.name)
+            case records.RegisterQuery():
+                return self.register(record.sql, record.name, record.late, record.allowed_lateness)
+            case records.DropQuery():
+                self.drop(record.name)
+            case records.FailQuery():
+                remote = engine.remote.get(record.name)
+                if remote is not None and not remote.failed:
+                    engine.fail(remote, record.reason)
+                    self._close_failed(record.name, record.status, record.reason)
+            case records.Batch():
+                return self._apply_batch(record, prepared)
+            case records.Punctuate():
+                engine.punctuate(record.stream, record.value, record.source)
+            case records.CloseSource():
+                engine.close_source(record.stream, record.source)
+            case records.Tick():
+                engine.tick()
+        return None
+
+    def _apply_batch(self, record: records.Batch, admitted: list[Batch] | None) -> int:
+        """Apply a batch once per id; returns its rows (0 for a replay of an applied id)."""
+        applied = self.applied_batches(record.stream, record.source)
+        if record.batch_id and record.batch_id in applied:
+            return 0
+        if admitted is None:  # at replay: checked as it was when accepted
+            limit = self.engine.limits.max_batch_rows
+            admitted = [
+                self.engine.admit(record.stream, read_ipc(part, limit), validated=True)
+                for part in record.parts
+            ]
+        self.engine.push_admitted(record.stream, admitted, record.source)
+        if record.batch_id:
+            applied.add(record.batch_id)
+        return sum(batch.n for batch in admitted)
+
+    async def recover(self) -> int:
+        """Replay the input log of ``--state-dir``; returns how many records it held."""
+        if self.state is None:
+            return 0
+        replayed = 0
+        for _seq, record in self.state.log.replay():
+            # A record that failed when it was accepted fails the same way now, changing nothing.
+            with contextlib.suppress(LowtideError):
+                self.apply(record)
+            replayed += 1
+            await self.workers.wait_for_room()
+        return replayed
 
     # -- queries and their output -------------------------------------------------------------
     def register(self, sql: str, name: str | None, late: str, allowed_lateness: str | int | None) -> str:
@@ -240,7 +319,7 @@ class Front:
         for key in (name, f"{name}.late"):
             hub = self.hubs.get(key)
             if hub is not None:
-                items = self.engine.poll(key)
+                items = self.engine.drain(key)
                 if items:
                     hub.publish(items)
         remote = self.engine.remote.get(name)
@@ -291,21 +370,27 @@ class Front:
         last_stats = 0.0
         while True:
             await asyncio.sleep(0.02)
-            self.engine.tick()
-            now = time.monotonic()
-            if now - last_stats >= 1.0:
-                last_stats = now
-                self.engine.request_stats()
-                self._enforce_state_limit()
-                self._snapshot = self.snapshot()
+            wall = time.time()
+            try:
+                if self.engine.tick_due(wall):
+                    await self.submit(records.Tick(wall))
+                now = time.monotonic()
+                if now - last_stats >= 1.0:
+                    last_stats = now
+                    self.engine.request_stats()
+                    await self._enforce_state_limit()
+                    if self.state is not None:
+                        self.state.log.sync_every_second()
+                    self._snapshot = self.snapshot()
+            except LowtideError as exc:  # a full disk: the next round tries again
+                log.warning("lowtide: %s", exc)
 
-    def _enforce_state_limit(self) -> None:
+    async def _enforce_state_limit(self) -> None:
         limit = self.config.max_query_state_bytes
-        for name, remote in self.engine.remote.items():
+        for name, remote in list(self.engine.remote.items()):
             if not remote.failed and self.engine.state_bytes(name) > limit:
                 reason = f"query {name!r} holds {self.engine.state_bytes(name)} bytes of state, over {limit}"
-                self.engine.fail(remote, reason)
-                self._close_failed(name, "RESOURCE_EXHAUSTED", reason)
+                await self.submit(records.FailQuery(time.time(), name, "RESOURCE_EXHAUSTED", reason))
 
     def snapshot(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -342,6 +427,8 @@ class Front:
             hub.close()
         await self.workers.stop()
         self.metrics.close()
+        if self.state is not None:
+            self.state.close()
 
 
 class Service(pb_grpc.LowtideServicer):
@@ -356,7 +443,8 @@ class Service(pb_grpc.LowtideServicer):
             if column.name in schema:
                 raise InvalidArgument(f"column {shown(column.name)} appears more than once in the schema")
             schema[column.name] = column.type
-        self.engine.create_stream(
+        record = records.CreateStream(
+            time.time(),
             request.name,
             schema,
             progressing=request.progressing or "ts",
@@ -364,11 +452,16 @@ class Service(pb_grpc.LowtideServicer):
             sources=list(request.sources),
             idle_timeout=request.idle_timeout_s or None,
         )
+        self.engine.check_stream(
+            record.name, schema, record.progressing, record.punctuation, record.sources, record.idle_timeout
+        )
+        await self.front.submit(record)
         return pb.CreateStreamResponse()
 
     @translated
     async def DropStream(self, request: pb.DropStreamRequest, context: Any) -> pb.DropStreamResponse:
-        self.front.drop_stream(request.name)
+        self.engine.check_drop_stream(request.name)  # nothing that cannot apply is logged
+        await self.front.submit(records.DropStream(time.time(), request.name))
         return pb.DropStreamResponse()
 
     @translated
@@ -396,7 +489,11 @@ class Service(pb_grpc.LowtideServicer):
     async def RegisterQuery(self, request: pb.RegisterQueryRequest, context: Any) -> pb.RegisterQueryResponse:
         text = request.allowed_lateness  # a number of units, else a duration: the planner checks both
         lateness: str | int | None = int(text) if _INTEGER.fullmatch(text) else (text or None)
-        name = self.front.register(request.sql, request.name or None, request.late or "drop", lateness)
+        record = records.RegisterQuery(
+            time.time(), request.sql, request.name or None, request.late or "drop", lateness
+        )
+        self.engine.check_query(record.sql, record.name, record.late, record.allowed_lateness)
+        name = await self.front.submit(record)
         running = self.engine.remote[name].running
         return pb.RegisterQueryResponse(
             name=name,
@@ -410,7 +507,8 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def DropQuery(self, request: pb.DropQueryRequest, context: Any) -> pb.DropQueryResponse:
-        self.front.drop(request.name)
+        self.engine.check_drop_query(request.name)
+        await self.front.submit(records.DropQuery(time.time(), request.name))
         return pb.DropQueryResponse()
 
     @translated
@@ -468,6 +566,7 @@ class Service(pb_grpc.LowtideServicer):
                 else:
                     table = _read_arrow(request.arrow, engine.limits.max_batch_rows)
                     admitted = engine.admit(stream, table, validated=True)
+                    partial.payloads.append(request.arrow)
                 if not partial.take(admitted):
                     continue
                 whole, partial = partial, None
@@ -476,20 +575,24 @@ class Service(pb_grpc.LowtideServicer):
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
                     tally.duplicates += 1
                     continue
-                engine.push_admitted(stream, whole.admitted, source)
-                rows = sum(batch.n for batch in whole.admitted)
+                engine.check_batch(stream, whole.admitted, source)  # nothing logged that cannot apply
+                record = records.Batch(time.time(), stream, source, whole.batch_id, tuple(whole.payloads))
+                rows = await front.submit(record, whole.admitted)
+                if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
+                    tally.duplicates += 1
+                    continue
                 front.metrics.ingest_batch(stream, rows, time.perf_counter() - whole.began)
-                if whole.batch_id:
-                    applied.add(whole.batch_id)
                 tally.tuples += rows
                 tally.batches += 1
                 await front.workers.wait_for_room()
             elif partial is not None:
                 raise InvalidArgument(partial.cut_short())
             elif item == "punctuation":
-                engine.punctuate(stream, request.punctuation, source)
+                engine.check_punctuation(stream, request.punctuation, source)
+                await front.submit(records.Punctuate(time.time(), stream, source, request.punctuation))
             elif item == "close":
-                engine.close_source(stream, source)
+                engine.check_close(stream, source)
+                await front.submit(records.CloseSource(time.time(), stream, source))
         if partial is not None:
             raise InvalidArgument(partial.cut_short())
         low = engine.low_watermark(stream) if stream else 0
@@ -518,24 +621,28 @@ class Service(pb_grpc.LowtideServicer):
         if hub is None:
             await _abort(context, NotFound(f"unknown query {request.query!r}"))
             return
-        queue = hub.subscribe(request.from_oldest)
+        from_offset = request.from_offset if request.HasField("from_offset") else None
+        if from_offset is not None and from_offset < 0:
+            raise InvalidArgument(f"from_offset must be 0 or more, got {from_offset}")
+        queue = hub.subscribe(request.from_oldest, from_offset)
         try:
             while True:
-                item = await queue.get()
-                if isinstance(item, Closed):
-                    if item.status is not None:
+                entry = await queue.get()
+                if isinstance(entry, Closed):
+                    if entry.status is not None:
                         # A limit passed (state, backlog) names its class like every other error.
-                        kind = ResourceExhausted.__name__ if item.status == ResourceExhausted.status else ""
+                        kind = ResourceExhausted.__name__ if entry.status == ResourceExhausted.status else ""
                         metadata = (("lowtide-error", kind),) if kind else ()
-                        code = grpc.StatusCode[item.status]
-                        await context.abort(code, item.reason, trailing_metadata=metadata)
+                        code = grpc.StatusCode[entry.status]
+                        await context.abort(code, entry.reason, trailing_metadata=metadata)
                     return
+                offset, item = entry
                 if isinstance(item, Punctuation):
                     yield pb.SubscribeResponse(
-                        punctuation=pb.Punctuation(value=item.value, attribute=item.attribute)
+                        punctuation=pb.Punctuation(value=item.value, attribute=item.attribute), offset=offset
                     )
                 else:
-                    yield pb.SubscribeResponse(arrow=_arrow_bytes(item))
+                    yield pb.SubscribeResponse(arrow=_arrow_bytes(item), offset=offset)
         finally:
             hub.unsubscribe(queue)
 
@@ -588,6 +695,16 @@ async def _serve(config: ServerConfig) -> int:
         print("lowtide: no --state-dir: streams, queries and windows live in memory only", file=sys.stderr)
     await front.start()
     await front.sync()  # every worker is up and answering before the server says it serves
+    if front.state is not None:
+        began = time.monotonic()
+        replayed = await front.recover()
+        await front.sync()
+        print(
+            f"lowtide: state in {config.state_dir}: {len(front.engine.list_streams())} streams, "
+            f"{len(front.engine.remote)} queries, {replayed} logged changes replayed in "
+            f"{time.monotonic() - began:.2f} s",
+            file=sys.stderr,
+        )
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     print(

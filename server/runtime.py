@@ -16,14 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from lowtide.batch import Batch
 from lowtide.engine import Engine, Limits, RunningQuery, SlowFlush
 from lowtide.operators.input import Input
-from lowtide.operators.meld import Meld
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.results import to_table
 from lowtide.schema import ColumnType
+from lowtide.server.melding import OrderedMeld
 from lowtide.server.partitioning import Partitioning, partitioning_of, split
 from lowtide.server.worker import QuerySpec, decode_columns
 from lowtide.server.workers import WorkerPool
@@ -38,7 +40,7 @@ class RemoteQuery:
     running: RunningQuery
     partitioning: Partitioning
     workers: list[int]
-    meld: Meld
+    meld: OrderedMeld
     failed: str | None = None
     worker_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     released: dict[float, int] = field(default_factory=dict)  # punctuation sent_at -> workers done
@@ -79,9 +81,11 @@ class Dispatch(Input):
             return
         pieces = split(batch, query.partitioning.keys[self.index], len(query.workers))
         for worker, rows in zip(query.workers, pieces, strict=True):
-            if rows.shape[0]:
-                piece = batch.select(rows)
-                pool.post(worker, ("batch", query.name, self.index, late, piece.n), piece.columns)
+            # An empty piece goes too: every worker answers every message (an epoch, see melding).
+            piece = batch.select(rows)
+            pool.post(
+                worker, ("batch", query.name, self.index, late, piece.n), piece.columns if piece.n else None
+            )
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if self.query.failed:
@@ -120,8 +124,12 @@ class FrontEngine(Engine):
         feeder = self._feeders.get(id(plan.share)) if plan.joins_share else None
         if feeder is not None:  # its slices are in the workers of the query that feeds them
             workers = feeder[0].workers
-        meld = Meld(len(workers))
-        meld.connect(running.sink)
+
+        def on_late(table: pa.Table, rows: int) -> None:
+            running.late_dropped += rows
+            running.late_items.append(table)
+
+        meld = OrderedMeld(len(workers), running.sink, on_late)
         remote = RemoteQuery(running.name, running, partitioning, workers, meld)
         self.remote[running.name] = remote
         spec = QuerySpec(
@@ -185,13 +193,14 @@ class FrontEngine(Engine):
         if remote is None or worker not in remote.workers:
             return None
         if kind == "result":
-            remote.meld.process(Batch(decode_columns(arrays), header[2]), remote.port(worker))
+            remote.meld.result(remote.port(worker), Batch(decode_columns(arrays), header[2]))
         elif kind == "punctuation":
-            remote.meld.punctuate(Punctuation(header[3], header[2]), remote.port(worker))
+            remote.meld.punctuation(remote.port(worker), Punctuation(header[3], header[2]))
         elif kind == "late":
             fields = tuple((name, ColumnType(kind_name)) for name, kind_name in header[3])
-            remote.running.late_dropped += header[2]
-            remote.running.late_items.append(to_table(Batch(arrays, header[2]), fields, self.pool))
+            remote.meld.late(remote.port(worker), to_table(Batch(arrays, header[2]), fields, self.pool))
+        elif kind == "epoch":
+            remote.meld.epoch(remote.port(worker))
         elif kind == "released":
             done = remote.released.get(header[2], 0) + 1
             if done < len(remote.workers):

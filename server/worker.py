@@ -11,7 +11,8 @@ Messages in (front -> worker), as ``(kind, ...)`` headers with columns in the pa
 ``register(name, spec)``, ``drop(name)``, ``batch(query, input, late)``,
 ``punctuate(query, input, attribute, value, sent_at)``, ``sync(token)``, ``stats()``, ``stop()``.
 Messages out: ``result(query)``, ``punctuation(query, attribute, value)``, ``late(query)``,
-``released(query, sent_at)`` (after the results a punctuation released), ``synced(token)``,
+``released(query, sent_at)`` (after the results a punctuation released), ``epoch(query)`` (after
+everything one batch or punctuation message made for that query), ``synced(token)``,
 ``failed(query, reason)``, ``stats(dict)``.
 """
 
@@ -127,6 +128,7 @@ class Worker:
         # maps a name to the inputs its messages go to, kept while any query reads through them.
         self.shares = Shares()
         self.feeds: dict[str, list[Input]] = {}
+        self.readers: dict[str, list[str]] = {}  # feed -> the queries whose output its input moves
 
     def register(self, name: str, spec: QuerySpec) -> None:
         schemas = {
@@ -158,6 +160,11 @@ class Worker:
         self.queries[name] = _Hosted(plan, inputs, forward, spec.flush is not None, plan.operators)
         if not self.shares.enter(plan):
             self.feeds[name] = inputs
+            self.readers[name] = [name]
+        else:
+            assert plan.share is not None
+            feed = next(f for f, feeding in self.feeds.items() if plan.share.input in feeding)
+            self.readers[feed].append(name)
 
     def drop(self, name: str) -> None:
         hosted = self.queries.pop(name, None)
@@ -170,6 +177,11 @@ class Worker:
             for query, inputs in self.feeds.items()
             if query in self.queries or any(id(op) in feeding for op in inputs)
         }
+        self.readers = {
+            feed: [reader for reader in readers if reader != name]
+            for feed, readers in self.readers.items()
+            if feed in self.feeds
+        }
 
     def handle(self, header: tuple[Any, ...], arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
         kind = header[0]
@@ -177,13 +189,14 @@ class Worker:
             if kind == "batch":
                 _, query, index, late, n = header
                 inputs = self.feeds.get(query)
-                if inputs is not None:
+                if inputs is not None and n:
                     batch = Batch(dict(arrays), n)
                     target = inputs[index]
                     if late:
                         target.process_late(batch)
                     else:
                         target.process(batch)
+                self._epoch(query)
             elif kind == "punctuate":
                 _, query, index, attribute, value, sent = header
                 inputs = self.feeds.get(query)
@@ -197,6 +210,7 @@ class Worker:
                         moved = hosted.forward.punctuations > before.get(name, hosted.forward.punctuations)
                         if moved or (hosted.slow_flush and name == query):
                             self.out.send(("released", name, sent))
+                self._epoch(query)
             elif kind == "sync":
                 self.out.send(("synced", header[1]))
             elif kind == "strings":  # the front's new dictionary entries, codes from header[1]
@@ -218,6 +232,12 @@ class Worker:
             reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
             self.out.send(("failed", query, reason[:300]))
         return True
+
+    def _epoch(self, feed: str) -> None:
+        """Mark the end of what one input message made, for each query it feeds (the front
+        releases a query's output by these, in the same order at every replay)."""
+        for reader in self.readers.get(feed, ()):
+            self.out.send(("epoch", reader))
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -119,7 +120,13 @@ def test_tail_after_send_prints_each_window_once_and_exits_at_end(
     want = [["1970-01-01T00:00:00", minute, h, "1", "0"] for h in sorted(hosts)]
     want += [[minute, "1970-01-01T00:02:00", h, "2", "0"] for h in sorted(hosts)]
     assert rows == want  # one table, each window once, in window then group order
-    assert out[-2:] == ["-- punctuation window_end = end --", ""]
+    end = re.fullmatch(r"-- punctuation window_end = end \(offset (\d+)\) --", out[-2])
+    assert end is not None and out[-1] == "", out[-2:]
+    # From an offset: the end-of-stream marker alone, under the same offset.
+    resumed = ok(target, "tail", query, "--from-offset", end[1], "--show-punctuation", "--format", "jsonl")
+    assert [json.loads(line) for line in resumed.splitlines()] == [
+        {"punctuation": "end", "attribute": "window_end", "offset": int(end[1])}
+    ]
 
     raw = [json.loads(line) for line in ok(target, "tail", query, "--format", "jsonl").splitlines()]
     assert [(r["window_start"], r["srcIP"]) for r in raw] == [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import lowtide_command
@@ -61,9 +62,12 @@ def test_a_grpc_port_held_by_another_program_fails(held_port: int) -> None:
     assert line == f"lowtide: cannot serve gRPC on 127.0.0.1:{held_port}: address already in use"
 
 
-def test_settings_the_server_cannot_honour_fail_in_one_line(tmp_path: object) -> None:
+def test_settings_the_server_cannot_honour_fail_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not lowtide's")
     line = one_line_failure(serve("--port", "0", "--state-dir", str(tmp_path)))
-    assert line == "lowtide: --state-dir (state_dir) is not supported yet: state lives in memory only"
+    assert line == f"lowtide: --state-dir {tmp_path} is not empty and holds no lowtide state"
+    bad_fsync = serve("--port", "0", "--config", str(_config(tmp_path)))
+    assert "fsync must be one of" in one_line_failure(bad_fsync)
     assert "out of range" in one_line_failure(serve("--port", "70000"))
     assert "cannot serve gRPC on nohost.invalid:0" in one_line_failure(
         subprocess.run(
@@ -78,3 +82,9 @@ def test_settings_the_server_cannot_honour_fail_in_one_line(tmp_path: object) ->
 def test_version() -> None:
     done = subprocess.run([*lowtide_command(), "--version"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, f"lowtide {__version__}")
+
+
+def _config(directory: Path) -> Path:
+    path = directory / "fsync.toml"
+    path.write_text('fsync = "sometimes"\n')
+    return path

@@ -1,0 +1,111 @@
+"""The one order in which the server applies accepted changes, and the state directory it keeps.
+
+Every change (see :mod:`lowtide.server.input_log`) goes through :meth:`Journal.submit`: appended
+to the input log, then applied, in log order, then acknowledged. With ``fsync = "always"`` a
+change is applied only once an fsync covers it (one fsync for every change waiting: group
+commit); otherwise at once, after its ``write`` reached the OS. Without ``--state-dir`` there is no
+log and changes apply directly, through the same code.
+
+Invariant: the order of application equals the order in the log, so replaying the log at start
+rebuilds the same streams, queries, windows and output offsets.
+
+The state directory: ``D/lowtide-state.json`` (what wrote it, and the format), ``D/lock`` (one
+server at a time), ``D/log/`` (the input log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lowtide import __version__
+from lowtide.errors import StartupFailure
+from lowtide.server.input_log import InputLog, Record
+
+FORMAT = 1  # of the state directory; a server refuses one written in another format
+
+Apply = Callable[[Record, Any], Any]
+
+
+class StateDirectory:
+    """An opened, locked state directory."""
+
+    def __init__(self, path: str, fsync: str) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StartupFailure(f"cannot use --state-dir {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StartupFailure(f"--state-dir {path} is in use by another lowtide server") from None
+        self._check_format()
+        self.log = InputLog(self.path / "log", fsync)
+
+    def _check_format(self) -> None:
+        marker = self.path / "lowtide-state.json"
+        if marker.exists():
+            try:
+                found = json.loads(marker.read_text())
+                form = int(found["format"])
+            except (OSError, ValueError, KeyError, TypeError):
+                raise StartupFailure(f"{marker} is damaged: not a lowtide state directory marker") from None
+            if form != FORMAT:
+                raise StartupFailure(
+                    f"{self.path} holds state of format {form} (written by lowtide "
+                    f"{found.get('version', '?')}); this lowtide {__version__} reads format {FORMAT}"
+                )
+            return
+        if any(p.name not in ("lock",) for p in self.path.iterdir()):
+            raise StartupFailure(f"--state-dir {self.path} is not empty and holds no lowtide state")
+        temporary = marker.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"format": FORMAT, "version": __version__}) + "\n")
+        os.replace(temporary, marker)
+
+    def close(self) -> None:
+        self.log.close()
+        os.close(self._lock)
+
+
+class Journal:
+    """Log, then apply, in one order (see the module docstring)."""
+
+    def __init__(self, apply: Apply, log: InputLog | None = None) -> None:
+        self.apply = apply
+        self.log = log
+        self._waiting: deque[tuple[int, Record, Any, asyncio.Future[Any]]] = deque()
+
+    async def submit(self, record: Record, prepared: Any = None) -> Any:
+        """Log ``record`` and apply it (``apply(record, prepared)``); its result or its error.
+
+        A full disk raises ``ResourceExhausted`` with nothing applied.
+        """
+        if self.log is None:
+            return self.apply(record, prepared)
+        seq = self.log.append(record)
+        if self.log.fsync != "always":
+            return self.apply(record, prepared)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((seq, record, prepared, future))
+        self.log.when_durable(seq, self._durable)
+        return await future
+
+    def _durable(self, through: int) -> None:
+        while self._waiting and self._waiting[0][0] <= through:
+            _, record, prepared, future = self._waiting.popleft()
+            try:
+                result = self.apply(record, prepared)
+            except Exception as exc:  # the submitter gets it, as without fsync
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result(result)

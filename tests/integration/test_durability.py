@@ -1,0 +1,241 @@
+"""``--state-dir``: what was acknowledged survives ``kill -9`` and a restart, exactly once (DESIGN §8).
+
+Each test runs real servers on one state directory: it feeds them through the client, kills the
+front and its workers with SIGKILL, starts a new server on the same directory and checks what
+came back against the in-process engine fed the same data once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import resource
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from server_harness import Server, running_server, start_server
+
+from lowtide import END_OF_STREAM, Engine, Punctuation
+from lowtide.clients import Client
+from lowtide.errors import OutOfRange, ResourceExhausted
+
+pytestmark = pytest.mark.xdist_group("durability")
+
+KEYS = [f"k{i}" for i in range(8)]
+SCHEMA = {"k": "string", "v": "int64", "ts": "int64"}
+TUMBLING = "SELECT k, count(*) AS n, sum(v) AS total [RANGE 10, SLIDE 10, WA ts] FROM s GROUP BY k"
+SLIDING = "SELECT k, count(*) AS n [RANGE 30, SLIDE 10, WA ts] FROM s GROUP BY k"
+ROUNDS = 16  # batches per source; round i holds ts in [10 i, 10 i + 20) and punctuates 10 i
+
+
+def batch(source: str, i: int) -> pa.Table:
+    rng = random.Random(f"{source}{i}")
+    ts = [10 * i + rng.randrange(20) for _ in range(40)]
+    return pa.table(
+        {
+            "k": [rng.choice(KEYS) for _ in ts],
+            "v": pa.array([rng.randrange(100) for _ in ts], pa.int64()),
+            "ts": pa.array(ts, pa.int64()),
+        }
+    )
+
+
+def expected(sql: str) -> Counter[tuple[Any, ...]]:
+    """Every row the query gives fed each batch once, in-process."""
+    engine = Engine()
+    engine.create_stream("s", SCHEMA, sources=["a", "b"])
+    engine.register_query(sql, name="q")
+    for i in range(ROUNDS):
+        for source in ("a", "b"):
+            engine.push("s", batch(source, i), source)
+            engine.punctuate("s", 10 * i, source)
+    for source in ("a", "b"):
+        engine.close_source("s", source)
+    return rows([item for item in engine.poll("q")])
+
+
+def rows(items: list[Any]) -> Counter[tuple[Any, ...]]:
+    found: Counter[tuple[Any, ...]] = Counter()
+    for item in items:
+        if isinstance(item, pa.Table):
+            found.update(tuple(row.values()) for row in item.to_pylist())
+    return found
+
+
+def kill9(server: Server) -> None:
+    """SIGKILL the front and every worker at once: nothing gets to flush or say goodbye."""
+    for pid in [server.pid, *server.worker_pids()]:
+        os.kill(pid, signal.SIGKILL)
+    server.process.wait(30)
+    server.exit_code = 0  # killed on purpose: the harness's clean-stop check does not apply
+
+
+def read(client: Client, query: str, until: int, from_offset: int | None = None) -> list[tuple[int, Any]]:
+    """``(offset, item)`` of ``query`` from ``from_offset`` (else the oldest) up to the first
+    punctuation at or past ``until``."""
+    got: list[tuple[int, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        with client.subscribe(query, from_offset=from_offset) as subscription:
+            for item in subscription:
+                assert subscription.offset is not None
+                got.append((subscription.offset, item))
+                if isinstance(item, Punctuation) and item.value >= until:
+                    break
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert done.wait(60), f"{query} stopped at {got[-1] if got else 'nothing'}, waiting for {until}"
+    return got
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def config(state_dir: Path, **extra: Any) -> dict[str, Any]:
+    return {"state_dir": str(state_dir), "retained_items": 100_000, **extra}
+
+
+@contextlib.contextmanager
+def server_on(state_dir: Path, **extra: Any) -> Iterator[tuple[Server, Client]]:
+    with (
+        running_server(config=config(state_dir, **extra)) as server,
+        Client(server.target, timeout=30) as client,
+    ):
+        yield server, client
+
+
+def feed(client: Client, rounds: range, batch_ids: bool = True) -> None:
+    """Rounds of both sources, each batch under its id (round + 1), each round punctuated.
+
+    As a producer that restarts does (DESIGN §8): it resends its batches under the same ids and
+    punctuates only above its source's recovered punctuation.
+    """
+    (stream,) = client.list_streams()
+    recovered = stream["source_punctuation"]
+    with client.producer("s", "a") as a, client.producer("s", "b") as b:
+        for i in rounds:
+            for source, producer in (("a", a), ("b", b)):
+                producer.send(batch(source, i), batch_id=i + 1 if batch_ids else None)
+                if 10 * i > recovered.get(source, -1):
+                    producer.punctuate(10 * i)
+        a.flush()
+        b.flush()
+
+
+def finish(client: Client) -> None:
+    for source in ("a", "b"):
+        with client.producer("s", source) as producer:
+            producer.close()
+
+
+def test_a_killed_server_comes_back_with_everything_it_acknowledged(state_dir: Path) -> None:
+    server = start_server(config=config(state_dir))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.register_query(TUMBLING, name="tumbling")
+        client.register_query(SLIDING, name="sliding")
+        feed(client, range(8))
+        before = read(client, "tumbling", until=60)
+    kill9(server)
+
+    with server_on(state_dir) as (_, client):
+        (stream,) = client.list_streams()
+        assert stream["source_punctuation"] == {"a": 70, "b": 70}
+        assert stream["tuples_ingested"] == 8 * 2 * 40
+        assert sorted(q["name"] for q in client.list_queries()) == ["sliding", "tumbling"]
+        # The same offsets name the same rows as before the crash.
+        again = dict(read(client, "tumbling", until=60, from_offset=0))
+        for offset, item in before:
+            assert rows([again[offset]]) == rows([item]), f"offset {offset} changed"
+        # The producers start over from their first batch: what was applied is applied once.
+        feed(client, range(ROUNDS))
+        finish(client)
+        resumed = read(client, "tumbling", until=END_OF_STREAM, from_offset=before[-1][0] + 1)
+        assert rows([item for _, item in before + resumed]) == expected(TUMBLING)
+        sliding = read(client, "sliding", until=END_OF_STREAM, from_offset=0)
+        assert rows([item for _, item in sliding]) == expected(SLIDING)
+        assert [offset for offset, _ in sliding] == list(range(len(sliding)))
+
+
+def test_fsync_always_survives_the_same_way(state_dir: Path) -> None:
+    server = start_server(config=config(state_dir, fsync="always"))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.register_query(TUMBLING, name="tumbling")
+        feed(client, range(6))
+    kill9(server)
+    with server_on(state_dir, fsync="always") as (_, client):
+        feed(client, range(ROUNDS))
+        finish(client)
+        got = read(client, "tumbling", until=END_OF_STREAM, from_offset=0)
+        assert rows([item for _, item in got]) == expected(TUMBLING)
+
+
+def test_a_torn_last_record_is_dropped_and_damage_stops_the_start(state_dir: Path) -> None:
+    server = start_server(config=config(state_dir))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        feed(client, range(3))
+    kill9(server)
+    (segment,) = sorted((state_dir / "log").glob("*.seg"))
+    whole = segment.read_bytes()
+    segment.write_bytes(whole + b"\x40\x00\x00\x00torn")  # a frame cut short by the crash
+    with server_on(state_dir) as (_, client):
+        assert client.list_streams()[0]["tuples_ingested"] == 3 * 2 * 40
+    damaged = bytearray(segment.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # inside an acknowledged record
+    segment.write_bytes(bytes(damaged))
+    with pytest.raises(RuntimeError, match=f"the input log is damaged at byte [0-9]+ of {segment}"):
+        start_server(config=config(state_dir))
+
+
+def test_one_server_per_state_directory_and_format_checked(state_dir: Path) -> None:
+    with server_on(state_dir), pytest.raises(RuntimeError, match="is in use by another lowtide server"):
+        start_server(config=config(state_dir))
+    marker = state_dir / "lowtide-state.json"
+    marker.write_text('{"format": 99, "version": "9.0.0"}')
+    with pytest.raises(RuntimeError, match=r"holds state of format 99 .* reads format 1"):
+        start_server(config=config(state_dir))
+
+
+def test_a_full_disk_refuses_the_batch_and_loses_nothing(state_dir: Path) -> None:
+    server = start_server(config=config(state_dir))
+    acknowledged = 0
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        # No file of the front may grow past 200 kB more: the log's disk is full from there.
+        (segment,) = (state_dir / "log").glob("*.seg")
+        limit = segment.stat().st_size + 200_000
+        resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (limit, limit))
+        with pytest.raises(ResourceExhausted, match="state directory is full"):
+            for i in range(1000):
+                with client.producer("s", "a") as producer:
+                    producer.send(batch("a", i), batch_id=i + 1)
+                acknowledged += 40
+        assert client.list_streams()[0]["tuples_ingested"] == acknowledged  # still serving
+    server.stop()
+    with server_on(state_dir) as (_, client):
+        assert client.list_streams()[0]["tuples_ingested"] == acknowledged
+
+
+def test_an_offset_no_longer_retained_is_out_of_range(state_dir: Path) -> None:
+    with server_on(state_dir, retained_items=4) as (_, client):
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.register_query(TUMBLING, name="tumbling")
+        feed(client, range(8))
+        time.sleep(1)  # the results reach the hub
+        with pytest.raises(OutOfRange, match="offset 0 is no longer retained"):
+            next(iter(client.subscribe("tumbling", from_offset=0)))
