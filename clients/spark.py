@@ -26,8 +26,12 @@ Spark calls ``sink(batch_df, batch_id)`` on the driver for every micro-batch:
    * ``none`` - only ``close()`` ends the source.
 
    Punctuation never regresses: a restarted job starts from what the server already holds.
-4. Any failure raises, with the server's reason as a lowtide exception, so that Spark's own retry
-   and failure handling take over; a batch that did not complete left nothing behind.
+4. A server that cannot be reached (restarting after a crash, say) is waited for, up to
+   ``reconnect_timeout`` seconds, and the batch is sent again under its id: with ``--state-dir``
+   the server kept every batch it acknowledged and each source's punctuation, so the job goes on
+   exactly once. Any other failure raises, with the server's reason as a lowtide exception, so
+   that Spark's own retry and failure handling take over; a batch that did not complete left
+   nothing behind.
 
 ``parallel=True`` sends from the executors instead (``mapInArrow``): each partition of the batch
 goes from its task straight to the server as a source of its own, ``<source>/p<partition>``, with
@@ -40,19 +44,22 @@ Spark's file and Kafka sources do). Do not declare the partition sources on the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from lowtide.clients._conform import Conformed, Layout, conform
 from lowtide.clients._security import RootCertificates, pem_bytes
-from lowtide.clients._wire import IngestResult
+from lowtide.clients._wire import IngestResult, ServerUnavailable
 from lowtide.clients.client import Client, Producer
 from lowtide.errors import InvalidArgument, NotFound
 from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS
+
+T = TypeVar("T")
 
 # What each partition's task reports back to the driver in parallel mode.
 REPORT = pa.schema(
@@ -101,6 +108,7 @@ class LowtideSink:
     fails the batch instead of hanging the query. ``max_part_rows`` caps the rows of one message.
     ``root_certificates`` and ``token`` are :class:`~lowtide.clients.Client`'s (TLS, bearer
     token); the certificates are read here, on the driver, so executors need no copy of the file.
+    ``reconnect_timeout`` (seconds): how long a micro-batch waits for an unreachable server.
     """
 
     def __init__(
@@ -115,6 +123,7 @@ class LowtideSink:
         max_part_rows: int = 250_000,
         root_certificates: RootCertificates | None = None,
         token: str | None = None,
+        reconnect_timeout: float = 120.0,
     ) -> None:
         if not stream:
             raise InvalidArgument("the Spark sink needs a stream name")
@@ -128,6 +137,8 @@ class LowtideSink:
         # Plain bytes and a string: the sink is pickled to the executors, a channel could not be.
         self.root_certificates = pem_bytes(root_certificates)
         self.token = token
+        self.reconnect_timeout = reconnect_timeout
+        self.reconnects = 0  # times a micro-batch waited for the server and was sent again
         self.batches = 0  # micro-batches applied by this sink (replays skipped are not counted)
         self.rows = 0
         self.duplicates = 0  # batches (driver mode) or partitions (parallel) skipped as replays
@@ -143,12 +154,33 @@ class LowtideSink:
         return {**self.__dict__, "_client": None}
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        layout = self._prepare()
+        layout = self._until_reachable(self._prepare)
         wire_id = int(batch_id) + 1
         if self.parallel:
-            self._forward_partitions(batch_df, layout, wire_id)
+            self._until_reachable(lambda: self._forward_partitions(batch_df, layout, wire_id))
             return
         conformed = conform(_to_arrow(batch_df), layout, self.mode.column)
+        self._until_reachable(lambda: self._forward(conformed, wire_id))
+
+    def _until_reachable(self, send: Callable[[], T]) -> T:
+        """``send()``, again while the server cannot be reached, up to ``reconnect_timeout``."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        pause = 0.25
+        while True:
+            try:
+                return send()
+            except ServerUnavailable:
+                if time.monotonic() + pause > deadline:
+                    raise
+            if self._client is not None:  # a new channel: the server may be a new process
+                self._client.close()
+                self._client = None
+            self.reconnects += 1
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
+
+    def _forward(self, conformed: Conformed, wire_id: int) -> None:
+        """One micro-batch from the driver: the rows under their id, then the punctuation."""
         value = self._punctuation_after(conformed.max_event, conformed.watermark)
         if not conformed.table.num_rows and value <= self._punctuated[self.source]:
             return  # an empty batch that moves nothing

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from conftest import start_server, stop_server
+from conftest import START_TIMEOUT, start_server, stop_server
 
 from lowtide import END_OF_STREAM, NotFound, Punctuation, SchemaMismatch
 from lowtide.clients import Client
@@ -172,6 +174,45 @@ def test_a_server_that_stops_fails_the_batch_and_the_retry_is_exact(
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
         assert stop_server(server) == 0, server.stderr_tail()
+
+
+def test_a_server_killed_mid_job_comes_back_and_the_job_goes_on_exactly_once(
+    spark: Any, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    """kill -9 of a server with --state-dir before micro-batch 3, a new one on the same port and
+    directory: the sink waits for it, and Spark's windows come out each once."""
+    folder, checkpoint, state = tmp_path / "packets", tmp_path / "checkpoint", tmp_path / "state"
+    total = write_packet_files(folder, files=6, rows=ROWS, seed=6)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = ("--state-dir", str(state), "--port", str(port))
+    servers = [start_server(*options)]
+    restarted = threading.Thread(target=lambda: servers.append(start_server(*options)))
+    try:
+        with Client(servers[0].target, timeout=30) as client:
+            stream, queries = setup(client, fresh)
+        sink = LowtideSink(servers[0].target, stream, punctuation=DELAY, timeout=10)
+
+        def kill_at_batch_3(batch_df: Any, batch_id: int) -> None:
+            if batch_id == 3 and not restarted.is_alive() and len(servers) == 1:
+                servers[0].process.kill()  # SIGKILL: its workers follow when their channel closes
+                servers[0].process.wait()
+                restarted.start()
+            sink(batch_df, batch_id)
+
+        stream_files(spark, folder, checkpoint, kill_at_batch_3, per_batch=1)
+        sink.close()
+        assert sink.reconnects > 0 and len(servers) == 2
+        with Client(servers[1].target, timeout=30) as client:
+            info = stream_info(client, stream)
+            assert (info["tuples_ingested"], info["late_tuples"]) == (total, 0)
+            assert_exact(client, spark, folder, queries)
+    finally:
+        if restarted.ident is not None:
+            restarted.join(START_TIMEOUT)
+        for server in servers:
+            stop_server(server)
 
 
 def test_a_rejected_batch_raises_with_the_reason_and_applies_nothing(
