@@ -61,6 +61,7 @@ class RunningQuery:
     subscribers: list[tuple[str, Input]] = field(default_factory=list)  # (stream, what it feeds)
     late_items: list[Any] = field(default_factory=list)
     late_dropped: int = 0
+    restored_share: str | None = None  # planned again after a restore: the slices it read
 
     @property
     def operators(self) -> list[Operator]:
@@ -146,9 +147,17 @@ class Engine:
 
     # -- queries ------------------------------------------------------------------------------
     def register_query(
-        self, sql: str, name: str | None = None, late: str = "drop", allowed_lateness: str | int | None = None
+        self,
+        sql: str,
+        name: str | None = None,
+        late: str = "drop",
+        allowed_lateness: str | int | None = None,
+        restored_share: str | None = None,
     ) -> Query:
-        """Register a query; its results are polled by name and readable as a stream."""
+        """Register a query; its results are polled by name and readable as a stream.
+
+        ``restored_share``: the query is registered again to restore a checkpoint, and reads the
+        slices of that :func:`~lowtide.query.sharing.share_key` as it did when saved."""
         if name is None:
             self._counter += 1
             name = f"q{self._counter}"
@@ -161,7 +170,7 @@ class Engine:
         if len(self._queries) >= self.limits.max_queries:
             raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
         policy = LatePolicy.parse(late)
-        running = self._plan(sql, name, policy, allowed_lateness)
+        running = self._plan(sql, name, policy, allowed_lateness, restored_share)
         self._attach(running)
         return Query(name, sql)
 
@@ -183,7 +192,12 @@ class Engine:
         return running.plan.explain() + f"\n{len(running.plan.operators)}. {running.sink.describe()}"
 
     def _plan(
-        self, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None
+        self,
+        sql: str,
+        name: str,
+        policy: LatePolicy,
+        allowed_lateness: str | int | None,
+        restored_share: str | None = None,
     ) -> RunningQuery:
         if not isinstance(sql, str):
             raise InvalidArgument(f"a query is text, not {type(sql).__name__}")
@@ -191,12 +205,18 @@ class Engine:
         if size > self.limits.max_query_bytes:
             raise InvalidArgument(f"query of {size} bytes is over the limit of {self.limits.max_query_bytes}")
         try:
-            return self._planned(parse_query(sql), sql, name, policy, allowed_lateness)
+            return self._planned(parse_query(sql), sql, name, policy, allowed_lateness, restored_share)
         except RecursionError:  # parse_query bounds nesting; this is the backstop
             raise InvalidArgument("query nests too deeply") from None
 
     def _planned(
-        self, query: QueryTree, sql: str, name: str, policy: LatePolicy, allowed_lateness: str | int | None
+        self,
+        query: QueryTree,
+        sql: str,
+        name: str,
+        policy: LatePolicy,
+        allowed_lateness: str | int | None,
+        restored_share: str | None,
     ) -> RunningQuery:
         holder: list[RunningQuery] = []
 
@@ -206,7 +226,14 @@ class Engine:
             running.late_items.append(to_table(batch, fields, self.pool))
 
         ctx = Context(
-            self._schema_of, self.pool, policy, allowed_lateness, on_drop, self._slice_shares(), self.flush
+            self._schema_of,
+            self.pool,
+            policy,
+            allowed_lateness,
+            on_drop,
+            self._slice_shares(),
+            self.flush,
+            restored_share=restored_share,
         )
         plan = plan_query(query, ctx)
         fields = plan.schema
@@ -225,7 +252,9 @@ class Engine:
             else None,
         )
         plan.output.connect(sink)
-        running = RunningQuery(name, sql, plan, sink, policy, allowed_lateness, derived)
+        running = RunningQuery(
+            name, sql, plan, sink, policy, allowed_lateness, derived, restored_share=restored_share
+        )
         holder.append(running)
         return running
 

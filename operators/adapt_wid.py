@@ -44,14 +44,15 @@ every window ``< q`` is complete: its non-empty groups - eager, lazy or in trans
 emitted once, at ``revision`` 0, in one batch per punctuation, then
 ``Punctuation(end(q), "window_end")``. State is bounded by the open windows: partials of eager
 groups, tuples of lazy ones, and per-group statistics of the groups with active tuples.
-Time-based sliding and tumbling windows only.
+Time-based sliding and tumbling windows only. A snapshot holds all of the above: the group
+table and per-group arrays, the eager state and its ids, B, the thresholds and the counters.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numba as nb
 import numpy as np
@@ -59,10 +60,26 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from lowtide.batch import Batch
+from lowtide.errors import CorruptState
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.state import (
+    ARRAY,
+    FLOAT,
+    INT,
+    INT_MAP,
+    INTS,
+    NESTED,
+    OPTIONAL_ARRAY,
+    Keep,
+    State,
+    as_array,
+    as_dict,
+    declare,
+    fields,
+)
 from lowtide.operators.wid_aggregate import Having, apply_having, key_columns, touched_windows
 from lowtide.operators.windows import Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
@@ -268,6 +285,27 @@ class LazyBuffer:
     def take(self, index: I64) -> dict[str, Arr]:
         return {c: a[index] for c, a in self.values.items()}
 
+    def snapshot(self) -> State:
+        values: dict[str, State] = {c: a[: self.n].copy() for c, a in self.values.items()}
+        return {
+            "gid": self.gid[: self.n].copy(),
+            "ws": self.ws[: self.n].copy(),
+            "span": self.span[: self.n].copy(),
+            "values": values,
+        }
+
+    def restore(self, state: State) -> None:
+        found = fields(state, ("gid", "ws", "span", "values"), "lazy buffer")
+        self.gid = as_array(found["gid"], "lazy buffer.gid", np.int32, 1)
+        self.ws = as_array(found["ws"], "lazy buffer.ws", np.int64, 1)
+        self.span = as_array(found["span"], "lazy buffer.span", self.span.dtype, 1)
+        values = as_dict(found["values"], "lazy buffer.values")
+        self.values = {c: as_array(a, f"lazy buffer.values.{c}", ndim=1) for c, a in values.items()}
+        self.n = self.gid.shape[0]
+        columns = [self.ws, self.span, *self.values.values()]
+        if any(a.shape[0] != self.n for a in columns) or not self.values.keys() <= set(self.value_columns):
+            raise CorruptState("state of the lazy buffer does not fit the aggregate: saved by another plan?")
+
 
 class AdaptWIDAggregate(Operator):
     """WID Aggregate's signature (no lateness) plus the switching thresholds.
@@ -278,6 +316,32 @@ class AdaptWIDAggregate(Operator):
     """
 
     label = "AdaptWID Aggregate"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(
+        Operator.STATE,
+        groups=NESTED,
+        _mode=ARRAY,
+        _eid=ARRAY,
+        _vol=ARRAY,
+        cells=NESTED,
+        _expire=OPTIONAL_ARRAY,
+        _eid_gid=ARRAY,
+        _until=ARRAY,
+        _eager_width=INT,
+        _free_eids=INTS,
+        _row_of=INT_MAP,
+        _free_rows=INTS,
+        _rows_used=INT,
+        buffer=NESTED,
+        _unfolded=INT,
+        first_open=INT,
+        _hw_end=INT,
+        windows_open=INT,
+        high=FLOAT,
+        low=FLOAT,
+        to_eager=INT,
+        to_lazy=INT,
+        combined=INT,
+    )
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ holistic aggregates (median, quantile, count_distinct, heavy_hitters) a log of
 ``(row, group, value)`` entries. Rows are recycled: ``reset_rows`` puts them back to identity.
 Results are exact; sample variance (ddof 1) like SQL's VAR_SAMP; quantiles interpolate linearly.
 Nulls - NaN floats and the null code of strings - are skipped, as SQL aggregates skip them.
+A snapshot holds every accumulator array whole, the value logs and the string columns.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowtide.batch import Batch
+from lowtide.errors import CorruptState
 from lowtide.operators import aggregate_kernels as k
+from lowtide.operators.state import State, as_array, as_dict, as_list, as_str, fields
 from lowtide.schema import FLOAT64, INT64, ColumnType
 from lowtide.strings import NULL_CODE
 
@@ -74,6 +77,19 @@ class AggregateCall:
         return FLOAT64
 
 
+_KINDS = ("n", "rev", "count", "sum", "min", "max", "mcount", "mean", "m2")  # accumulator name = kind:column
+
+
+def _identity(name: str, dtype: np.dtype[Any]) -> Any:
+    """The value of an empty cell of accumulator ``name`` (``kind:column``) of ``dtype``."""
+    kind = name.partition(":")[0]
+    if kind == "min":
+        return np.inf if dtype == np.float64 else np.iinfo(np.int64).max
+    if kind == "max":
+        return -np.inf if dtype == np.float64 else np.iinfo(np.int64).min
+    return -1 if kind == "rev" else 0  # rev: the revision last emitted, -1 for never
+
+
 def _value_dtype(kind: ColumnType | None) -> np.dtype[Any]:
     if kind is None or kind.name == "float64":
         return np.dtype(np.float64)
@@ -109,6 +125,20 @@ class _ValueLog:
         self.values[:m] = self.values[kept]
         self.n = m
 
+    def snapshot(self) -> State:
+        n = self.n
+        return {"rows": self.rows[:n].copy(), "gids": self.gids[:n].copy(), "values": self.values[:n].copy()}
+
+    @staticmethod
+    def restored(state: State, where: str) -> _ValueLog:
+        found = fields(state, ("rows", "gids", "values"), where)
+        rows = as_array(found["rows"], f"{where}.rows", np.int64, 1)
+        gids = as_array(found["gids"], f"{where}.gids", np.int64, 1)
+        values = as_array(found["values"], f"{where}.values", ndim=1)
+        if not rows.shape == gids.shape == values.shape or values.dtype not in (np.int64, np.float64):
+            raise CorruptState(f"state of {where} is not three equal int64/value columns")
+        return _ValueLog(rows, gids, values, rows.shape[0])
+
 
 def _grown(a: Arr, cap: int) -> Arr:
     out = np.empty(cap, dtype=a.dtype)
@@ -121,11 +151,12 @@ class CellState:
 
     def __init__(self, calls: tuple[AggregateCall, ...], track_revisions: bool = False) -> None:
         self.calls = calls
-        self._identity: dict[str, Any] = {"n": 0}
-        self._dtype: dict[str, np.dtype[Any]] = {"n": np.dtype(np.int64)}
+        self._identity: dict[str, Any] = {}
+        self._dtype: dict[str, np.dtype[Any]] = {}
+        self._add("n", np.dtype(np.int64))
         if track_revisions:
-            # Revision last emitted per cell (-1: never), for allowed lateness.
-            self._add("rev", -1, np.dtype(np.int64))
+            # Revision last emitted per cell, for allowed lateness.
+            self._add("rev", np.dtype(np.int64))
         self.string_columns: set[str] = set()
         self.logs: dict[str, _ValueLog] = {}
         for call in calls:
@@ -156,21 +187,51 @@ class CellState:
             self.logs[col] = _ValueLog(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, dtype))
             return
         if dtype == np.float64 or col in self.string_columns:
-            self._add(f"count:{col}", 0, np.dtype(np.int64))
+            self._add(f"count:{col}", np.dtype(np.int64))
         if call.func is AggFunc.SUM or call.func is AggFunc.AVG:
-            self._add(f"sum:{col}", 0, dtype)
+            self._add(f"sum:{col}", dtype)
         elif call.func is AggFunc.MIN:
-            self._add(f"min:{col}", np.inf if dtype == np.float64 else np.iinfo(np.int64).max, dtype)
+            self._add(f"min:{col}", dtype)
         elif call.func is AggFunc.MAX:
-            self._add(f"max:{col}", -np.inf if dtype == np.float64 else np.iinfo(np.int64).min, dtype)
+            self._add(f"max:{col}", dtype)
         elif call.func in (AggFunc.VAR, AggFunc.STDDEV):
-            self._add(f"mcount:{col}", 0, np.dtype(np.int64))
-            self._add(f"mean:{col}", 0.0, np.dtype(np.float64))
-            self._add(f"m2:{col}", 0.0, np.dtype(np.float64))
+            self._add(f"mcount:{col}", np.dtype(np.int64))
+            self._add(f"mean:{col}", np.dtype(np.float64))
+            self._add(f"m2:{col}", np.dtype(np.float64))
 
-    def _add(self, name: str, identity: Any, dtype: np.dtype[Any]) -> None:
-        self._identity[name] = identity
+    def _add(self, name: str, dtype: np.dtype[Any]) -> None:
+        self._identity[name] = _identity(name, dtype)
         self._dtype[name] = dtype
+
+    def snapshot(self) -> State:
+        """Every accumulator array whole (capacity too), every value log, the string columns."""
+        return {
+            "arrays": {name: array.copy() for name, array in self.arrays.items()},
+            "logs": {col: log.snapshot() for col, log in self.logs.items()},
+            "strings": [col for col in sorted(self.string_columns)],
+        }
+
+    def restore(self, state: State) -> None:
+        """The accumulators and logs of ``state``, which may be more than this operator's calls
+        declare (shared slices keep those of every query that read them)."""
+        found = fields(state, ("arrays", "logs", "strings"), "accumulators")
+        arrays = {
+            name: as_array(array, f"accumulators.{name}", ndim=2)
+            for name, array in as_dict(found["arrays"], "accumulators.arrays").items()
+        }
+        if "n" not in arrays:
+            raise CorruptState("state of the accumulators lacks the cell counts")
+        shape = arrays["n"].shape
+        for name, array in arrays.items():
+            if name.partition(":")[0] not in _KINDS or array.shape != shape or array.dtype.kind not in "if":
+                raise CorruptState(f"state of accumulator {name!r} does not fit the accumulators")
+        self.arrays = arrays
+        self._dtype = {name: array.dtype for name, array in arrays.items()}
+        self._identity = {name: _identity(name, array.dtype) for name, array in arrays.items()}
+        logs = as_dict(found["logs"], "accumulators.logs")
+        self.logs = {col: _ValueLog.restored(log, f"value log of {col}") for col, log in logs.items()}
+        strings = as_list(found["strings"], "accumulators.strings")
+        self.string_columns = {as_str(col, "accumulators.strings") for col in strings}
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -4,20 +4,28 @@ An operator consumes batches and punctuation on numbered input ports and pushes 
 punctuation to the operators connected downstream. It never sorts its input and never holds a
 tuple back to restore order: whatever it holds is state that punctuation eventually releases.
 Each subclass states in its docstring what its output punctuation promises.
+
+Each subclass also names its state in ``STATE`` (see :mod:`lowtide.operators.state`): restored into
+the same operator planned again, it resumes exactly where the snapshot was taken. The counters
+and the last punctuation emitted are every operator's state.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
 
 from lowtide.batch import Batch
+from lowtide.operators.state import DATA, INT, Keep, Stateful, declare
 from lowtide.punctuation.model import Punctuation
 
 
-class Operator(ABC):
+class Operator(Stateful, ABC):
     """A node of an operator graph; ``label`` names it in ``explain`` and in metrics."""
 
     label: str = "Operator"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(tuples_in=INT, tuples_out=INT, progress_out=DATA)
 
     def __init__(self) -> None:
         self._outputs: list[tuple[Operator, int]] = []

@@ -12,10 +12,13 @@ punctuates ``first_open(rows seen)``; only end of stream is taken from upstream.
 policy ``update`` (allowed lateness ``L >= 0``) Bucket also punctuates ``"wid_retain"``: windows
 below it end at or before ``p - L`` and may be forgotten. For partitioned tuple windows every
 partition progresses on its own; Bucket adds a ``partition`` column (a dense partition id) and the
-aggregate tracks each partition's count.
+aggregate tracks each partition's count. Its state: the rows seen, overall and per partition.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numba as nb
 import numpy as np
@@ -24,6 +27,7 @@ import numpy.typing as npt
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.state import ARRAY, INT, NESTED, Keep, declare
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -57,6 +61,9 @@ def key_matrix(batch: Batch, columns: tuple[str, ...]) -> I64:
 
 class Bucket(Operator):
     label = "Bucket"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(
+        Operator.STATE, _rows_seen=INT, _partitions=NESTED, _partition_counts=ARRAY
+    )
 
     def __init__(self, window: Window, allowed_lateness: int | None = None) -> None:
         super().__init__()

@@ -2,10 +2,13 @@
 
 The distinct tuples include the progressing attribute, so punctuation ``p`` purges every seen
 tuple with a smaller value: no duplicate of it can arrive any more. State is bounded by the tuples
-at or above the punctuation. Punctuation passes through unchanged.
+at or above the punctuation. Punctuation passes through unchanged. Its state: the tuples seen.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
@@ -13,11 +16,13 @@ from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.state import NESTED, Keep, declare
 from lowtide.punctuation.model import Punctuation
 
 
 class DupElim(Operator):
     label = "DupElim"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _seen=NESTED)
 
     def __init__(self, columns: tuple[str, ...], attribute: str) -> None:
         super().__init__()

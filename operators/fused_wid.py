@@ -12,6 +12,9 @@ Punctuation contract: WID Aggregate's (this is one, fed directly). Stream punctu
 the window attribute completes the windows ``< first_open(p)``: their non-empty groups are
 emitted once at ``revision`` 0, then ``Punctuation(end(first open window), "window_end")`` -
 exactly what Select -> Bucket -> WID Aggregate promise together.
+
+Its state is WID Aggregate's (``STATE``): the predicates are configuration, and nothing of a
+batch outlives it.
 """
 
 from __future__ import annotations

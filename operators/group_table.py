@@ -18,6 +18,9 @@ import numba as nb
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.errors import CorruptState
+from lowtide.operators.state import State, as_array, as_bool, as_int, fields
+
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 _EMPTY = -1
@@ -201,3 +204,30 @@ class GroupTable:
     def _resize(self, capacity: int) -> None:
         self._slots = np.full(capacity, _EMPTY, dtype=np.int64)
         _rebuild(self._stored, self.n_groups, self._slots)
+
+    def snapshot(self) -> State:
+        """The key of every group id, and the range of the direct lookup (``span`` 0: none)."""
+        return {"keys": self.keys.copy(), "dense": self.dense, "base": self._base, "span": len(self._index)}
+
+    def restore(self, state: State) -> None:
+        found = fields(state, ("keys", "dense", "base", "span"), "group table")
+        keys = as_array(found["keys"], "group table.keys", np.int64, 2)
+        dense, base = as_bool(found["dense"], "group table.dense"), as_int(found["base"], "group table.base")
+        span, n = as_int(found["span"], "group table.span"), keys.shape[0]
+        if keys.shape[1] != self.width or (dense and self.width != 1):
+            raise CorruptState(f"group table state has keys of width {keys.shape[1]}, not {self.width}")
+        if dense and not (
+            0 <= span <= DENSE_SPAN and (n == 0 or (base <= keys.min() and keys.max() < base + span))
+        ):
+            raise CorruptState(f"group table state has keys outside its direct range of {span} from {base}")
+        self._stored = np.empty((max(64, n), self.width), dtype=np.int64)
+        self._stored[:n] = keys
+        self.n_groups, self.dense, self._base = n, dense, base
+        self._index = np.empty(0, dtype=np.int64)
+        if dense and span:
+            self._index = np.full(span, _EMPTY, dtype=np.int64)
+            self._index[keys[:, 0] - base] = np.arange(n)
+        if dense:  # the probe table is unused: leaving dense lookup rebuilds it from the keys
+            self._slots = np.full(128, _EMPTY, dtype=np.int64)
+        else:
+            self._resize(max(128, 1 << int(2 * max(n, 1) - 1).bit_length()))

@@ -4,21 +4,24 @@ Tuples at or above the stream's published progress pass on unchanged. Late tuple
 follow the policy: ``drop`` hands them to the late side stream, ``update`` passes them on
 marked ``late`` (a downstream aggregate revises its windows), ``error`` never gets here (the
 engine rejects the whole batch first). Punctuation passes on unchanged: the stream's progress,
-the minimum over its live sources, never regressing.
+the minimum over its live sources, never regressing. Its state: its counters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
+from lowtide.operators.state import INT, Keep, declare
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 
 
 class Input(Operator):
     label = "Input"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, late_tuples=INT)
 
     def __init__(self, stream: str, policy: LatePolicy, on_drop: Callable[[Batch], None]) -> None:
         super().__init__()

@@ -2,18 +2,24 @@
 
 Tuples pass through at once, never buffered. Output punctuation on an attribute is the minimum
 of the latest punctuation of every input on that attribute; it is emitted only when that minimum
-rises, so it is never repeated and never regresses.
+rises, so it is never repeated and never regresses. Its state: the latest punctuation of each
+input on each attribute.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
+from lowtide.operators.state import DATA, Keep, declare
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 
 
 class Meld(Operator):
     label = "Meld"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _bounds=DATA)
 
     def __init__(self, inputs: int) -> None:
         super().__init__()

@@ -50,21 +50,26 @@ grows), so a chain is a few contiguous runs and a probe reads memory sequentiall
 probed in one numba kernel that writes (probe row, stored row) pairs into reused buffers; the
 output columns are gathered with numpy. Timestamps are assumed to stay clear of the int64 ends
 by more than the ranges (the band limits saturate, the store predicates do not overflow).
+
+A snapshot holds both inputs' bounds and stores, index included: chains keep their order, so a
+restored join emits its pairs in the same order as the join it was taken from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
 
 from lowtide.batch import Batch, Column
+from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import hash_rows
+from lowtide.operators.state import EACH, INT, INTS, Keep, State, as_array, as_dict, as_int, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 I64 = npt.NDArray[np.int64]
@@ -316,6 +321,41 @@ class _Store:
         row = 8 * (3 + self.n_keys) + sum(v.dtype.itemsize for v in self.payload.values())
         return self.n * row + int(self.heads.nbytes)
 
+    def snapshot(self) -> State:
+        """The stored rows (ts, keys, hash, chain link, carried columns), the slot heads and when
+        to purge next."""
+        n = self.n
+        payload: dict[str, State] = {c: v[:n].copy() for c, v in self.payload.items()}
+        rows: dict[str, State] = {"ts": self.ts[:n].copy(), "keys": self.keys[:n].copy()}
+        rows |= {"hashes": self.hashes[:n].copy(), "nxt": self.nxt[:n].copy(), "payload": payload}
+        return {**rows, "heads": self.heads.copy(), "scan_n": self.scan_n, "purge_at": self.purge_at}
+
+    def restore(self, state: State) -> None:
+        found = fields(
+            state, ("ts", "keys", "hashes", "nxt", "payload", "heads", "scan_n", "purge_at"), "join store"
+        )
+        self.ts = as_array(found["ts"], "join store.ts", np.int64, 1)
+        self.keys = as_array(found["keys"], "join store.keys", np.int64, 2)
+        self.hashes = as_array(found["hashes"], "join store.hashes", np.uint64, 1)
+        self.nxt = as_array(found["nxt"], "join store.nxt", np.int64, 1)
+        self.heads = as_array(found["heads"], "join store.heads", np.int64, 1)
+        payload = as_dict(found["payload"], "join store.payload")
+        self.payload = {c: as_array(v, f"join store.payload.{c}", ndim=1) for c, v in payload.items()}
+        n = self.ts.shape[0]
+        columns = [self.keys, self.hashes, self.nxt, *self.payload.values()]
+        heads = self.heads.shape[0]
+        if (
+            any(a.shape[0] != n for a in columns)
+            or self.keys.shape[1] != self.n_keys
+            or (self.payload and self.payload.keys() != set(self.names))
+            or heads < _MIN_SLOTS
+            or heads & (heads - 1)
+        ):
+            raise CorruptState("state of a join store does not fit the join: saved by another plan?")
+        self.n = n
+        self.scan_n = as_int(found["scan_n"], "join store.scan_n")
+        self.purge_at = as_int(found["purge_at"], "join store.purge_at")
+
 
 class OAJoin(Operator):
     """Order-agnostic band or tumbling window join with equality keys (see the module docstring).
@@ -326,6 +366,8 @@ class OAJoin(Operator):
     """
 
     label = "OA-Join"
+    # _need sizes the reused probe buffers (their content is scratch).
+    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _stores=EACH, _bounds=INTS, _need=INT)
 
     def __init__(self, left: JoinSide, right: JoinSide, window: Band | Tumbling) -> None:
         super().__init__()

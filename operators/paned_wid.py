@@ -20,21 +20,34 @@ every window whose slices are all complete - ``end(w) <= q * p`` - is emitted on
 window), "window_end")``. It reads only the slices' generations from its own on, so it counts the
 tuples that arrived after it started, like any query. Its :meth:`keep_from` tells the slices
 which it still needs: those of its open windows and of its running window.
+
+A snapshot holds this reader's progress, generation, the row of its running window and the
+results it has queued; the rows themselves (running window, scratch) are the slices' state.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from functools import partial
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
 from lowtide.operators.aggregate_kernels import expand_cells
 from lowtide.operators.aggregates import AggregateCall, CellState
+from lowtide.operators.base import Operator
 from lowtide.operators.shared_slices import SharedSlices
-from lowtide.operators.wid_aggregate import I64, Having, SlowFlush, WIDAggregate, touched_windows
+from lowtide.operators.state import INT, OPTIONAL_INT, Keep, declare
+from lowtide.operators.wid_aggregate import (
+    I64,
+    QUEUE,
+    After,
+    Having,
+    Pending,
+    SlowFlush,
+    WIDAggregate,
+    touched_windows,
+)
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -50,6 +63,16 @@ def pane_of(window: Sliding) -> Sliding:
 
 class PanedWIDAggregate(WIDAggregate):
     label = "Paned-WID Aggregate"
+    # Not WID's: the group table and accumulators it reads are the slices'.
+    STATE: ClassVar[Mapping[str, Keep]] = declare(
+        Operator.STATE,
+        first_open=INT,
+        _pending=QUEUE,
+        _next_window=INT,
+        _running=OPTIONAL_INT,
+        _running_window=OPTIONAL_INT,
+        generation=INT,
+    )
 
     def __init__(
         self,
@@ -153,11 +176,17 @@ class PanedWIDAggregate(WIDAggregate):
             if self.summaries:
                 self._merge_summaries(chunk, scratch, panes, pane_rows)
             cells = self._cells_of(list(zip(chunk, scratch, strict=True)))
-            self._queue(*cells, len(chunk), partial(self.slices.free_rows, scratch))
+            self._queue(*cells, len(chunk), After.FREE_ROWS, np.array(scratch, np.int64))
             if self.flush is None:
                 self._drain(None)  # out at once: the next chunk reuses the scratch rows
         if bulk:
             self._running_window = None  # the running window starts afresh
+
+    def _after(self, item: Pending) -> None:
+        if item.after is After.FREE_ROWS:
+            self.slices.free_rows(item.freed.tolist())
+        else:
+            super()._after(item)
 
     def _prefix_sums(self, pane_rows: I64, width: int) -> dict[str, I64]:
         """Per invertible accumulator, the sums of the first ``i`` live slices (row ``i``)."""

@@ -1,7 +1,8 @@
 """Project/Apply: computes the output columns of each tuple.
 
 Stateless; punctuation on a column that is projected under a new name is renamed with it (the
-output promises the same bound on that column), other punctuation passes through.
+output promises the same bound on that column), other punctuation passes through. Its state is
+only what every operator keeps (``Operator.STATE``).
 """
 
 from __future__ import annotations

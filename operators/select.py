@@ -6,7 +6,8 @@ smaller values appear).
 The conjuncts of a WHERE run one after another, each only on the rows the ones before kept, in
 the order that does the least work: ascending ``cost / (1 - selectivity)`` (the classic rank for
 independent filters), with cost per row and selectivity measured on the batches seen. The order
-is re-ranked every ``RERANK`` batches, so it follows data whose selectivities drift.
+is re-ranked every ``RERANK`` batches, so it follows data whose selectivities drift. That order
+and the measurements are its state.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
+from lowtide.operators.state import INT, Keep, State, as_array, declare, fields
 from lowtide.punctuation.model import Punctuation
 
 Predicate = Callable[[Mapping[str, npt.NDArray[Any]]], Any]
@@ -32,6 +35,7 @@ _DECAY = 0.5  # weight of the measurements before a re-ranking
 class Conjunct:
     predicate: Predicate
     text: str
+    position: int  # its place in the WHERE as written
     rows_in: float = 0.0
     rows_out: float = 0.0
     seconds: float = 0.0
@@ -64,12 +68,42 @@ class _Rows(Mapping[str, npt.NDArray[Any]]):
         return len(self._columns)
 
 
+class _Ranking(Keep):
+    """The conjuncts in their current order (as places in the WHERE) and their measurements."""
+
+    _MEASURED = ("rows_in", "rows_out", "seconds")
+
+    def save(self, value: Any) -> State:
+        measured: dict[str, State] = {
+            name: np.array([getattr(c, name) for c in value], np.float64) for name in self._MEASURED
+        }
+        return {"order": np.array([c.position for c in value], np.int64), **measured}
+
+    def load(self, fresh: Any, state: State, where: str) -> Any:
+        found = fields(state, ("order", *self._MEASURED), where)
+        order = as_array(found["order"], f"{where}.order", np.int64, 1).tolist()
+        by_position = {c.position: c for c in fresh}
+        if sorted(order) != sorted(by_position):
+            raise CorruptState(f"state of {where} orders {len(order)} conjuncts, the WHERE has {len(fresh)}")
+        ranked = [by_position[i] for i in order]
+        for name in self._MEASURED:
+            values = as_array(found[name], f"{where}.{name}", np.float64, 1).tolist()
+            if len(values) != len(ranked):
+                raise CorruptState(
+                    f"state of {where}.{name} measures {len(values)} conjuncts, not {len(ranked)}"
+                )
+            for conjunct, measured in zip(ranked, values, strict=True):
+                setattr(conjunct, name, measured)
+        return ranked
+
+
 class Select(Operator):
     label = "Select"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, conjuncts=_Ranking(), _batches=INT)
 
     def __init__(self, conjuncts: list[tuple[Predicate, str]]) -> None:
         super().__init__()
-        self.conjuncts = [Conjunct(predicate, text) for predicate, text in conjuncts]
+        self.conjuncts = [Conjunct(predicate, text, i) for i, (predicate, text) in enumerate(conjuncts)]
         self._batches = 0
 
     def describe(self) -> str:

@@ -18,11 +18,16 @@ Punctuation contract. On ``Punctuation(q, "wid")`` (slices ``< q`` complete) eve
 first and emits its complete windows; then the slices no reader needs any more - below every
 reader's first open window and running window - are dropped. State is bounded by the slices of
 the open windows of the widest reader, plus one slide.
+
+A snapshot holds the group table, the accumulators (slices, readers' running windows and
+scratch rows alike) and which slice of which generation has which row; the readers are not in
+it: each query planned again joins anew, and its own snapshot holds what it read.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -31,6 +36,7 @@ from lowtide.operators.aggregates import CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.state import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
 from lowtide.operators.wid_aggregate import I64, compact_groups, touched_windows
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -41,6 +47,16 @@ if TYPE_CHECKING:
 
 class SharedSlices(Operator):
     label = "Shared Slices"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(
+        Operator.STATE,
+        groups=NESTED,
+        cells=NESTED,
+        generation=INT,
+        _rows=MapOf(INT_MAP),
+        _free=INTS,
+        _rows_used=INT,
+        first_open=INT,
+    )
 
     def __init__(
         self, width: int, group_columns: tuple[str, ...], group_types: tuple[ColumnType, ...]
@@ -64,6 +80,10 @@ class SharedSlices(Operator):
         readers = len(self.readers)
         shared = f", shared with {readers} {'query' if readers == 1 else 'queries'}" if readers else ""
         return f"Shared Slices of {self.width}{by}{shared}: each tuple updates one slice"
+
+    def restore(self, state: State) -> None:
+        super().restore(state)
+        self._live.clear()  # a cache of _rows
 
     # -- readers --------------------------------------------------------------------------------
     def join(self, reader: PanedWIDAggregate) -> int:

@@ -26,14 +26,15 @@ have ``ra`` at or above the last punctuation (others are dropped, uncounted).
 
 State. Settled tuples with ``ra > p - r`` (the only ones a window ``w >= p`` can need; dead ones
 are compacted away once they are half the buffer), pending tuples and, for row-num, the ids of
-pending windows; per group O(1) sweep state; groups without stored tuples are compacted.
+pending windows; per group O(1) sweep state; groups without stored tuples are compacted. A
+snapshot holds all of it, the store cut to its tuples.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numba as nb
 import numpy as np
@@ -41,11 +42,13 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from lowtide.batch import Batch
+from lowtide.errors import CorruptState
 from lowtide.operators import aggregate_kernels as kernels
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.state import ARRAY, DATA, INT, NESTED, Keep, State, as_array, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 from lowtide.strings import NULL_CODE
@@ -225,6 +228,20 @@ class _Store:
     def nbytes(self) -> int:
         return int(sum(col.nbytes for col in self.cols.values()))
 
+    def snapshot(self) -> State:
+        return {name: col[: self.n].copy() for name, col in self.cols.items()}
+
+    def restore(self, state: State) -> None:
+        found = fields(state, self.cols, "tuple store")
+        cols = {
+            name: as_array(found[name], f"tuple store.{name}", col.dtype, col.ndim)
+            for name, col in self.cols.items()
+        }
+        n = cols["ra"].shape[0]
+        if any(col.shape[0] != n or col.shape[1:] != self.cols[name].shape[1:] for name, col in cols.items()):
+            raise CorruptState("state of the tuple store does not fit the aggregate: saved by another plan?")
+        self.cols, self.n = cols, n
+
 
 def _filled(old: Arr, rows: int, fill: Any) -> Arr:
     """``old`` resized to ``rows`` rows, new rows set to ``fill``."""
@@ -236,6 +253,22 @@ def _filled(old: Arr, rows: int, fill: Any) -> Arr:
 
 class SlideByTupleAggregate(Operator):
     label = "Slide-by-tuple Aggregate"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(
+        Operator.STATE,
+        groups=NESTED,
+        _store=NESTED,
+        _ptr=ARRAY,
+        _gs=ARRAY,
+        _bi=ARRAY,
+        _bf=ARRAY,
+        _last=ARRAY,
+        _active=ARRAY,
+        _pending=DATA,
+        _pending_wins=DATA,
+        _seen=INT,
+        _p=INT,
+        _groups_compacted=INT,
+    )
 
     def __init__(
         self,

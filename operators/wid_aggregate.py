@@ -15,24 +15,45 @@ corrected row with ``revision`` + 1 (a group new to an emitted window comes out 
 Partitioned tuple windows complete partition by partition: a cell is emitted as soon as its
 partition has seen the window's last row. Their only output punctuation is end of stream: the
 minimum over partitions includes the partitions not seen yet, which are still at row 0.
+
+A snapshot holds the group table, the accumulators (one row per open window), which window has
+which row, the landmark and partition progress, and the results still queued by slow flush.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, ClassVar
 
 import numba as nb
 import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.errors import CorruptState
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.state import (
+    ARRAY,
+    INT,
+    INT_MAP,
+    INTS,
+    NESTED,
+    OPTIONAL_INT,
+    Keep,
+    State,
+    as_array,
+    as_int,
+    as_list,
+    as_str,
+    declare,
+    fields,
+)
 from lowtide.operators.windows import Landmark, Rows, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -52,8 +73,16 @@ class SlowFlush:
     max_windows: int = 2
 
 
+class After(Enum):
+    """What follows queued results once they are out: data, so that a snapshot holds it."""
+
+    FREE_WINDOWS = "free windows"  # forget the state of the windows ``freed`` (WID)
+    FREE_ROWS = "free rows"  # give the scratch rows ``freed`` back to the slices (Paned-WID)
+    PUNCTUATE = "punctuate"  # emit Punctuation(value, "window_end")
+
+
 @dataclass
-class _Pending:
+class Pending:
     """Results waiting to leave, in order: the cells of complete windows, then what to do once
     they are out (free their state, punctuate past them)."""
 
@@ -61,8 +90,47 @@ class _Pending:
     gids: I64
     wids: I64
     windows: int
-    then: Callable[[], None]
+    after: After
+    freed: I64  # FREE_WINDOWS: window ids; FREE_ROWS: state rows; PUNCTUATE: empty
+    value: int = NO_PROGRESS  # PUNCTUATE: the punctuation's value
     done: int = 0
+
+
+class _Queue(Keep):
+    """The results queued by slow flush, each as its arrays, counts and what follows it."""
+
+    _ARRAYS = ("rows", "gids", "wids", "freed")
+    _NUMBERS = ("windows", "value", "done")
+
+    def save(self, value: Any) -> State:
+        return [
+            {
+                **{name: getattr(item, name).copy() for name in self._ARRAYS},
+                **{name: getattr(item, name) for name in self._NUMBERS},
+                "after": item.after.value,
+            }
+            for item in value
+        ]
+
+    def load(self, fresh: Any, state: State, where: str) -> Any:
+        queue: deque[Pending] = deque()
+        for i, item in enumerate(as_list(state, where)):
+            at = f"{where}[{i}]"
+            found = fields(item, (*self._ARRAYS, *self._NUMBERS, "after"), at)
+            arrays = {name: as_array(found[name], f"{at}.{name}", np.int64, 1) for name in self._ARRAYS}
+            numbers = {name: as_int(found[name], f"{at}.{name}") for name in self._NUMBERS}
+            after = as_str(found["after"], f"{at}.after")
+            if after not in {a.value for a in After}:
+                raise CorruptState(
+                    f"state of {at}.after is {after[:30]!r}, not one of {[a.value for a in After]}"
+                )
+            rows, gids, wids, freed = (arrays[name] for name in self._ARRAYS)
+            windows, value, done = (numbers[name] for name in self._NUMBERS)
+            queue.append(Pending(rows, gids, wids, windows, After(after), freed, value, done))
+        return queue
+
+
+QUEUE = _Queue()
 
 
 _DENSE_SPAN = 1 << 16
@@ -117,6 +185,21 @@ def expand_ranges(ws: I64, we: I64) -> tuple[I64, I64]:
 
 class WIDAggregate(Operator):
     label = "WID Aggregate"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(
+        Operator.STATE,
+        groups=NESTED,
+        cells=NESTED,
+        _row_of=INT_MAP,
+        _free=INTS,
+        _rows_used=INT,
+        first_open=INT,
+        retained_from=INT,
+        _pending=QUEUE,
+        _next_landmark=OPTIONAL_INT,
+        _landmark_start=INT,
+        _partition_rows=ARRAY,
+        _group_partition=ARRAY,
+    )
 
     def __init__(
         self,
@@ -134,7 +217,7 @@ class WIDAggregate(Operator):
         super().__init__()
         self.window = window
         self.flush = flush  # None: results leave as soon as punctuation completes their window
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[Pending] = deque()
         self.window_out: Window = window  # the windows reported (Paned-WID's rows are panes)
         self.group_columns = group_columns
         self.group_types = group_types
@@ -155,8 +238,8 @@ class WIDAggregate(Operator):
         self.partitioned = isinstance(window, Rows) and bool(window.partition)
         if self.landmark:
             self._base = self._new_row()  # the running prefix of a landmark window
-            self._next_landmark: int | None = None
-            self._landmark_start = 0
+        self._next_landmark: int | None = None  # landmark: the next slide to emit (None: not started)
+        self._landmark_start = 0  # landmark: the first slide
         self._partition_rows = np.zeros(0, np.int64)  # tuples seen per partition
         self._group_partition = np.zeros(0, np.int64)
 
@@ -249,7 +332,8 @@ class WIDAggregate(Operator):
             if self.allowed_lateness:
                 self._emit_windows(ready)
             else:
-                self._queue(*self._window_cells(ready), len(ready), lambda: self._free_windows(ready))
+                freed = np.array(ready, np.int64)
+                self._queue(*self._window_cells(ready), len(ready), After.FREE_WINDOWS, freed)
         self.first_open = q
         if not self.partitioned:
             self._queue_punctuation(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
@@ -267,14 +351,23 @@ class WIDAggregate(Operator):
         self._compact_groups()
 
     # -- emission ---------------------------------------------------------------------------
-    def _queue(self, rows: I64, gids: I64, wids: I64, windows: int, then: Callable[[], None]) -> None:
-        """Emit the cells of ``windows`` complete windows (all at once, or slowly), then ``then``."""
-        self._pending.append(_Pending(rows, gids, wids, windows, then))
+    def _queue(
+        self,
+        rows: I64,
+        gids: I64,
+        wids: I64,
+        windows: int,
+        after: After,
+        freed: I64,
+        value: int = NO_PROGRESS,
+    ) -> None:
+        """Emit the cells of ``windows`` complete windows (all at once, or slowly), then do ``after``."""
+        self._pending.append(Pending(rows, gids, wids, windows, after, freed, value))
 
     def _queue_punctuation(self, value: int) -> None:
         """Punctuate once the windows queued before are out; bound how far behind they are."""
         empty = np.empty(0, np.int64)
-        self._queue(empty, empty, empty, 0, lambda: self.emit_progress(value))
+        self._queue(empty, empty, empty, 0, After.PUNCTUATE, empty, value)
         if self.flush is None or value >= END_OF_STREAM:
             self._drain(None)
             return
@@ -306,7 +399,15 @@ class WIDAggregate(Operator):
             if item.done < item.rows.shape[0]:
                 return
             self._pending.popleft()
-            item.then()
+            self._after(item)
+
+    def _after(self, item: Pending) -> None:
+        """What follows queued results once they are out."""
+        if item.after is After.PUNCTUATE:
+            self.emit_progress(item.value)
+        else:
+            assert item.after is After.FREE_WINDOWS
+            self._free_windows(item.freed.tolist())
 
     def _cells_of(self, windows: list[tuple[int, int]]) -> tuple[I64, I64, I64]:
         """The non-empty cells of ``(window id, state row)`` pairs: rows, group ids, window ids."""

@@ -57,7 +57,7 @@ class PartialBatch:
     """The parts of one multi-part batch received so far on one Ingest call, admitted (checked
     and coded) as they arrive and applied together once the last is in."""
 
-    def __init__(self, batch_id: int, parts: int, duplicate: bool) -> None:
+    def __init__(self, batch_id: int, parts: int, duplicate: bool, generation: int = 0) -> None:
         if parts > 1 and not batch_id:
             raise InvalidArgument("a batch in several parts needs a batch_id")
         self.batch_id = batch_id
@@ -66,6 +66,7 @@ class PartialBatch:
         self.received = 0
         self.admitted: list[Batch] = []
         self.payloads: list[bytes] = []  # each part's Arrow IPC stream, for the input log
+        self.generation = generation  # of the engine that admitted the parts (see Front.submit)
         self.began = time.perf_counter()  # the first part's arrival
 
     def check(self, batch_id: int, parts: int) -> None:

@@ -6,6 +6,8 @@ workers = 2               # worker processes (default: the number of cores)
 metrics_port = 9464       # Prometheus exposition; 0: a free port; -1: off
 metrics_host = "127.0.0.1"  # the exposition's bind address (not host's: metrics stay on loopback)
 state_dir = ""            # durable state (input log and checkpoints) here; "": memory only
+checkpoint_interval_s = 60.0   # with state_dir: checkpoint this often (seconds; 0: never) ...
+checkpoint_log_bytes = 134217728  # ... or once the log has grown this much since the last one
 fsync = "no"              # input log: "no" (written to the OS before the ack: survives a crash of
                           # any lowtide process), "always" (fsync before the ack: survives a power
                           # loss; group commit), "everysec" (fsync once a second)
@@ -43,6 +45,8 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     state_dir: str = ""
     fsync: str = "no"
+    checkpoint_interval_s: float = 60.0
+    checkpoint_log_bytes: int = 128 << 20
     max_message_bytes: int = 64 << 20
     max_batch_rows: int = 1_000_000
     max_streams: int = 1000

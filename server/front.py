@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -18,7 +19,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -38,13 +39,17 @@ from lowtide.errors import (
 )
 from lowtide.ipc import read_ipc
 from lowtide.names import shown
+from lowtide.operators.state import as_dict
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import auth
 from lowtide.server import input_log as records
 from lowtide.server.batches import AppliedBatches, PartialBatch
+from lowtide.server.checkpoint import Checkpoint
+from lowtide.server.checkpointer import Checkpointer
 from lowtide.server.config import ServerConfig
+from lowtide.server.front_state import restore_catalog, restore_output
 from lowtide.server.hub import Closed, Hub
 from lowtide.server.input_log import Record
 from lowtide.server.journal import Journal, StateDirectory
@@ -203,22 +208,35 @@ class Front:
         self.config = config
         self.metrics = ServerMetrics()
         self.workers = WorkerPool(config.workers, self._on_message, self._on_death)
-        limits = Limits(config.max_streams, config.max_queries, config.max_batch_rows)
-        flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
         # The door's clock reads the time each change was applied at (the input log records it),
         # so replay runs heartbeats and idle timeouts exactly as they ran.
         self.clock = ManualClock(time.time())
-        self.engine = FrontEngine(self.workers, clock=self.clock, limits=limits, flush=flush)
-        self.engine.on_released = self.metrics.punctuation_to_result
+        self.engine = self._new_engine()
         self.hubs: dict[str, Hub] = {}
         self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source
         self.state = StateDirectory(config.state_dir, config.fsync) if config.state_dir else None
         self.journal = Journal(self.apply, self.state.log if self.state else None)
+        # The catalog as created: what a checkpoint re-creates before it restores the state.
+        self.catalog_streams: dict[str, records.CreateStream] = {}
+        self.catalog_queries: dict[str, records.RegisterQuery] = {}
+        self.generation = 0  # recoveries so far: work begun against an older engine is redone
+        self.checkpoints = Checkpointer(self) if self.state is not None else None
+        self._resetting: set[int] = set()  # workers whose messages are moot until they reset
+        self._recovered = asyncio.Event()
+        self._recovered.set()
         self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         # Scrapes run on the exposition's thread: they read a copy the event loop refreshes.
         self._snapshot: dict[str, Any] = {"streams": {}, "queries": {}}
+
+    def _new_engine(self) -> FrontEngine:
+        config = self.config
+        limits = Limits(config.max_streams, config.max_queries, config.max_batch_rows)
+        flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
+        engine = FrontEngine(self.workers, clock=self.clock, limits=limits, flush=flush)
+        engine.on_released = self.metrics.punctuation_to_result
+        return engine
 
     async def start(self) -> None:
         self.workers.start()
@@ -226,7 +244,12 @@ class Front:
         self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
 
     # -- changes: applied in the journal's order, live and at replay ---------------------------
-    async def submit(self, record: Record, prepared: Any = None) -> Any:
+    async def submit(self, record: Record, prepared: Any = None, generation: int | None = None) -> Any:
+        """Log and apply ``record``; ``prepared`` (what was made ready for it by the engine of
+        ``generation``) is dropped if a recovery has replaced that engine since."""
+        await self._recovered.wait()  # a worker's death is being recovered from: changes wait
+        if generation is not None and generation != self.generation:
+            prepared = None  # strings coded by a pool that is gone: applied from its bytes
         return await self.journal.submit(record, prepared)
 
     def apply(self, record: Record, prepared: Any = None) -> Any:
@@ -243,12 +266,17 @@ class Front:
                     sources=record.sources,
                     idle_timeout=record.idle_timeout,
                 )
+                self.catalog_streams[record.name] = record
             case records.DropStream():
                 self.drop_stream(record.name)
-            case records.RegisterQuery():
-                return self.register(record.sql, record.name, record.late, record.allowed_lateness)
+                del self.catalog_streams[record.name]
+            case records.RegisterQuery():  # prepared: the slices it read, when restoring
+                name = self.register(record.sql, record.name, record.late, record.allowed_lateness, prepared)
+                self.catalog_queries[name] = dataclasses.replace(record, name=name)
+                return name
             case records.DropQuery():
                 self.drop(record.name)
+                del self.catalog_queries[record.name]
             case records.FailQuery():
                 remote = engine.remote.get(record.name)
                 if remote is not None and not remote.failed:
@@ -281,23 +309,81 @@ class Front:
         return sum(batch.n for batch in admitted)
 
     async def recover(self) -> int:
-        """Replay the input log of ``--state-dir``; returns how many records it held."""
+        """Restore the newest checkpoint of ``--state-dir`` and replay the log after it; returns
+        how many logged changes were replayed."""
         if self.state is None:
             return 0
+        checkpoint = self.checkpoints.load() if self.checkpoints is not None else None
+        start = 0
+        if checkpoint is not None:
+            start = await self._restore(checkpoint, live_hubs=False)
+        return await self._replay(self.state.log.replay(start))
+
+    async def _replay(self, logged: Iterable[tuple[int, Record]]) -> int:
         replayed = 0
-        for _seq, record in self.state.log.replay():
+        for seq, record in logged:
             # A record that failed when it was accepted fails the same way now, changing nothing.
             with contextlib.suppress(LowtideError):
                 self.apply(record)
+            self.journal.applied_through = max(self.journal.applied_through, seq)
             replayed += 1
             await self.workers.wait_for_room()
         return replayed
 
+    async def _restore(self, checkpoint: Checkpoint, live_hubs: bool) -> int:
+        """Put the front and every worker where ``checkpoint`` was taken; returns its log position.
+        New hubs take the offsets and items it retained; live ones skip what comes again."""
+        front_state = as_dict(checkpoint.front, "front state")
+        restore_catalog(self, front_state["door"])
+        messages = restore_output(self, front_state["output"], live_hubs)
+        self.engine.sync_strings()
+        for worker in range(self.workers.size):
+            self.workers.post(worker, ("restore", self.generation, str(checkpoint.worker_path(worker))))
+        for worker, header, arrays in messages:
+            self.workers.post(worker, header, arrays)
+        return checkpoint.seq
+
+    async def _recover_from_death(self, worker: int) -> None:
+        """A worker died: every worker starts over from the last checkpoint plus the log, while
+        changes wait; subscribers see no gap and no duplicate (the hubs skip what comes again)."""
+        assert self.state is not None and self.checkpoints is not None
+        self._recovered.clear()
+        try:
+            self.checkpoints.abandon()
+            self.generation += 1
+            self._resetting = set(range(self.workers.size))
+            for w in range(self.workers.size):
+                self.workers.post(w, ("reset", self.generation))
+            self.engine = self._new_engine()
+            self.applied = {}
+            self.catalog_streams, self.catalog_queries = {}, {}
+            for hub in self.hubs.values():  # the subscribers stay; what comes again is skipped
+                hub.remade = hub.next_offset
+            checkpoint = self.checkpoints.load()
+            start = 0
+            if checkpoint is not None:
+                start = await self._restore(checkpoint, live_hubs=True)
+            self.journal.forget_prepared()  # coded against the old pool: applied from their bytes
+            through = self.journal.applied_through
+            await self._replay((seq, r) for seq, r in self.state.log.replay(start) if seq <= through)
+        finally:
+            self._recovered.set()
+        self.metrics.worker_restarted(worker)
+
     # -- queries and their output -------------------------------------------------------------
-    def register(self, sql: str, name: str | None, late: str, allowed_lateness: str | int | None) -> str:
-        query = self.engine.register_query(sql, name, late, allowed_lateness)
-        self.hubs[query.name] = Hub(self.config.retained_items)
-        self.hubs[f"{query.name}.late"] = Hub(self.config.retained_items)
+    def register(
+        self,
+        sql: str,
+        name: str | None,
+        late: str,
+        allowed_lateness: str | int | None,
+        restored_share: str | None = None,
+    ) -> str:
+        if self.checkpoints is not None:
+            self.checkpoints.abandon()  # its cut would hold a query its workers never saw
+        query = self.engine.register_query(sql, name, late, allowed_lateness, restored_share)
+        for key in (query.name, f"{query.name}.late"):  # a recovery keeps the live hubs
+            self.hubs.setdefault(key, Hub(self.config.retained_items))
         return query.name
 
     def drop(self, name: str) -> None:
@@ -333,6 +419,15 @@ class Front:
                 hub.close(status, reason)
 
     def _on_message(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any]) -> None:
+        kind = header[0]
+        if worker in self._resetting:  # sent before the reset: about a world that is gone
+            if kind == "reset" and header[1] == self.generation:
+                self._resetting.discard(worker)
+            return
+        if kind in ("checkpointed", "restored"):
+            if self.checkpoints is not None:
+                self.checkpoints.answered(worker, kind, header[1], header[2])
+            return
         if header[0] == "synced":
             waiting = self._syncs.get(header[1])
             if waiting is not None:
@@ -353,6 +448,9 @@ class Front:
                     self._close_failed(remote.name, "ABORTED", remote.failed)
 
     def _on_death(self, worker: int) -> None:
+        if self.state is not None:  # the log and the last checkpoint hold everything it had
+            self._tasks.append(asyncio.get_running_loop().create_task(self._recover_from_death(worker)))
+            return
         self.metrics.worker_restarted(worker)
         for name in self.engine.worker_died(worker):
             self._close_failed(name, "ABORTED", self.engine.remote[name].failed or "worker died")
@@ -381,6 +479,8 @@ class Front:
                     await self._enforce_state_limit()
                     if self.state is not None:
                         self.state.log.sync_every_second()
+                    if self.checkpoints is not None and self._recovered.is_set():
+                        self.checkpoints.maybe_begin()
                     self._snapshot = self.snapshot()
             except LowtideError as exc:  # a full disk: the next round tries again
                 log.warning("lowtide: %s", exc)
@@ -434,7 +534,10 @@ class Front:
 class Service(pb_grpc.LowtideServicer):
     def __init__(self, front: Front) -> None:
         self.front = front
-        self.engine = front.engine
+
+    @property
+    def engine(self) -> FrontEngine:
+        return self.front.engine  # a new one after a recovery
 
     @translated
     async def CreateStream(self, request: pb.CreateStreamRequest, context: Any) -> pb.CreateStreamResponse:
@@ -544,7 +647,7 @@ class Service(pb_grpc.LowtideServicer):
     async def _ingest(
         self, request_iterator: AsyncIterator[pb.IngestRequest], tally: _Tally
     ) -> pb.IngestResponse:
-        front, engine = self.front, self.engine
+        front = self.front  # its engine is read at each use: a recovery replaces it
         stream = source = ""
         partial: PartialBatch | None = None  # a multi-part batch until its last part arrives
         async for request in request_iterator:
@@ -552,20 +655,20 @@ class Service(pb_grpc.LowtideServicer):
                 stream, source = request.stream, request.source or "default"
                 if not stream:
                     raise NotFound("the first Ingest message must name the stream")
-                engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
+                front.engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
             item = request.WhichOneof("item")
             if item == "arrow":
                 batch_id, parts = request.batch_id, max(1, request.batch_parts)
                 if partial is None:
                     duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
-                    partial = PartialBatch(batch_id, parts, duplicate)
+                    partial = PartialBatch(batch_id, parts, duplicate, front.generation)
                 partial.check(batch_id, parts)
                 # Each part is checked and coded on arrival, while the client sends the next.
                 if partial.duplicate:
                     admitted = None
                 else:
-                    table = _read_arrow(request.arrow, engine.limits.max_batch_rows)
-                    admitted = engine.admit(stream, table, validated=True)
+                    table = _read_arrow(request.arrow, front.engine.limits.max_batch_rows)
+                    admitted = front.engine.admit(stream, table, validated=True)
                     partial.payloads.append(request.arrow)
                 if not partial.take(admitted):
                     continue
@@ -575,9 +678,12 @@ class Service(pb_grpc.LowtideServicer):
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
                     tally.duplicates += 1
                     continue
-                engine.check_batch(stream, whole.admitted, source)  # nothing logged that cannot apply
+                if whole.generation == front.generation:  # else checked when applied
+                    front.engine.check_batch(
+                        stream, whole.admitted, source
+                    )  # nothing logged that cannot apply
                 record = records.Batch(time.time(), stream, source, whole.batch_id, tuple(whole.payloads))
-                rows = await front.submit(record, whole.admitted)
+                rows = await front.submit(record, whole.admitted, whole.generation)
                 if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
                     tally.duplicates += 1
                     continue
@@ -588,14 +694,14 @@ class Service(pb_grpc.LowtideServicer):
             elif partial is not None:
                 raise InvalidArgument(partial.cut_short())
             elif item == "punctuation":
-                engine.check_punctuation(stream, request.punctuation, source)
+                front.engine.check_punctuation(stream, request.punctuation, source)
                 await front.submit(records.Punctuate(time.time(), stream, source, request.punctuation))
             elif item == "close":
-                engine.check_close(stream, source)
+                front.engine.check_close(stream, source)
                 await front.submit(records.CloseSource(time.time(), stream, source))
         if partial is not None:
             raise InvalidArgument(partial.cut_short())
-        low = engine.low_watermark(stream) if stream else 0
+        low = front.engine.low_watermark(stream) if stream else 0
         return pb.IngestResponse(
             tuples=tally.tuples, batches=tally.batches, duplicates=tally.duplicates, low_watermark=low
         )
@@ -699,6 +805,8 @@ async def _serve(config: ServerConfig) -> int:
         began = time.monotonic()
         replayed = await front.recover()
         await front.sync()
+        if front.checkpoints is not None and front.checkpoints.restore_errors:
+            raise StartupFailure(f"cannot restore the checkpoint: {front.checkpoints.restore_errors[0]}")
         print(
             f"lowtide: state in {config.state_dir}: {len(front.engine.list_streams())} streams, "
             f"{len(front.engine.remote)} queries, {replayed} logged changes replayed in "

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from lowtide.errors import ResourceExhausted, StartupFailure
+from lowtide.server.files import fsync_directory
 
 _FRAME = struct.Struct("<II")
 _HEADER_LENGTH = struct.Struct("<I")
@@ -292,7 +293,7 @@ class InputLog:
             self._segment_start = self.next_seq
         path = self.directory / f"{self._segment_start:020d}.seg"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
 
     def when_durable(self, seq: int, callback: Callable[[int], None]) -> None:
         """Call ``callback(highest durable seq)`` on the event loop once record ``seq`` survives a
@@ -342,11 +343,3 @@ class InputLog:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -81,6 +81,7 @@ class Journal:
     def __init__(self, apply: Apply, log: InputLog | None = None) -> None:
         self.apply = apply
         self.log = log
+        self.applied_through = -1  # the number of the last logged record applied
         self._waiting: deque[tuple[int, Record, Any, asyncio.Future[Any]]] = deque()
 
     async def submit(self, record: Record, prepared: Any = None) -> Any:
@@ -92,6 +93,7 @@ class Journal:
             return self.apply(record, prepared)
         seq = self.log.append(record)
         if self.log.fsync != "always":
+            self.applied_through = seq
             return self.apply(record, prepared)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((seq, record, prepared, future))
@@ -100,7 +102,8 @@ class Journal:
 
     def _durable(self, through: int) -> None:
         while self._waiting and self._waiting[0][0] <= through:
-            _, record, prepared, future = self._waiting.popleft()
+            seq, record, prepared, future = self._waiting.popleft()
+            self.applied_through = seq
             try:
                 result = self.apply(record, prepared)
             except Exception as exc:  # the submitter gets it, as without fsync
@@ -109,3 +112,8 @@ class Journal:
                 continue
             if not future.done():
                 future.set_result(result)
+
+    def forget_prepared(self) -> None:
+        """Changes waiting for their fsync will be applied from their bytes: what was prepared
+        for them (coded strings) belongs to an engine a recovery replaced."""
+        self._waiting = deque((seq, record, None, future) for seq, record, _, future in self._waiting)

@@ -61,6 +61,7 @@ class Dispatch(Input):
         self.front = front
         self.query = query
         self.index = index
+        self.derived = front._streams[stream].derived  # fed by another query's output
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
@@ -74,28 +75,33 @@ class Dispatch(Input):
         query = self.query
         if query.failed or batch.n == 0:
             return
-        self.front.sync_strings()
-        pool = self.front.workers
+        front = self.front
+        front.sync_strings()
         if len(query.workers) == 1:
-            pool.post(query.workers[0], ("batch", query.name, self.index, late, batch.n), batch.columns)
+            header = ("batch", query.name, self.index, late, batch.n)
+            front.post(query.workers[0], header, batch.columns, self.derived)
             return
         pieces = split(batch, query.partitioning.keys[self.index], len(query.workers))
         for worker, rows in zip(query.workers, pieces, strict=True):
             # An empty piece goes too: every worker answers every message (an epoch, see melding).
             piece = batch.select(rows)
-            pool.post(
-                worker, ("batch", query.name, self.index, late, piece.n), piece.columns if piece.n else None
-            )
+            header = ("batch", query.name, self.index, late, piece.n)
+            front.post(worker, header, piece.columns if piece.n else None, self.derived)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if self.query.failed:
             return
         sent = time.monotonic()
         for worker in self.query.workers:
-            self.front.workers.post(
-                worker,
-                ("punctuate", self.query.name, self.index, punctuation.attribute, punctuation.value, sent),
+            header = (
+                "punctuate",
+                self.query.name,
+                self.index,
+                punctuation.attribute,
+                punctuation.value,
+                sent,
             )
+            self.front.post(worker, header, None, self.derived)
 
 
 class FrontEngine(Engine):
@@ -113,6 +119,16 @@ class FrontEngine(Engine):
         self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
         # Shared slices -> the query feeding them and its dispatches (they outlive it while read).
         self._feeders: dict[int, tuple[RemoteQuery, list[tuple[str, Input]]]] = {}
+        # While a checkpoint waits for its barriers: what result streams send to workers meanwhile.
+        self.recording: list[tuple[int, tuple[Any, ...], dict[str, Any] | None]] | None = None
+
+    def post(
+        self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any] | None, derived: bool
+    ) -> None:
+        """Send a query's input to a worker; recorded for a checkpoint when a result stream sent it."""
+        if derived and self.recording is not None:
+            self.recording.append((worker, header, arrays))
+        self.workers.post(worker, header, arrays)
 
     # -- registration ---------------------------------------------------------------------------
     def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
@@ -144,6 +160,7 @@ class FrontEngine(Engine):
                 for stream, _ in plan.inputs
             },
             self.flush,
+            running.restored_share,
         )
         self.sync_strings()
         for worker in workers:

@@ -9,36 +9,45 @@ columns (string codes): the front decodes them once, after melding all workers' 
 Messages in (front -> worker), as ``(kind, ...)`` headers with columns in the payload:
 ``strings(first_code, values)`` (the worker's string pool mirrors the front's),
 ``register(name, spec)``, ``drop(name)``, ``batch(query, input, late)``,
-``punctuate(query, input, attribute, value, sent_at)``, ``sync(token)``, ``stats()``, ``stop()``.
+``punctuate(query, input, attribute, value, sent_at)``, ``sync(token)``, ``stats()``, ``stop()``,
+``checkpoint(seq, path)`` (write the state of every query and share), ``reset(generation)``
+(forget everything), ``restore(generation, path)`` (after the queries are registered again).
 Messages out: ``result(query)``, ``punctuation(query, attribute, value)``, ``late(query)``,
 ``released(query, sent_at)`` (after the results a punctuation released), ``epoch(query)`` (after
 everything one batch or punctuation message made for that query), ``synced(token)``,
-``failed(query, reason)``, ``stats(dict)``.
+``failed(query, reason)``, ``stats(dict)``, ``checkpointed(seq, error)``, ``reset(generation)``,
+``restored(generation, error)``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from lowtide.batch import Batch
+from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
+from lowtide.operators.state import State, as_dict, fields, pack, unpack
 from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
+from lowtide.query.plan_state import restore_plan, restore_share, snapshot_plan, snapshot_share
 from lowtide.query.planner import Context, Plan, plan_query
-from lowtide.query.sharing import Shares
+from lowtide.query.sharing import Shares, share_key
 from lowtide.schema import ColumnType, Schema
 from lowtide.server.channel import ChannelReader, ChannelWriter
+from lowtide.server.files import write_atomically
 from lowtide.strings import StringPool
 
 
@@ -51,6 +60,7 @@ class QuerySpec:
     allowed_lateness: str | int | None
     schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
     flush: SlowFlush | None = None
+    restored_share: str | None = None  # planned again after a restore: the slices it read
 
 
 def encode_columns(columns: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
@@ -121,6 +131,10 @@ class Worker:
     def __init__(self, inbound: ChannelReader, outbound: ChannelWriter) -> None:
         self.inbound = inbound
         self.out = outbound
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every query and string (the front restores the worker from a checkpoint)."""
         self.pool = StringPool()
         self.queries: dict[str, _Hosted] = {}
         # Sliding queries on one stream share slices here as in the in-process engine. The front
@@ -129,6 +143,28 @@ class Worker:
         self.shares = Shares()
         self.feeds: dict[str, list[Input]] = {}
         self.readers: dict[str, list[str]] = {}  # feed -> the queries whose output its input moves
+
+    def checkpoint(self, path: str) -> None:
+        """Write the state of every query and share, at this point of the input, to ``path``."""
+        queries: dict[str, State] = {name: snapshot_plan(h.plan) for name, h in self.queries.items()}
+        shares: dict[str, State] = {share_key(share): snapshot_share(share) for share in self.shares}
+        state: State = {"queries": queries, "shares": shares}
+        write_atomically(Path(path), pack(state))
+
+    def restore(self, path: str) -> None:
+        """Put the queries registered again (in their order) where :meth:`checkpoint` saved them."""
+        state = unpack(Path(path).read_bytes())
+        saved = fields(state, ("queries", "shares"), path)
+        queries, shares = as_dict(saved["queries"], path), as_dict(saved["shares"], path)
+        for name, hosted in self.queries.items():
+            if name not in queries:
+                raise CorruptState(f"{path} holds no state for query {name!r}")
+            restore_plan(hosted.plan, queries[name])
+        for share in self.shares:
+            key = share_key(share)
+            if key not in shares:
+                raise CorruptState(f"{path} holds no state for the slices {key}")
+            restore_share(share, shares[key])
 
     def register(self, name: str, spec: QuerySpec) -> None:
         schemas = {
@@ -151,6 +187,7 @@ class Worker:
             on_drop,
             self.shares,
             spec.flush,
+            restored_share=spec.restored_share,
         )
         plan = plan_query(parse_query(spec.sql), ctx)
         plan.start()
@@ -221,6 +258,13 @@ class Worker:
                 self.drop(header[1])
             elif kind == "stats":
                 self.out.send(("stats", self.stats()))
+            elif kind == "checkpoint":  # (seq, path): after everything before it, before what follows
+                self._answer("checkpointed", header[1], lambda: self.checkpoint(header[2]))
+            elif kind == "restore":  # (generation, path)
+                self._answer("restored", header[1], lambda: self.restore(header[2]))
+            elif kind == "reset":  # (generation): what follows is a restore; what was sent before is moot
+                self.reset()
+                self.out.send(("reset", header[1]))
             elif kind == "stop":
                 return False
         except (EOFError, OSError):
@@ -232,6 +276,15 @@ class Worker:
             reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
             self.out.send(("failed", query, reason[:300]))
         return True
+
+    def _answer(self, kind: str, token: int, work: Callable[[], None]) -> None:
+        """Run ``work`` and tell the front: ``(kind, token, None)`` or the one-line reason it failed."""
+        try:
+            work()  # files only, never the channel
+        except Exception as exc:  # a full disk, a damaged or foreign file: the front decides
+            self.out.send((kind, token, f"{type(exc).__name__}: {exc}"[:300]))
+            return
+        self.out.send((kind, token, None))
 
     def _epoch(self, feed: str) -> None:
         """Mark the end of what one input message made, for each query it feeds (the front

@@ -43,7 +43,7 @@ from lowtide.query.ast import (
 )
 from lowtide.query.expr import compile_expr
 from lowtide.query.scope import Field, Scope
-from lowtide.query.sharing import Share, Shares
+from lowtide.query.sharing import Share, Shares, saved_width
 from lowtide.query.windowing import SlideByTuple, to_units, window_attribute, window_of
 from lowtide.schema import INT64, ColumnType, Schema
 from lowtide.strings import StringPool
@@ -94,6 +94,8 @@ class Context:
     on_drop: Callable[[Batch, tuple[tuple[str, ColumnType], ...]], None]
     shares: Shares | None = None  # where slices to share are found; None: every query has its own
     flush: SlowFlush | None = None  # smooth emission of time windows; None: all at punctuation
+    # Planning a query again to restore it: the share_key of the slices it read (plan_state.saved_share).
+    restored_share: str | None = None
     plan_ops: list[Operator] = field(default_factory=list)
     inputs: list[tuple[str, Input]] = field(default_factory=list)
 
@@ -422,7 +424,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
         key = _share_key(query, groups, group_types, ctx.policy)
         share = _share_of(key, ctx, window)
-        if _paned(window, calls, lateness, share is not None):
+        if _paned(window, calls, lateness, share is not None or _restoring(key, ctx, window)):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
                 stage, ctx, window, key, share, groups, group_types, aggs, internal, having
@@ -507,9 +509,12 @@ def _paned_aggregate(
     fields."""
     own_input = ctx.inputs[0][1]
     if share is None:
-        pane = pane_of(window)
-        bucket = ctx.add(Bucket(pane), stage.op)
-        slices = SharedSlices(pane.range, groups, types)
+        width = pane_of(window).range
+        if _restoring(key, ctx, window):  # the slices it read, fed by a query dropped since
+            assert ctx.restored_share is not None
+            width = saved_width(ctx.restored_share, key, width)
+        bucket = ctx.add(Bucket(Sliding(width, width, window.attribute)), stage.op)
+        slices = SharedSlices(width, groups, types)
         ctx.add(slices, bucket)
     else:
         ctx.plan_ops[:] = share.operators
@@ -532,7 +537,20 @@ def _share_of(key: tuple[Any, ...] | None, ctx: Context, window: Any) -> Share |
     them could read."""
     if not isinstance(window, Sliding) or ctx.shares is None or key is None:
         return None
+    if ctx.restored_share is not None:
+        saved_width(ctx.restored_share, key, pane_of(window).range)
+        return ctx.shares.named(ctx.restored_share)
     return ctx.shares.find(key, pane_of(window).range)
+
+
+def _restoring(key: tuple[Any, ...] | None, ctx: Context, window: Any) -> bool:
+    """Whether the query is planned again to read the slices it read before a restore."""
+    return (
+        ctx.restored_share is not None
+        and ctx.shares is not None
+        and key is not None
+        and isinstance(window, Sliding)
+    )
 
 
 def _share_key(

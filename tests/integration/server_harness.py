@@ -27,10 +27,11 @@ from typing import Any
 READY = re.compile(r"lowtide serving on (\S+):(\d+) with (\d+) workers; metrics on (\S+)")
 START_TIMEOUT = 180.0  # seconds: a cold start compiles numba kernels
 STOP_TIMEOUT = 30.0
-# The ``serve`` entry point itself, independent of the CLI: argv is config path, workers, metrics port.
+# The ``serve`` entry point itself, independent of the CLI: argv is config path, workers, metrics
+# port, port.
 SERVE = (
     "import sys; from lowtide.server.front import serve; from lowtide.server.config import ServerConfig; "
-    "sys.exit(serve(ServerConfig.load(sys.argv[1] or None, host='127.0.0.1', port=0, "
+    "sys.exit(serve(ServerConfig.load(sys.argv[1] or None, host='127.0.0.1', port=int(sys.argv[4]), "
     "workers=int(sys.argv[2]), metrics_port=int(sys.argv[3]))))"
 )
 
@@ -101,15 +102,17 @@ class Server:
         return self.exit_code
 
 
-def start_server(workers: int = 2, metrics: bool = True, config: dict[str, Any] | None = None) -> Server:
-    """Start a server and wait for its ready line (the caller stops it)."""
+def start_server(
+    workers: int = 2, metrics: bool = True, config: dict[str, Any] | None = None, port: int = 0
+) -> Server:
+    """Start a server and wait for its ready line (the caller stops it); ``port`` 0: a free one."""
     folder = Path(tempfile.mkdtemp(prefix="lowtide-it-"))
     config_path = ""
     if config:
         config_path = str(folder / "server.toml")
         Path(config_path).write_text(_toml(config))
     out, err = folder / "stdout.txt", folder / "stderr.txt"
-    command = [sys.executable, "-c", SERVE, config_path, str(workers), "0" if metrics else "-1"]
+    command = [sys.executable, "-c", SERVE, config_path, str(workers), "0" if metrics else "-1", str(port)]
     with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(
             command, stdout=stdout, stderr=stderr, env={**os.environ, "PYTHONFAULTHANDLER": "1"}

@@ -1,0 +1,123 @@
+"""Checkpoints of ``--state-dir``: the whole server at one position of the input log.
+
+A checkpoint at position ``seq`` holds what applying the log's records ``0 .. seq-1`` built: the
+front's door and catalog (``front.state``) and every worker's operator state
+(``worker-<i>.state``), so recovery restores it and replays the log from ``seq`` on, never from
+the start. The log before the oldest checkpoint kept is removed.
+
+It is taken without stopping ingestion (Chandy-Lamport, as Flink's barriers): the front saves
+its door and sends every worker a barrier behind everything it has sent; each worker saves its
+operators when the barrier reaches it and echoes it. The output side - melds, hubs, the result
+streams that feed other queries - is saved when the last echo is in: by then exactly the output
+of the records before ``seq`` has been released (see :mod:`lowtide.server.melding`). What the
+result streams sent to workers between the barrier and that moment is saved with it and sent
+again at restore. A worker pauses only for its own snapshot.
+
+Layout: ``D/checkpoints/<seq>/`` holding the state files and ``MANIFEST.json`` (written last,
+atomically: the CRC-32 and size of every file). A directory without a manifest is a checkpoint a
+crash interrupted: ignored and removed. A file that does not match the manifest makes recovery
+fall back to the previous checkpoint, saying which file; with none left to fall back to, the
+start stops naming the file (never a silent empty start).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from lowtide.errors import CorruptState, StartupFailure
+from lowtide.operators.state import State, unpack
+from lowtide.server.files import write_atomically
+
+MANIFEST = "MANIFEST.json"
+FRONT = "front.state"
+
+
+def worker_file(worker: int) -> str:
+    return f"worker-{worker}.state"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    seq: int  # the first log record it does not cover
+    directory: Path
+    front: State
+    workers: int
+
+    def worker_path(self, worker: int) -> Path:
+        return self.directory / worker_file(worker)
+
+
+class CheckpointStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def begin(self, seq: int) -> Path:
+        """An empty directory for the checkpoint at ``seq``."""
+        target = self.directory / f"{seq:020d}"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        return target
+
+    def commit(self, seq: int, front: bytes, workers: int) -> None:
+        """Write the front's state and the manifest: from here on the checkpoint counts."""
+        target = self.directory / f"{seq:020d}"
+        write_atomically(target / FRONT, front)
+        files = {}
+        for name in [FRONT, *(worker_file(w) for w in range(workers))]:
+            data = (target / name).read_bytes()
+            files[name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+        manifest = {"seq": seq, "workers": workers, "files": files}
+        write_atomically(target / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+    def abandon(self, seq: int) -> None:
+        shutil.rmtree(self.directory / f"{seq:020d}", ignore_errors=True)
+
+    def complete(self) -> list[Path]:
+        """Checkpoint directories with a manifest, newest first."""
+        return [path for path in sorted(self.directory.iterdir(), reverse=True) if (path / MANIFEST).exists()]
+
+    def load(self, workers: int) -> Checkpoint | None:
+        """The newest checkpoint whose files are whole, falling back past damaged ones."""
+        for path in self.directory.iterdir():
+            if not (path / MANIFEST).exists():
+                shutil.rmtree(path, ignore_errors=True)  # interrupted by a crash: never counted
+        damaged: list[str] = []
+        for path in self.complete():
+            try:
+                checkpoint = _read(path)
+            except (OSError, ValueError, KeyError, TypeError, CorruptState) as exc:
+                damaged.append(str(exc))
+                print(f"lowtide: checkpoint {path} is damaged ({exc}); falling back", file=sys.stderr)
+                continue
+            if checkpoint.workers != workers:
+                raise StartupFailure(
+                    f"the checkpoint {path} was taken with {checkpoint.workers} workers; start with "
+                    f"--workers {checkpoint.workers}"
+                )
+            return checkpoint
+        if damaged:
+            raise StartupFailure(f"no whole checkpoint left: {damaged[0]}")
+        return None
+
+    def prune(self, keep: int = 2) -> int | None:
+        """Keep the newest ``keep`` checkpoints; the log position the oldest kept one needs."""
+        kept = self.complete()
+        for path in kept[keep:]:
+            shutil.rmtree(path, ignore_errors=True)
+        return int(kept[:keep][-1].name) if kept else None
+
+
+def _read(path: Path) -> Checkpoint:
+    manifest = json.loads((path / MANIFEST).read_text())
+    for name, expected in manifest["files"].items():
+        data = (path / name).read_bytes()
+        if len(data) != expected["bytes"] or zlib.crc32(data) != expected["crc32"]:
+            raise CorruptState(f"{path / name} does not match its manifest")
+    front = unpack((path / FRONT).read_bytes())
+    return Checkpoint(int(manifest["seq"]), path, front, int(manifest["workers"]))

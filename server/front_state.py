@@ -1,0 +1,246 @@
+"""What a checkpoint keeps of the front: the catalog and the door, then the output side.
+
+The door (taken when the barrier leaves, at log position ``seq``): the string pool, the streams
+as created (their ``CreateStream`` records) with each source's punctuation, the queries as
+registered (their ``RegisterQuery`` records, with the slices each read), the applied batch ids.
+The output side (taken when the last worker echoed the barrier): per query the meld's
+punctuation, its counters, whether it failed, its result stream; per hub the next offset and the
+retained items; and what result streams sent to workers in between (see
+:mod:`lowtide.server.checkpoint`). Plain data only (:mod:`lowtide.operators.state`): numbers,
+strings, numpy arrays; tables travel as Arrow IPC bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from lowtide.handles import Item
+from lowtide.ipc import read_ipc
+from lowtide.operators.state import State, as_array, as_dict, as_int, as_list, as_str
+from lowtide.punctuation.model import Punctuation
+from lowtide.query.sharing import share_key
+from lowtide.server import input_log as records
+from lowtide.server.batches import AppliedBatches
+from lowtide.server.hub import Hub
+from lowtide.stream import Source, Stream
+
+if TYPE_CHECKING:
+    from lowtide.server.front import Front
+
+Message = tuple[int, tuple[Any, ...], dict[str, Any] | None]  # worker, header, arrays
+
+
+# -- the door -------------------------------------------------------------------------------------
+def door_state(front: Front, seq: int) -> State:
+    engine = front.engine
+    return {
+        "seq": seq,
+        "counter": engine._counter,
+        "strings": _strings(engine.pool.values(0, len(engine.pool))),
+        "streams": [
+            {"create": _fields(record), "state": _stream_state(engine._streams[name])}
+            for name, record in front.catalog_streams.items()
+        ],
+        "queries": [
+            {"register": _fields(record), "share": _share_of(front, name)}
+            for name, record in front.catalog_queries.items()
+        ],
+        "applied": [
+            {
+                "stream": stream,
+                "source": source,
+                "lo": np.array(ids._lo, np.int64),
+                "hi": np.array(ids._hi, np.int64),
+            }
+            for (stream, source), ids in front.applied.items()
+        ],
+    }
+
+
+def _share_of(front: Front, query: str) -> str | None:
+    share = front.engine._queries[query].plan.share
+    return share_key(share) if share is not None else None
+
+
+def _fields(record: records.Record) -> dict[str, State]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(record).items()}
+
+
+def _strings(values: list[str]) -> State:
+    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return {"offsets": offsets, "bytes": np.frombuffer(b"".join(encoded), np.uint8).copy()}
+
+
+def _unstrings(state: State) -> list[str]:
+    saved = as_dict(state, "strings")
+    offsets = as_array(saved["offsets"], "string offsets", np.int64, 1)
+    data = as_array(saved["bytes"], "string bytes", np.uint8, 1).tobytes()
+    return [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(offsets)]
+
+
+def _stream_state(stream: Stream) -> State:
+    return {
+        "progress": stream.progress,
+        "granularity": stream.granularity,
+        "tuples_ingested": stream.tuples_ingested,
+        "late_tuples": stream.late_tuples,
+        "next_heartbeat": stream._next_heartbeat,
+        "sources": [
+            {
+                "name": s.name,
+                "last_heard": s.last_heard,
+                "punctuation": s.punctuation,
+                "max_seen": s.max_seen,
+                "closed": s.closed,
+                "idle": s.idle,
+            }
+            for s in stream.sources.values()
+        ],
+    }
+
+
+def _restore_stream(stream: Stream, state: State) -> None:
+    saved = as_dict(state, f"stream {stream.name}")
+    stream.progress = as_int(saved["progress"], "progress")
+    stream.granularity = as_int(saved["granularity"], "granularity")
+    stream.tuples_ingested = as_int(saved["tuples_ingested"], "tuples_ingested")
+    stream.late_tuples = as_int(saved["late_tuples"], "late_tuples")
+    stream._next_heartbeat = float(saved["next_heartbeat"])  # type: ignore[arg-type]
+    stream.sources = {}
+    for entry in as_list(saved["sources"], "sources"):
+        s = as_dict(entry, "source")
+        name = as_str(s["name"], "source name")
+        stream.sources[name] = Source(
+            name,
+            float(s["last_heard"]),  # type: ignore[arg-type]
+            as_int(s["punctuation"], "punctuation"),
+            as_int(s["max_seen"], "max_seen"),
+            bool(s["closed"]),
+            bool(s["idle"]),
+        )
+
+
+# -- the output side ------------------------------------------------------------------------------
+def output_state(front: Front, channel: list[Message]) -> State:
+    engine = front.engine
+    queries: dict[str, State] = {}
+    for name, remote in engine.remote.items():
+        running = remote.running
+        queries[name] = {
+            "meld": remote.meld.meld.snapshot(),
+            "late_dropped": running.late_dropped,
+            "results": running.sink.results,
+            "failed": remote.failed,
+            "inputs": [op.snapshot() for _, op in running.subscribers],
+            "derived": _stream_state(running.derived) if running.derived is not None else None,
+        }
+    return {
+        "queries": queries,
+        "hubs": {key: _hub_state(hub) for key, hub in front.hubs.items()},
+        "channel": [
+            {"worker": worker, "header": list(header), "arrays": dict(arrays) if arrays else None}
+            for worker, header, arrays in channel
+        ],
+    }
+
+
+def _hub_state(hub: Hub) -> State:
+    items: list[State] = []
+    for offset, item in hub.retained:
+        if isinstance(item, Punctuation):
+            items.append({"offset": offset, "value": item.value, "attribute": item.attribute})
+        else:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, item.schema) as writer:
+                writer.write_table(item)
+            items.append({"offset": offset, "arrow": np.frombuffer(sink.getvalue(), np.uint8).copy()})
+    return {"next": hub.next_offset, "items": items, "closed": hub.closed.status if hub.closed else None}
+
+
+def _restore_hub(hub: Hub, state: State, live: bool) -> None:
+    """A new hub takes the saved offset and items; a live one (a worker died) skips the items
+    that come again."""
+    saved = as_dict(state, "hub")
+    next_offset = as_int(saved["next"], "hub next offset")
+    if live:
+        hub.remade = hub.next_offset - next_offset
+        return
+    hub.next_offset = next_offset
+    for entry in as_list(saved["items"], "hub items"):
+        e = as_dict(entry, "hub item")
+        item: Item
+        if "arrow" in e:
+            item = read_ipc(as_array(e["arrow"], "hub table", np.uint8, 1).tobytes())
+        else:
+            item = Punctuation(as_int(e["value"], "punctuation"), as_str(e["attribute"], "attribute"))
+        hub.retained.append((as_int(e["offset"], "offset"), item))
+
+
+# -- restore --------------------------------------------------------------------------------------
+def restore_catalog(front: Front, door: State) -> None:
+    """Streams and queries as they were at the checkpoint (queries post ``register`` to workers)."""
+    saved = as_dict(door, "front door")
+    engine = front.engine
+    engine.pool.adopt({value: code for code, value in enumerate(_unstrings(saved["strings"]))})
+    progress: list[tuple[str, State]] = []
+    for entry in as_list(saved["streams"], "streams"):
+        e = as_dict(entry, "stream")
+        front.apply(records.CreateStream(**as_dict(e["create"], "create_stream")))  # type: ignore[arg-type]
+        progress.append((as_str(as_dict(e["create"], "create_stream")["name"], "stream name"), e["state"]))
+    for entry in as_list(saved["queries"], "queries"):
+        e = as_dict(entry, "query")
+        record = records.RegisterQuery(**as_dict(e["register"], "register_query"))  # type: ignore[arg-type]
+        share = e["share"]
+        front.apply(record, None if share is None else as_str(share, "share"))
+    # Progress only now: a query registered on a stream that has progressed is punctuated at
+    # once, which its restored operators have seen already.
+    for name, state in progress:
+        _restore_stream(engine._streams[name], state)
+    for entry in as_list(saved["applied"], "applied"):
+        e = as_dict(entry, "applied ids")
+        ids = AppliedBatches()
+        ids._lo = [int(v) for v in as_array(e["lo"], "ids", np.int64, 1)]
+        ids._hi = [int(v) for v in as_array(e["hi"], "ids", np.int64, 1)]
+        front.applied[(as_str(e["stream"], "stream"), as_str(e["source"], "source"))] = ids
+    engine._counter = as_int(saved["counter"], "counter")
+
+
+def restore_output(front: Front, output: State, live_hubs: bool) -> list[Message]:
+    """Melds, counters, failures and hubs; returns the messages to send the workers again."""
+    saved = as_dict(output, "front output")
+    engine = front.engine
+    for name, entry in as_dict(saved["queries"], "queries").items():
+        e = as_dict(entry, f"query {name}")
+        remote = engine.remote[name]
+        running = remote.running
+        remote.meld.meld.restore(e["meld"])
+        running.late_dropped = as_int(e["late_dropped"], "late_dropped")
+        running.sink.results = as_int(e["results"], "results")
+        for (_, op), state in zip(running.subscribers, as_list(e["inputs"], "inputs"), strict=True):
+            op.restore(state)
+        if running.derived is not None and e["derived"] is not None:
+            _restore_stream(running.derived, e["derived"])
+        if e["failed"] is not None:
+            engine.fail(remote, as_str(e["failed"], "failure"))
+    for key, state in as_dict(saved["hubs"], "hubs").items():
+        hub = front.hubs.get(key)
+        if hub is not None:
+            _restore_hub(hub, state, live_hubs)
+            closed = as_dict(state, "hub")["closed"]
+            if closed is not None:
+                hub.close(as_str(closed, "status"), engine.remote[key.removesuffix(".late")].failed or "")
+    return [
+        (
+            as_int(e["worker"], "worker"),
+            tuple(as_list(e["header"], "header")),
+            as_dict(e["arrays"], "arrays") if e["arrays"] is not None else None,
+        )
+        for e in (as_dict(m, "message") for m in as_list(saved["channel"], "channel"))
+    ]
