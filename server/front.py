@@ -222,8 +222,10 @@ class Front:
         self.generation = 0  # recoveries so far: work begun against an older engine is redone
         self.checkpoints = Checkpointer(self) if self.state is not None else None
         self._resetting: set[int] = set()  # workers whose messages are moot until they reset
-        self._recovered = asyncio.Event()
+        self._recovered = asyncio.Event()  # clear while recoveries are due or running
         self._recovered.set()
+        self._recoveries_due = 0
+        self._recovery = asyncio.Lock()  # one at a time: a worker may die during another's
         self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
@@ -347,7 +349,7 @@ class Front:
         """A worker died: every worker starts over from the last checkpoint plus the log, while
         changes wait; subscribers see no gap and no duplicate (the hubs skip what comes again)."""
         assert self.state is not None and self.checkpoints is not None
-        self._recovered.clear()
+        await self._recovery.acquire()
         try:
             self.checkpoints.abandon()
             self.generation += 1
@@ -367,7 +369,10 @@ class Front:
             through = self.journal.applied_through
             await self._replay((seq, r) for seq, r in self.state.log.replay(start) if seq <= through)
         finally:
-            self._recovered.set()
+            self._recovery.release()
+            self._recoveries_due -= 1
+            if not self._recoveries_due:
+                self._recovered.set()
         self.metrics.worker_restarted(worker)
 
     # -- queries and their output -------------------------------------------------------------
@@ -449,6 +454,8 @@ class Front:
 
     def _on_death(self, worker: int) -> None:
         if self.state is not None:  # the log and the last checkpoint hold everything it had
+            self._recovered.clear()  # changes wait from now on
+            self._recoveries_due += 1
             self._tasks.append(asyncio.get_running_loop().create_task(self._recover_from_death(worker)))
             return
         self.metrics.worker_restarted(worker)
