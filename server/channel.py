@@ -13,6 +13,11 @@ not fit before the end, the writer skips to the start of the ring.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import pickle as _pickle  # headers between our own processes, never from the network
+import struct
+import termios
 import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -41,34 +46,43 @@ class ChannelWriter:
         self._capacity = shm.size - _HEADER
         self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
         self._write = 0
+        self._pipe_capacity = _widen_pipe(conn.fileno())
 
     def fileno(self) -> int:
         return self._conn.fileno()
 
     def try_send(self, header: tuple[Any, ...], arrays: Arrays | None = None) -> None:
-        """Send or raise :class:`ChannelFull` without blocking."""
+        """Send or raise :class:`ChannelFull` without blocking: neither the ring nor the pipe
+        may be short of room (a writer blocked on a full pipe while its reader waits to send to
+        it would deadlock both processes)."""
         layout: list[tuple[str, str, tuple[int, ...], int]] = []
+        start = end = self._write
+        sizes: list[int] = []
         if arrays:
             sizes = [_aligned(a.nbytes) for a in arrays.values()]
             total = sum(sizes)
             if total > self._capacity:
                 raise ValueError(f"message of {total} bytes exceeds the channel's {self._capacity}")
-            start = self._write
             offset = start % self._capacity
             if offset + total > self._capacity:  # do not wrap a payload: skip to the ring's start
                 start += self._capacity - offset
                 offset = 0
             if start + total - int(self._read[0]) > self._capacity:
                 raise ChannelFull()
-            ring = self._shm.buf
             for (name, array), size in zip(arrays.items(), sizes, strict=True):
-                data = np.ascontiguousarray(array)
-                view = np.ndarray(data.shape, dtype=data.dtype, buffer=ring, offset=_HEADER + offset)
-                view[...] = data
-                layout.append((name, data.dtype.str, data.shape, offset))
+                layout.append((name, array.dtype.str, array.shape, offset))
                 offset += size
-            self._write = start + total
-        self._conn.send((header, layout, self._write))
+            end = start + total
+        message = _pickle.dumps((header, layout, end), protocol=_pickle.HIGHEST_PROTOCOL)
+        if len(message) + 8 > _pipe_room(self._conn.fileno()) and len(message) + 8 <= self._pipe_capacity:
+            raise ChannelFull()  # what does not fit an empty pipe can only be written blocking
+        if arrays:
+            ring = self._shm.buf
+            for (_, array), (_, dtype, shape, at) in zip(arrays.items(), layout, strict=True):
+                view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=ring, offset=_HEADER + at)
+                view[...] = array
+            self._write = end
+        self._conn.send_bytes(message)
 
     def send(
         self, header: tuple[Any, ...], arrays: Arrays | None = None, timeout: float | None = None
@@ -105,7 +119,7 @@ class ChannelReader:
 
     def recv(self) -> tuple[tuple[Any, ...], Arrays]:
         """The next message: its header and its columns (copied out of the ring)."""
-        header, layout, end = self._conn.recv()
+        header, layout, end = _pickle.loads(self._conn.recv_bytes())
         arrays: Arrays = {}
         for name, dtype, shape, offset in layout:
             view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._shm.buf, offset=_HEADER + offset)
@@ -119,3 +133,22 @@ def create_segment(capacity: int) -> shared_memory.SharedMemory:
     shm = shared_memory.SharedMemory(create=True, size=_HEADER + capacity)
     np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)[0] = 0
     return shm
+
+
+def _widen_pipe(fd: int) -> int:
+    """Give the pipe up to 1 MiB (the unprivileged maximum): headers rarely have to wait."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+    try:
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+    except OSError:
+        return 1 << 16
+
+
+def _pipe_room(fd: int) -> int:
+    """Bytes a write to the pipe can take now without blocking."""
+    try:
+        unread = int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)) - unread
+    except OSError:
+        return 1 << 30  # not a pipe we can measure: write as before

@@ -59,8 +59,9 @@ class WorkerPool:
     def _spawn(self, index: int) -> WorkerHandle:
         loop = asyncio.get_running_loop()
         to_worker, from_worker = create_segment(self.channel_bytes), create_segment(self.channel_bytes)
-        front_out, worker_in = self._ctx.Pipe()
-        worker_out, front_in = self._ctx.Pipe()
+        # One-way pipes (not socket pairs): a writer can see how much room the pipe has left.
+        worker_in, front_out = self._ctx.Pipe(duplex=False)
+        front_in, worker_out = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=worker_main,
             args=(to_worker.name, worker_in, from_worker.name, worker_out),

@@ -267,3 +267,30 @@ def test_an_offset_no_longer_retained_is_out_of_range(state_dir: Path) -> None:
         time.sleep(1)  # the results reach the hub
         with pytest.raises(OutOfRange, match="offset 0 is no longer retained"):
             next(iter(client.subscribe("tumbling", from_offset=0)))
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path) -> None:
+    server = start_server(config=config(state_dir))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.register_query(TUMBLING, name="tumbling")
+        for first in range(0, 8, 2):  # checkpoints in between
+            feed(client, range(first, first + 2))
+            time.sleep(0.5)
+    kill9(server)
+    newest = max((state_dir / "checkpoints").iterdir())  # the one before it stays whole
+    damaged = newest / "worker-0.state"
+    damaged.write_bytes(damaged.read_bytes()[:-10])  # cut short
+    with server_on(state_dir) as (server, client):
+        assert f"checkpoint {newest} is damaged" in server.stderr_tail()
+        feed(client, range(ROUNDS))
+        finish(client)
+        got = read(client, "tumbling", until=END_OF_STREAM, from_offset=0)
+        assert rows([item for _, item in got]) == expected(TUMBLING)
+    for checkpoint in (state_dir / "checkpoints").iterdir():
+        front = checkpoint / "front.state"
+        front.write_bytes(b"\0" * len(front.read_bytes()))
+    with pytest.raises(
+        RuntimeError, match=r"no whole checkpoint left: .*front\.state does not match its manifest"
+    ):
+        start_server(config=config(state_dir))
