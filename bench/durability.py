@@ -66,6 +66,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,8 +147,11 @@ def attempt(what: str, run: Callable[[], T], tries: int = 3) -> T:
         try:
             return run()
         except Exception as failure:  # a shared machine: say why, try again
-            FAILURES.append(f"{what}: {failure}")
-            print(f"   ({what}: attempt {number + 1} failed: {failure})", file=sys.stderr)
+            ours = [f for f in traceback.extract_tb(failure.__traceback__) if f.filename == __file__]
+            where = f" (in {ours[-1].name}, line {ours[-1].lineno})" if ours else ""
+            reason = f"{type(failure).__name__}{where}: {failure}"
+            FAILURES.append(f"{what}: {reason}")
+            print(f"   ({what}: attempt {number + 1} failed: {reason})", file=sys.stderr)
             if number == tries - 1:
                 raise
             time.sleep(2)
