@@ -35,6 +35,16 @@ class AppliedBatches:
     def runs(self) -> int:
         return len(self._lo)
 
+    def as_runs(self) -> tuple[list[int], list[int]]:
+        """The runs' first and last ids (a checkpoint keeps them)."""
+        return list(self._lo), list(self._hi)
+
+    @staticmethod
+    def from_runs(lo: list[int], hi: list[int]) -> AppliedBatches:
+        ids = AppliedBatches()
+        ids._lo, ids._hi = list(lo), list(hi)
+        return ids
+
     def add(self, batch_id: int) -> None:
         if batch_id in self:
             return

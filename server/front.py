@@ -318,7 +318,7 @@ class Front:
         checkpoint = self.checkpoints.load() if self.checkpoints is not None else None
         start = 0
         if checkpoint is not None:
-            start = await self._restore(checkpoint, live_hubs=False)
+            start = self._restore(checkpoint, live_hubs=False)
         return await self._replay(self.state.log.replay(start))
 
     async def _replay(self, logged: Iterable[tuple[int, Record]]) -> int:
@@ -332,7 +332,7 @@ class Front:
             await self.workers.wait_for_room()
         return replayed
 
-    async def _restore(self, checkpoint: Checkpoint, live_hubs: bool) -> int:
+    def _restore(self, checkpoint: Checkpoint, live_hubs: bool) -> int:
         """Put the front and every worker where ``checkpoint`` was taken; returns its log position.
         New hubs take the offsets and items it retained; live ones skip what comes again."""
         front_state = as_dict(checkpoint.front, "front state")
@@ -364,7 +364,7 @@ class Front:
             checkpoint = self.checkpoints.load()
             start = 0
             if checkpoint is not None:
-                start = await self._restore(checkpoint, live_hubs=True)
+                start = self._restore(checkpoint, live_hubs=True)
             self.journal.forget_prepared()  # coded against the old pool: applied from their bytes
             through = self.journal.applied_through
             await self._replay((seq, r) for seq, r in self.state.log.replay(start) if seq <= through)

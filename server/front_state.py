@@ -50,16 +50,13 @@ def door_state(front: Front, seq: int) -> State:
             {"register": _fields(record), "share": _share_of(front, name)}
             for name, record in front.catalog_queries.items()
         ],
-        "applied": [
-            {
-                "stream": stream,
-                "source": source,
-                "lo": np.array(ids._lo, np.int64),
-                "hi": np.array(ids._hi, np.int64),
-            }
-            for (stream, source), ids in front.applied.items()
-        ],
+        "applied": [_ids_state(stream, source, ids) for (stream, source), ids in front.applied.items()],
     }
+
+
+def _ids_state(stream: str, source: str, ids: AppliedBatches) -> State:
+    lo, hi = ids.as_runs()
+    return {"stream": stream, "source": source, "lo": np.array(lo, np.int64), "hi": np.array(hi, np.int64)}
 
 
 def _share_of(front: Front, query: str) -> str | None:
@@ -205,9 +202,10 @@ def restore_catalog(front: Front, door: State) -> None:
         _restore_stream(engine._streams[name], state)
     for entry in as_list(saved["applied"], "applied"):
         e = as_dict(entry, "applied ids")
-        ids = AppliedBatches()
-        ids._lo = [int(v) for v in as_array(e["lo"], "ids", np.int64, 1)]
-        ids._hi = [int(v) for v in as_array(e["hi"], "ids", np.int64, 1)]
+        ids = AppliedBatches.from_runs(
+            [int(v) for v in as_array(e["lo"], "ids", np.int64, 1)],
+            [int(v) for v in as_array(e["hi"], "ids", np.int64, 1)],
+        )
         front.applied[(as_str(e["stream"], "stream"), as_str(e["source"], "source"))] = ids
     engine._counter = as_int(saved["counter"], "counter")
 
