@@ -367,7 +367,7 @@ class Front:
                 start = self._restore(checkpoint, live_hubs=True)
             self.journal.forget_prepared()  # coded against the old pool: applied from their bytes
             through = self.journal.applied_through
-            await self._replay((seq, r) for seq, r in self.state.log.replay(start) if seq <= through)
+            await self._replay((seq, r) for seq, r in self.state.log.records(start) if seq <= through)
         finally:
             self._recovery.release()
             self._recoveries_due -= 1

@@ -187,7 +187,8 @@ def _segments(directory: Path) -> list[tuple[int, Path]]:
 
 
 def _frames(path: Path, last: bool) -> Iterator[tuple[int, bytes]]:
-    """``(end offset, payload)`` of each whole frame; a torn tail of the last segment is cut off."""
+    """``(end offset, payload)`` of each whole frame; ``last``: the last segment, opened at start,
+    whose torn tail is cut off (anywhere else a bad frame is damage)."""
     data = path.read_bytes()
     at = 0
     while at < len(data):
@@ -232,7 +233,15 @@ class InputLog:
 
     # -- reading ------------------------------------------------------------------------------
     def replay(self, start: int = 0) -> Iterator[tuple[int, Record]]:
-        """Every whole record numbered ``start`` or later, in order; leaves the log ready to append."""
+        """At start: every whole record numbered ``start`` or later, in order; a torn last record
+        is cut off, and the log is left ready to append after the last whole one."""
+        return self._read(start, opening=True)
+
+    def records(self, start: int) -> Iterator[tuple[int, Record]]:
+        """While the log is open for appends: the records from ``start`` on, changing nothing."""
+        return self._read(start, opening=False)
+
+    def _read(self, start: int, opening: bool) -> Iterator[tuple[int, Record]]:
         segments = _segments(self.directory)
         seq = segments[0][0] if segments else start
         if segments and seq > start:
@@ -241,7 +250,7 @@ class InputLog:
             if first != seq:
                 raise Damaged(f"the input log misses records {seq} to {first - 1} before {path}")
             last = index == len(segments) - 1
-            for _end, payload in _frames(path, last):
+            for _end, payload in _frames(path, last and opening):
                 if seq >= start:
                     try:
                         record = decode(payload)
@@ -249,11 +258,12 @@ class InputLog:
                         raise Damaged(f"unreadable record {seq} in {path}: {exc}") from None
                     yield seq, record
                 seq += 1
-            if last:
+            if last and opening:
                 self._segment_start = first
                 self._segment_bytes = path.stat().st_size
-        self.next_seq = max(seq, start)
-        self._written_seq = self._durable_seq = self.next_seq - 1
+        if opening:
+            self.next_seq = max(seq, start)
+            self._written_seq = self._durable_seq = self.next_seq - 1
 
     # -- writing ------------------------------------------------------------------------------
     def append(self, record: Record) -> int:
