@@ -23,6 +23,7 @@ from lowtide.ipc import validate_table
 from lowtide.names import check_name, check_source, shown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
+from lowtide.operators.state import State, as_dict, as_int
 from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
@@ -30,7 +31,7 @@ from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
 from lowtide.query.planner import Context, Plan, plan_query
-from lowtide.query.sharing import Shares
+from lowtide.query.sharing import Shares, share_key
 from lowtide.results import Fields, Sink, to_table
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.stream import Stream
@@ -292,6 +293,27 @@ class Engine:
     def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
         """What each input stream of a query feeds: here, the query's own graph."""
         return list(running.plan.inputs)
+
+    def share_of(self, query: str) -> str | None:
+        """The :func:`share_key` of the slices ``query`` reads, if it shares any."""
+        share = self._query(query).plan.share
+        return share_key(share) if share is not None else None
+
+    # -- checkpoints: the door's progress (the catalog itself is the input log's records) ------------
+    def snapshot_progress(self) -> State:
+        """The query-name counter and each input stream's progress (a result stream is saved with
+        its query's output)."""
+        return {
+            "counter": self._counter,
+            "streams": {name: s.snapshot() for name, s in self._streams.items() if not s.derived},
+        }
+
+    def restore_progress(self, state: State) -> None:
+        """Take a :meth:`snapshot_progress` once the same streams and queries exist again."""
+        saved = as_dict(state, "engine progress")
+        for name, stream in as_dict(saved["streams"], "streams").items():
+            self._stream(name).restore(stream)
+        self._counter = as_int(saved["counter"], "counter")
 
     def _forget(self, name: str) -> None:
         """Release what runs a dropped query (nothing beyond its graph here)."""

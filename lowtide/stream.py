@@ -21,6 +21,7 @@ import pyarrow as pa
 from lowtide.batch import Batch
 from lowtide.errors import NotFound, RegressingPunctuation
 from lowtide.operators.input import Input
+from lowtide.operators.state import State, as_bool, as_dict, as_float, as_int, as_list, as_str
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import Schema, admit
@@ -76,6 +77,50 @@ class Stream:
             "low_watermark": self.progress,
             "source_punctuation": {s.name: s.punctuation for s in self.sources.values()},
         }
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def snapshot(self) -> State:
+        """Progress and counters; the schema, generator and declared sources are the catalog's."""
+        return {
+            "progress": self.progress,
+            "granularity": self.granularity,
+            "tuples_ingested": self.tuples_ingested,
+            "late_tuples": self.late_tuples,
+            "next_heartbeat": float(self._next_heartbeat),
+            "sources": [
+                {
+                    "name": s.name,
+                    "last_heard": float(s.last_heard),
+                    "punctuation": s.punctuation,
+                    "max_seen": s.max_seen,
+                    "closed": s.closed,
+                    "idle": s.idle,
+                }
+                for s in self.sources.values()
+            ],
+        }
+
+    def restore(self, state: State) -> None:
+        """Take a :meth:`snapshot` of the same stream; subscribers are not punctuated again
+        (their restored operators have seen that progress)."""
+        saved = as_dict(state, f"stream {self.name}")
+        self.progress = as_int(saved["progress"], "progress")
+        self.granularity = as_int(saved["granularity"], "granularity")
+        self.tuples_ingested = as_int(saved["tuples_ingested"], "tuples_ingested")
+        self.late_tuples = as_int(saved["late_tuples"], "late_tuples")
+        self._next_heartbeat = as_float(saved["next_heartbeat"], "next_heartbeat")
+        self.sources = {}
+        for entry in as_list(saved["sources"], "sources"):
+            s = as_dict(entry, "source")
+            name = as_str(s["name"], "source name")
+            self.sources[name] = Source(
+                name,
+                as_float(s["last_heard"], "last_heard"),
+                as_int(s["punctuation"], "punctuation"),
+                as_int(s["max_seen"], "max_seen"),
+                as_bool(s["closed"], "closed"),
+                as_bool(s["idle"], "idle"),
+            )
 
     # -- checks (no state change) -----------------------------------------------------------
     def admit(self, data: Any, pool: StringPool) -> Batch:

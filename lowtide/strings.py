@@ -8,10 +8,14 @@ number of distinct strings ever seen), which is what keeps codes stable for the 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from lowtide.operators.state import State, as_array, as_dict
 
 NULL_CODE = -1
 
@@ -44,6 +48,21 @@ class StringPool:
             if self._codes.get(value, code) != code:
                 raise ValueError(f"string {value!r} already has code {self._codes[value]}, not {code}")
             self._store(value, code)
+
+    def snapshot(self) -> State:
+        """Every string in code order, as UTF-8 bytes and offsets (no Python objects)."""
+        encoded = [v.encode("utf-8", "surrogatepass") for v in self.values(0, len(self))]
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return {"offsets": offsets, "bytes": np.frombuffer(b"".join(encoded), np.uint8).copy()}
+
+    def restore(self, state: State) -> None:
+        """Take the codes of a :meth:`snapshot` (before anything else gives out codes)."""
+        saved = as_dict(state, "strings")
+        offsets = as_array(saved["offsets"], "string offsets", np.int64, 1)
+        data = as_array(saved["bytes"], "string bytes", np.uint8, 1).tobytes()
+        values = [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(offsets)]
+        self.adopt({value: code for code, value in enumerate(values)})
 
     def _store(self, value: str, code: int) -> None:
         if code >= len(self._values):

@@ -12,7 +12,6 @@ strings, numpy arrays; tables travel as Arrow IPC bytes.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +22,9 @@ from lowtide.handles import Item
 from lowtide.ipc import read_ipc
 from lowtide.operators.state import State, as_array, as_dict, as_int, as_list, as_str
 from lowtide.punctuation.model import Punctuation
-from lowtide.query.sharing import share_key
 from lowtide.server import input_log as records
 from lowtide.server.batches import AppliedBatches
 from lowtide.server.hub import Hub
-from lowtide.stream import Source, Stream
 
 if TYPE_CHECKING:
     from lowtide.server.front import Front
@@ -40,16 +37,13 @@ def door_state(front: Front, seq: int) -> State:
     engine = front.engine
     return {
         "seq": seq,
-        "counter": engine._counter,
-        "strings": _strings(engine.pool.values(0, len(engine.pool))),
-        "streams": [
-            {"create": _fields(record), "state": _stream_state(engine._streams[name])}
-            for name, record in front.catalog_streams.items()
-        ],
+        "strings": engine.pool.snapshot(),
+        "streams": [_fields(record) for record in front.catalog_streams.values()],
         "queries": [
-            {"register": _fields(record), "share": _share_of(front, name)}
+            {"register": _fields(record), "share": engine.share_of(name)}
             for name, record in front.catalog_queries.items()
         ],
+        "progress": engine.snapshot_progress(),
         "applied": [_ids_state(stream, source, ids) for (stream, source), ids in front.applied.items()],
     }
 
@@ -59,69 +53,8 @@ def _ids_state(stream: str, source: str, ids: AppliedBatches) -> State:
     return {"stream": stream, "source": source, "lo": np.array(lo, np.int64), "hi": np.array(hi, np.int64)}
 
 
-def _share_of(front: Front, query: str) -> str | None:
-    share = front.engine._queries[query].plan.share
-    return share_key(share) if share is not None else None
-
-
 def _fields(record: records.Record) -> dict[str, State]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(record).items()}
-
-
-def _strings(values: list[str]) -> State:
-    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
-    offsets = np.zeros(len(encoded) + 1, np.int64)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    return {"offsets": offsets, "bytes": np.frombuffer(b"".join(encoded), np.uint8).copy()}
-
-
-def _unstrings(state: State) -> list[str]:
-    saved = as_dict(state, "strings")
-    offsets = as_array(saved["offsets"], "string offsets", np.int64, 1)
-    data = as_array(saved["bytes"], "string bytes", np.uint8, 1).tobytes()
-    return [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(offsets)]
-
-
-def _stream_state(stream: Stream) -> State:
-    return {
-        "progress": stream.progress,
-        "granularity": stream.granularity,
-        "tuples_ingested": stream.tuples_ingested,
-        "late_tuples": stream.late_tuples,
-        "next_heartbeat": stream._next_heartbeat,
-        "sources": [
-            {
-                "name": s.name,
-                "last_heard": s.last_heard,
-                "punctuation": s.punctuation,
-                "max_seen": s.max_seen,
-                "closed": s.closed,
-                "idle": s.idle,
-            }
-            for s in stream.sources.values()
-        ],
-    }
-
-
-def _restore_stream(stream: Stream, state: State) -> None:
-    saved = as_dict(state, f"stream {stream.name}")
-    stream.progress = as_int(saved["progress"], "progress")
-    stream.granularity = as_int(saved["granularity"], "granularity")
-    stream.tuples_ingested = as_int(saved["tuples_ingested"], "tuples_ingested")
-    stream.late_tuples = as_int(saved["late_tuples"], "late_tuples")
-    stream._next_heartbeat = float(saved["next_heartbeat"])  # type: ignore[arg-type]
-    stream.sources = {}
-    for entry in as_list(saved["sources"], "sources"):
-        s = as_dict(entry, "source")
-        name = as_str(s["name"], "source name")
-        stream.sources[name] = Source(
-            name,
-            float(s["last_heard"]),  # type: ignore[arg-type]
-            as_int(s["punctuation"], "punctuation"),
-            as_int(s["max_seen"], "max_seen"),
-            bool(s["closed"]),
-            bool(s["idle"]),
-        )
 
 
 # -- the output side ------------------------------------------------------------------------------
@@ -136,7 +69,7 @@ def output_state(front: Front, channel: list[Message]) -> State:
             "results": running.sink.results,
             "failed": remote.failed,
             "inputs": [op.snapshot() for _, op in running.subscribers],
-            "derived": _stream_state(running.derived) if running.derived is not None else None,
+            "derived": running.derived.snapshot() if running.derived is not None else None,
         }
     return {
         "queries": queries,
@@ -185,12 +118,9 @@ def restore_catalog(front: Front, door: State) -> None:
     """Streams and queries as they were at the checkpoint (queries post ``register`` to workers)."""
     saved = as_dict(door, "front door")
     engine = front.engine
-    engine.pool.adopt({value: code for code, value in enumerate(_unstrings(saved["strings"]))})
-    progress: list[tuple[str, State]] = []
+    engine.pool.restore(saved["strings"])
     for entry in as_list(saved["streams"], "streams"):
-        e = as_dict(entry, "stream")
-        front.apply(records.CreateStream(**as_dict(e["create"], "create_stream")))  # type: ignore[arg-type]
-        progress.append((as_str(as_dict(e["create"], "create_stream")["name"], "stream name"), e["state"]))
+        front.apply(records.CreateStream(**as_dict(entry, "create_stream")))  # type: ignore[arg-type]
     for entry in as_list(saved["queries"], "queries"):
         e = as_dict(entry, "query")
         record = records.RegisterQuery(**as_dict(e["register"], "register_query"))  # type: ignore[arg-type]
@@ -198,8 +128,7 @@ def restore_catalog(front: Front, door: State) -> None:
         front.apply(record, None if share is None else as_str(share, "share"))
     # Progress only now: a query registered on a stream that has progressed is punctuated at
     # once, which its restored operators have seen already.
-    for name, state in progress:
-        _restore_stream(engine._streams[name], state)
+    engine.restore_progress(saved["progress"])
     for entry in as_list(saved["applied"], "applied"):
         e = as_dict(entry, "applied ids")
         ids = AppliedBatches.from_runs(
@@ -207,7 +136,6 @@ def restore_catalog(front: Front, door: State) -> None:
             [int(v) for v in as_array(e["hi"], "ids", np.int64, 1)],
         )
         front.applied[(as_str(e["stream"], "stream"), as_str(e["source"], "source"))] = ids
-    engine._counter = as_int(saved["counter"], "counter")
 
 
 def restore_output(front: Front, output: State, live_hubs: bool) -> list[Message]:
@@ -224,7 +152,7 @@ def restore_output(front: Front, output: State, live_hubs: bool) -> list[Message
         for (_, op), state in zip(running.subscribers, as_list(e["inputs"], "inputs"), strict=True):
             op.restore(state)
         if running.derived is not None and e["derived"] is not None:
-            _restore_stream(running.derived, e["derived"])
+            running.derived.restore(e["derived"])
         if e["failed"] is not None:
             engine.fail(remote, as_str(e["failed"], "failure"))
     for key, state in as_dict(saved["hubs"], "hubs").items():
