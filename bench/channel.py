@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelReader, ChannelWriter, create_segment
 
 
@@ -32,7 +33,7 @@ def _columns(rows: int) -> dict[str, np.ndarray[Any, Any]]:
 
 def _shm_reader(name: str, conn: Connection, done: Connection, batches: int) -> None:
     segment = shared_memory.SharedMemory(name=name)
-    reader = ChannelReader(segment, conn)
+    reader = ChannelReader(segment, conn, msg.TO_WORKER)
     reader.recv()  # warm-up message
     done.send("ready")
     for _ in range(batches):
@@ -58,13 +59,13 @@ def run_shm(batches: int, rows: int) -> float:
     done_here, done_there = ctx.Pipe()
     reader = ctx.Process(target=_shm_reader, args=(segment.name, theirs, done_there, batches))
     reader.start()
-    writer = ChannelWriter(segment, ours)
+    writer = ChannelWriter(segment, ours, msg.TO_WORKER)
     columns = _columns(rows)
-    writer.send(("warm-up",), columns)
+    writer.send(msg.Sync(0), columns)  # warm-up
     done_here.recv()
     began = time.perf_counter()
     for i in range(batches):
-        writer.send(("batch", i), columns)
+        writer.send(msg.Batch("q", i, False, rows), columns)
     done_here.recv()
     seconds = time.perf_counter() - began
     reader.join()

@@ -40,6 +40,8 @@ are registered on it before the data, a sliding and a tumbling window::
    kill -9 / start cycles. The log was just written, so it is read from the page cache. A
    server on an empty state directory, and one without, give the start-up floor.
 
+Checkpoint size and pause as window state grows from 1 MB to 1 GB: ``bench/checkpoints.py``.
+
 The servers run whatever ``lowtide`` this interpreter imports (``PYTHONPATH`` can point it at
 another checkout); the report names its folder. Writes ``bench/results/durability.md`` (the
 tables) and ``bench/results/durability.json`` (every figure, every run). The scratch
@@ -178,15 +180,18 @@ class Server:
     stderr: list[str]
 
     @staticmethod
-    def start(state_dir: Path | None = None, fsync: str = "no", scratch: Path | None = None) -> Server:
+    def start(
+        state_dir: Path | None = None, fsync: str = "no", scratch: Path | None = None, config: str = ""
+    ) -> Server:
+        """``config``: more TOML lines for the state directory's server."""
         script = Path(sys.executable).with_name("lowtide")
         command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.cli"]
         command += ["serve", "--host", "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", "0"]
         if state_dir is not None:
             assert scratch is not None
-            config = scratch / f"fsync-{fsync}.toml"
-            config.write_text(f'fsync = "{fsync}"\nretained_items = 1024\n')
-            command += ["--state-dir", str(state_dir), "--config", str(config)]
+            toml = state_dir.with_name(state_dir.name + ".toml")
+            toml.write_text(f'fsync = "{fsync}"\nretained_items = 1024\n{config}')
+            command += ["--state-dir", str(state_dir), "--config", str(toml)]
         began = time.monotonic()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: list[str] = []

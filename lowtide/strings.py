@@ -9,13 +9,15 @@ number of distinct strings ever seen), which is what keeps codes stable for the 
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lowtide.operators.state import State, as_array, as_dict
+if TYPE_CHECKING:
+    from lowtide.operators.state import State
 
 NULL_CODE = -1
 
@@ -58,6 +60,8 @@ class StringPool:
 
     def restore(self, state: State) -> None:
         """Take the codes of a :meth:`snapshot` (before anything else gives out codes)."""
+        from lowtide.operators.state import as_array, as_dict  # clients load this module: no engine
+
         saved = as_dict(state, "strings")
         offsets = as_array(saved["offsets"], "string offsets", np.int64, 1)
         data = as_array(saved["bytes"], "string bytes", np.uint8, 1).tobytes()

@@ -61,6 +61,12 @@ _MAX_DIMS = 32
 def pack(state: State) -> bytes:
     """``state`` as bytes (see the module docstring). Raises ``TypeError`` for a value that is no
     State (a numpy scalar, a tuple, an object array, a non-str key): a bug in a ``snapshot``."""
+    return b"".join(pack_parts(state))
+
+
+def pack_parts(state: State) -> list[bytes | memoryview]:
+    """The bytes of :func:`pack` as pieces, the arrays' own memory among them (written one after
+    another, they make the same file without a copy of the whole state)."""
     arrays: list[npt.NDArray[Any]] = []
     root = _encode(state, arrays, "state")
     meta = [[a.dtype.str, list(a.shape)] for a in arrays]
@@ -72,7 +78,7 @@ def pack(state: State) -> bytes:
     crc = zlib.crc32(lengths)
     for part in parts:
         crc = zlib.crc32(part, crc)
-    return b"".join([_PREFIX.pack(MAGIC, VERSION, crc, total, len(header)), *parts])
+    return [_PREFIX.pack(MAGIC, VERSION, crc, total, len(header)), *parts]
 
 
 def unpack(data: bytes) -> State:

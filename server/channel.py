@@ -1,8 +1,9 @@
 """A one-way channel between two processes: numpy columns through shared memory.
 
 The payload of a message (the columns of a batch) is copied once into a shared-memory ring; a
-small header (message kind, names, dtypes, offsets) travels over a pipe. The reader copies the
-columns out and advances the ring's read position, which it keeps in the ring's first 8 bytes.
+small header (the message as its direction's :class:`~lowtide.server.messages.Codec` encodes it,
+and the columns' names, dtypes, offsets) travels over a pipe. The reader copies the columns out
+and advances the ring's read position, which it keeps in the ring's first 8 bytes.
 A writer that finds the ring full waits for the reader: that is the backpressure that slows a
 fast producer down instead of dropping or buffering without bound.
 
@@ -18,17 +19,22 @@ import fcntl
 import pickle as _pickle  # headers between our own processes, never from the network
 import struct
 import termios
+import threading
 import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+if TYPE_CHECKING:
+    from lowtide.server.messages import Codec
+
 _HEADER = 64
 _ALIGN = 64
 Arrays = dict[str, npt.NDArray[Any]]
+M = TypeVar("M")  # the messages of the channel's direction
 
 
 def _aligned(size: int) -> int:
@@ -39,19 +45,21 @@ class ChannelFull(Exception):
     """The ring has no room for the message now; retry after the reader catches up."""
 
 
-class ChannelWriter:
-    def __init__(self, shm: shared_memory.SharedMemory, conn: Connection) -> None:
+class ChannelWriter(Generic[M]):
+    def __init__(self, shm: shared_memory.SharedMemory, conn: Connection, codec: Codec[M]) -> None:
         self._shm = shm
         self._conn = conn
+        self._codec = codec
         self._capacity = shm.size - _HEADER
         self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
         self._write = 0
         self._pipe_capacity = _widen_pipe(conn.fileno())
+        self._sending = threading.Lock()  # a worker's checkpoint thread sends too
 
     def fileno(self) -> int:
         return self._conn.fileno()
 
-    def try_send(self, header: tuple[Any, ...], arrays: Arrays | None = None) -> None:
+    def try_send(self, message: M, arrays: Arrays | None = None) -> None:
         """Send or raise :class:`ChannelFull` without blocking: neither the ring nor the pipe
         may be short of room (a writer blocked on a full pipe while its reader waits to send to
         it would deadlock both processes)."""
@@ -73,8 +81,9 @@ class ChannelWriter:
                 layout.append((name, array.dtype.str, array.shape, offset))
                 offset += size
             end = start + total
-        message = _pickle.dumps((header, layout, end), protocol=_pickle.HIGHEST_PROTOCOL)
-        if len(message) + 8 > _pipe_room(self._conn.fileno()) and len(message) + 8 <= self._pipe_capacity:
+        header = _pickle.dumps((self._codec.encode(message), layout, end), protocol=_pickle.HIGHEST_PROTOCOL)
+        room = _pipe_room(self._conn.fileno(), self._pipe_capacity)
+        if len(header) + 8 > room and len(header) + 8 <= self._pipe_capacity:
             raise ChannelFull()  # what does not fit an empty pipe can only be written blocking
         if arrays:
             ring = self._shm.buf
@@ -82,17 +91,17 @@ class ChannelWriter:
                 view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=ring, offset=_HEADER + at)
                 view[...] = array
             self._write = end
-        self._conn.send_bytes(message)
+        self._conn.send_bytes(header)
 
-    def send(
-        self, header: tuple[Any, ...], arrays: Arrays | None = None, timeout: float | None = None
-    ) -> None:
-        """Send, waiting while the ring is full (for processes without an event loop)."""
+    def send(self, message: M, arrays: Arrays | None = None, timeout: float | None = None) -> None:
+        """Send, waiting while the ring is full (for processes without an event loop; safe from
+        several threads of one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 1e-5
         while True:
             try:
-                self.try_send(header, arrays)
+                with self._sending:
+                    self.try_send(message, arrays)
                 return
             except ChannelFull:
                 if deadline is not None and time.monotonic() > deadline:
@@ -104,10 +113,11 @@ class ChannelWriter:
         self._conn.close()
 
 
-class ChannelReader:
-    def __init__(self, shm: shared_memory.SharedMemory, conn: Connection) -> None:
+class ChannelReader(Generic[M]):
+    def __init__(self, shm: shared_memory.SharedMemory, conn: Connection, codec: Codec[M]) -> None:
         self._shm = shm
         self._conn = conn
+        self._codec = codec
         self._capacity = shm.size - _HEADER
         self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
 
@@ -117,16 +127,16 @@ class ChannelReader:
     def poll(self, timeout: float = 0.0) -> bool:
         return self._conn.poll(timeout)
 
-    def recv(self) -> tuple[tuple[Any, ...], Arrays]:
-        """The next message: its header and its columns (copied out of the ring)."""
-        header, layout, end = _pickle.loads(self._conn.recv_bytes())
+    def recv(self) -> tuple[M, Arrays]:
+        """The next message and its columns (copied out of the ring)."""
+        encoded, layout, end = _pickle.loads(self._conn.recv_bytes())
         arrays: Arrays = {}
         for name, dtype, shape, offset in layout:
             view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._shm.buf, offset=_HEADER + offset)
             arrays[name] = view.copy()
         if layout:
             self._read[0] = end  # the ring up to ``end`` may be written again
-        return header, arrays
+        return self._codec.decode(encoded), arrays
 
 
 def create_segment(capacity: int) -> shared_memory.SharedMemory:
@@ -145,10 +155,10 @@ def _widen_pipe(fd: int) -> int:
         return 1 << 16
 
 
-def _pipe_room(fd: int) -> int:
-    """Bytes a write to the pipe can take now without blocking."""
+def _pipe_room(fd: int, capacity: int) -> int:
+    """Bytes a write to the pipe (of ``capacity`` bytes) can take now without blocking."""
     try:
         unread = int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
-        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)) - unread
+        return capacity - unread
     except OSError:
         return 1 << 30  # not a pipe we can measure: write as before

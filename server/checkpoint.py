@@ -6,12 +6,14 @@ front's door and catalog (``front.state``) and every worker's operator state
 the start. The log before the oldest checkpoint kept is removed.
 
 It is taken without stopping ingestion (Chandy-Lamport, as Flink's barriers): the front saves
-its door and sends every worker a barrier behind everything it has sent; each worker saves its
-operators when the barrier reaches it and echoes it. The output side - melds, hubs, the result
-streams that feed other queries - is saved when the last echo is in: by then exactly the output
-of the records before ``seq`` has been released (see :mod:`lowtide.server.melding`). What the
-result streams sent to workers between the barrier and that moment is saved with it and sent
-again at restore. A worker pauses only for its own snapshot.
+its door and sends every worker a barrier behind everything it has sent; each worker, when the
+barrier reaches it, forks a child that writes its operators' state as of that moment and echoes
+the barrier at once (it pauses only for the fork, see :mod:`lowtide.server.snapshot_writer`).
+The output side - melds, hubs, the result streams that feed other queries - is saved when the
+last echo is in: by then exactly the output of the records before ``seq`` has been released (see
+:mod:`lowtide.server.melding`). What the result streams sent to workers between the barrier and
+that moment is saved with it and sent again at restore. The manifest follows once every worker
+has reported its file written, with the size and CRC-32 it reported.
 
 Layout: ``D/checkpoints/<seq>/`` holding the state files and ``MANIFEST.json`` (written last,
 atomically: the CRC-32 and size of every file). A directory without a manifest is a checkpoint a
@@ -26,12 +28,13 @@ import json
 import shutil
 import sys
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lowtide.errors import CorruptState, StartupFailure
 from lowtide.operators.state import State, unpack
-from lowtide.server.files import write_atomically
+from lowtide.server.files import write_atomically, write_parts_atomically
 
 MANIFEST = "MANIFEST.json"
 FRONT = "front.state"
@@ -64,16 +67,17 @@ class CheckpointStore:
         target.mkdir()
         return target
 
-    def commit(self, seq: int, front: bytes, workers: int) -> None:
-        """Write the front's state and the manifest: from here on the checkpoint counts."""
+    def commit(self, seq: int, front: list[bytes | memoryview], workers: Sequence[tuple[int, int]]) -> int:
+        """Write the front's state and the manifest: from here on the checkpoint counts.
+        ``workers``: the size and CRC-32 of each worker's file as its writer reported them (read
+        back, a large state would hold up the front). Returns the checkpoint's bytes."""
         target = self.directory / f"{seq:020d}"
-        write_atomically(target / FRONT, front)
-        files = {}
-        for name in [FRONT, *(worker_file(w) for w in range(workers))]:
-            data = (target / name).read_bytes()
-            files[name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
-        manifest = {"seq": seq, "workers": workers, "files": files}
+        written = [write_parts_atomically(target / FRONT, front), *workers]
+        names = [FRONT, *(worker_file(w) for w in range(len(workers)))]
+        files = {name: {"bytes": n, "crc32": crc} for name, (n, crc) in zip(names, written, strict=True)}
+        manifest = {"seq": seq, "workers": len(workers), "files": files}
         write_atomically(target / MANIFEST, json.dumps(manifest, indent=1).encode())
+        return sum(size for size, _ in written)
 
     def abandon(self, seq: int) -> None:
         shutil.rmtree(self.directory / f"{seq:020d}", ignore_errors=True)

@@ -13,9 +13,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from lowtide.operators.state import State, pack
+from lowtide.operators.state import State, pack_parts
+from lowtide.server import messages as msg
 from lowtide.server.checkpoint import Checkpoint, CheckpointStore, worker_file
 from lowtide.server.front_state import Message, door_state, output_state
 
@@ -29,9 +30,12 @@ class _Pending:
     seq: int
     door: State
     directory: Path
-    waiting: set[int]
+    waiting: set[int]  # workers the barrier has not passed yet
     began: float
     channel: list[Message] = field(default_factory=list)
+    pauses: list[float] = field(default_factory=list)
+    output: State | None = None  # taken when the barrier has passed every worker
+    written: dict[int, tuple[int, int]] = field(default_factory=dict)  # worker -> size, CRC-32
 
 
 class Checkpointer:
@@ -44,9 +48,6 @@ class Checkpointer:
         self.log_bytes = front.config.checkpoint_log_bytes
         self.pending: _Pending | None = None
         self.restore_errors: list[str] = []
-        self.taken = 0
-        self.last_seconds = 0.0  # from barrier to manifest, of the last one taken
-        self.last_bytes = 0  # on disk, of the last one taken
         self._last = time.monotonic()
         self._log_mark = 0
         self._covered = 0  # the log position of the last one taken
@@ -82,31 +83,41 @@ class Checkpointer:
         self.pending = pending
         front.engine.recording = pending.channel
         for worker in range(front.workers.size):
-            front.workers.post(worker, ("checkpoint", pending.token, str(directory / worker_file(worker))))
+            front.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
 
-    def answered(self, worker: int, kind: str, token: Any, error: str | None) -> None:
-        if kind == "restored":
-            if error is not None:
-                self.restore_errors.append(f"worker {worker}: {error}")
+    def answered(self, worker: int, answer: msg.Checkpointed | msg.Persisted | msg.Restored) -> None:
+        if isinstance(answer, msg.Restored):
+            if answer.error is not None:
+                self.restore_errors.append(f"worker {worker}: {answer.error}")
             return
         pending = self.pending
-        if pending is None or token != pending.token:
+        if pending is None or answer.token != pending.token:
             return  # an abandoned one
-        if error is not None:
-            print(f"lowtide: checkpoint {pending.seq} failed on worker {worker}: {error}", file=sys.stderr)
+        if answer.error is not None:
+            why = f"failed on worker {worker}: {answer.error}"
+            print(f"lowtide: checkpoint {pending.seq} {why}", file=sys.stderr)
             self.abandon()
             return
-        pending.waiting.discard(worker)
-        if not pending.waiting:
-            self._complete(pending)
+        if isinstance(answer, msg.Checkpointed):
+            pending.pauses.append(answer.pause_s)
+            pending.waiting.discard(worker)
+            if not pending.waiting:
+                # Every worker is past the barrier and the melds have released exactly the
+                # output of the records before it: the output side, as of the barrier.
+                self.front.engine.recording = None
+                pending.output = output_state(self.front, pending.channel)
+        else:
+            pending.written[worker] = (answer.size, answer.crc32)
+        if pending.output is not None and len(pending.written) == self.front.workers.size:
+            self._complete(pending, pending.output)
 
-    def _complete(self, pending: _Pending) -> None:
+    def _complete(self, pending: _Pending, output: State) -> None:
         front = self.front
-        front.engine.recording = None
         self.pending = None
-        output = output_state(front, pending.channel)
+        written = [pending.written[w] for w in range(front.workers.size)]
         try:
-            self.store.commit(pending.seq, pack({"door": pending.door, "output": output}), front.workers.size)
+            front_parts = pack_parts({"door": pending.door, "output": output})
+            size = self.store.commit(pending.seq, front_parts, written)
         except OSError as exc:  # a full disk: the log still holds everything
             print(f"lowtide: checkpoint {pending.seq} not written: {exc.strerror or exc}", file=sys.stderr)
             self.store.abandon(pending.seq)
@@ -114,9 +125,13 @@ class Checkpointer:
         oldest = self.store.prune(keep=2)
         if oldest is not None:
             self.log.truncate_before(oldest)
-        self.taken += 1
-        self.last_seconds = time.monotonic() - pending.began
-        self.last_bytes = sum(p.stat().st_size for p in pending.directory.iterdir())
+        seconds = time.monotonic() - pending.began
+        front.metrics.checkpoint_taken(seconds, size, pending.pauses)
+        print(
+            f"lowtide: checkpoint at change {pending.seq}: {size} bytes in {seconds:.3f} s, "
+            f"workers paused {max(pending.pauses):.3f} s at most",
+            file=sys.stderr,
+        )
         self._last = time.monotonic()
         self._log_mark = self.log.bytes_written
         self._covered = pending.seq

@@ -45,6 +45,7 @@ from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import auth
 from lowtide.server import input_log as records
+from lowtide.server import messages as msg
 from lowtide.server.batches import AppliedBatches, PartialBatch
 from lowtide.server.checkpoint import Checkpoint
 from lowtide.server.checkpointer import Checkpointer
@@ -340,9 +341,9 @@ class Front:
         messages = restore_output(self, front_state["output"], live_hubs)
         self.engine.sync_strings()
         for worker in range(self.workers.size):
-            self.workers.post(worker, ("restore", self.generation, str(checkpoint.worker_path(worker))))
-        for worker, header, arrays in messages:
-            self.workers.post(worker, header, arrays)
+            self.workers.post(worker, msg.Restore(self.generation, str(checkpoint.worker_path(worker))))
+        for worker, record, arrays in messages:
+            self.workers.post(worker, msg.from_record(record), arrays)
         return checkpoint.seq
 
     async def _recover_from_death(self, worker: int) -> None:
@@ -355,7 +356,7 @@ class Front:
             self.generation += 1
             self._resetting = set(range(self.workers.size))
             for w in range(self.workers.size):
-                self.workers.post(w, ("reset", self.generation))
+                self.workers.post(w, msg.Reset(self.generation))
             self.engine = self._new_engine()
             self.applied = {}
             self.catalog_streams, self.catalog_queries = {}, {}
@@ -423,34 +424,39 @@ class Front:
             if hub is not None:
                 hub.close(status, reason)
 
-    def _on_message(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any]) -> None:
-        kind = header[0]
+    def _on_message(self, worker: int, message: msg.ToFront, arrays: dict[str, Any]) -> None:
         if worker in self._resetting:  # sent before the reset: about a world that is gone
-            if kind == "reset" and header[1] == self.generation:
+            if isinstance(message, msg.ResetDone) and message.generation == self.generation:
                 self._resetting.discard(worker)
             return
-        if kind in ("checkpointed", "restored"):
-            if self.checkpoints is not None:
-                self.checkpoints.answered(worker, kind, header[1], header[2])
-            return
-        if header[0] == "synced":
-            waiting = self._syncs.get(header[1])
-            if waiting is not None:
-                left, future = waiting
-                if left <= 1:
-                    del self._syncs[header[1]]
-                    if not future.done():
-                        future.set_result(None)
-                else:
-                    self._syncs[header[1]] = (left - 1, future)
-            return
-        name = self.engine.on_worker_message(worker, header, arrays)
-        if name is not None:
-            self._publish(name)
-        if header[0] == "failed":  # the queries sharing its slices failed with it
-            for remote in self.engine.remote.values():
-                if remote.failed:
-                    self._close_failed(remote.name, "ABORTED", remote.failed)
+        match message:
+            case msg.ResetDone():
+                pass  # a recovery already over: nothing waits for it
+            case msg.Checkpointed() | msg.Persisted() | msg.Restored():
+                if self.checkpoints is not None:
+                    self.checkpoints.answered(worker, message)
+            case msg.Synced():
+                self._synced(message.token)
+            case _:
+                name = self.engine.on_worker_message(worker, message, arrays)
+                if name is not None:
+                    self._publish(name)
+                if isinstance(message, msg.Failed):  # the queries sharing its slices failed with it
+                    for remote in self.engine.remote.values():
+                        if remote.failed:
+                            self._close_failed(remote.name, "ABORTED", remote.failed)
+
+    def _synced(self, token: int) -> None:
+        """One more worker has processed everything posted before the sync of ``token``."""
+        waiting = self._syncs.get(token)
+        if waiting is not None:
+            left, future = waiting
+            if left <= 1:
+                del self._syncs[token]
+                if not future.done():
+                    future.set_result(None)
+            else:
+                self._syncs[token] = (left - 1, future)
 
     def _on_death(self, worker: int) -> None:
         if self.state is not None:  # the log and the last checkpoint hold everything it had
@@ -467,7 +473,7 @@ class Front:
         token = next(self._tokens)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._syncs[token] = (self.workers.size, future)
-        self.workers.broadcast(("sync", token))
+        self.workers.broadcast(msg.Sync(token))
         await asyncio.wait_for(future, timeout=60)
 
     async def _ticker(self) -> None:

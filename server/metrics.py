@@ -14,6 +14,13 @@ Observed by the server as things happen (histograms in seconds, counters):
                                                       server (the dissertation's latency metric);
                                                       buckets from 0.5 ms to 10 s
 ``lowtide_worker_restarts_total{worker}``             counter: worker processes restarted
+``lowtide_checkpoint_seconds``                        histogram: from a checkpoint's barrier to its
+                                                      manifest written (``_count``: checkpoints
+                                                      taken; ``--state-dir`` only)
+``lowtide_checkpoint_pause_seconds``                  histogram: how long a worker stopped
+                                                      processing for a checkpoint (one per worker
+                                                      per checkpoint)
+``lowtide_checkpoint_bytes``                          gauge: bytes on disk of the last checkpoint
 
 (prometheus_client also exposes each of these with a ``_created`` gauge: its creation time.)
 
@@ -58,7 +65,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -86,6 +93,8 @@ PUNCTUATION_TO_RESULT_BUCKETS = (
 )
 INGEST_BATCH_BUCKETS = (0.0001, 0.00025, *PUNCTUATION_TO_RESULT_BUCKETS)
 INGEST_BATCH_TUPLE_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+CHECKPOINT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+CHECKPOINT_PAUSE_BUCKETS = (0.0001, 0.00025, *PUNCTUATION_TO_RESULT_BUCKETS)
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +241,21 @@ class ServerMetrics:
             ["worker"],
             registry=self.registry,
         )
+        self._checkpoint_seconds = Histogram(
+            PREFIX + "checkpoint_seconds",
+            "From a checkpoint's barrier to its manifest written.",
+            registry=self.registry,
+            buckets=CHECKPOINT_BUCKETS,
+        )
+        self._checkpoint_pause = Histogram(
+            PREFIX + "checkpoint_pause_seconds",
+            "How long a worker stopped processing for a checkpoint.",
+            registry=self.registry,
+            buckets=CHECKPOINT_PAUSE_BUCKETS,
+        )
+        self._checkpoint_bytes = Gauge(
+            PREFIX + "checkpoint_bytes", "Bytes on disk of the last checkpoint taken.", registry=self.registry
+        )
         self._collector = SnapshotCollector()
         self.registry.register(self._collector)
         self._server: WSGIServer | None = None
@@ -247,6 +271,12 @@ class ServerMetrics:
 
     def worker_restarted(self, worker: int) -> None:
         self._worker_restarts.labels(str(worker)).inc()
+
+    def checkpoint_taken(self, seconds: float, size: int, pauses: Iterable[float]) -> None:
+        self._checkpoint_seconds.observe(seconds)
+        self._checkpoint_bytes.set(size)
+        for pause in pauses:
+            self._checkpoint_pause.observe(pause)
 
     def forget(self, *, stream: str | None = None, query: str | None = None) -> None:
         """Drop the histogram series of a dropped stream or query (snapshot series go by themselves)."""

@@ -14,7 +14,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import pyarrow as pa
 
@@ -25,9 +25,10 @@ from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.results import to_table
 from lowtide.schema import ColumnType
+from lowtide.server import messages as msg
 from lowtide.server.melding import OrderedMeld
 from lowtide.server.partitioning import Partitioning, partitioning_of, split
-from lowtide.server.worker import QuerySpec, decode_columns
+from lowtide.server.worker import decode_columns
 from lowtide.server.workers import WorkerPool
 from lowtide.testing import Clock
 
@@ -78,30 +79,24 @@ class Dispatch(Input):
         front = self.front
         front.sync_strings()
         if len(query.workers) == 1:
-            header = ("batch", query.name, self.index, late, batch.n)
-            front.post(query.workers[0], header, batch.columns, self.derived)
+            message = msg.Batch(query.name, self.index, late, batch.n)
+            front.post(query.workers[0], message, batch.columns, self.derived)
             return
         pieces = split(batch, query.partitioning.keys[self.index], len(query.workers))
         for worker, rows in zip(query.workers, pieces, strict=True):
             # An empty piece goes too: every worker answers every message (an epoch, see melding).
             piece = batch.select(rows)
-            header = ("batch", query.name, self.index, late, piece.n)
-            front.post(worker, header, piece.columns if piece.n else None, self.derived)
+            message = msg.Batch(query.name, self.index, late, piece.n)
+            front.post(worker, message, piece.columns if piece.n else None, self.derived)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if self.query.failed:
             return
-        sent = time.monotonic()
+        message = msg.Punctuate(
+            self.query.name, self.index, punctuation.attribute, punctuation.value, time.monotonic()
+        )
         for worker in self.query.workers:
-            header = (
-                "punctuate",
-                self.query.name,
-                self.index,
-                punctuation.attribute,
-                punctuation.value,
-                sent,
-            )
-            self.front.post(worker, header, None, self.derived)
+            self.front.post(worker, message, None, self.derived)
 
 
 class FrontEngine(Engine):
@@ -119,16 +114,17 @@ class FrontEngine(Engine):
         self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
         # Shared slices -> the query feeding them and its dispatches (they outlive it while read).
         self._feeders: dict[int, tuple[RemoteQuery, list[tuple[str, Input]]]] = {}
-        # While a checkpoint waits for its barriers: what result streams send to workers meanwhile.
+        # While a checkpoint waits for its barriers: what result streams send to workers meanwhile,
+        # as plain data (messages.to_record).
         self.recording: list[tuple[int, tuple[Any, ...], dict[str, Any] | None]] | None = None
 
     def post(
-        self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any] | None, derived: bool
+        self, worker: int, message: msg.QueryInput, arrays: dict[str, Any] | None, derived: bool
     ) -> None:
         """Send a query's input to a worker; recorded for a checkpoint when a result stream sent it."""
         if derived and self.recording is not None:
-            self.recording.append((worker, header, arrays))
-        self.workers.post(worker, header, arrays)
+            self.recording.append((worker, msg.to_record(message), arrays))
+        self.workers.post(worker, message, arrays)
 
     # -- registration ---------------------------------------------------------------------------
     def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
@@ -148,7 +144,7 @@ class FrontEngine(Engine):
         meld = OrderedMeld(len(workers), running.sink, on_late)
         remote = RemoteQuery(running.name, running, partitioning, workers, meld)
         self.remote[running.name] = remote
-        spec = QuerySpec(
+        spec = msg.QuerySpec(
             running.sql,
             running.policy.value,
             running.allowed_lateness,
@@ -164,7 +160,7 @@ class FrontEngine(Engine):
         )
         self.sync_strings()
         for worker in workers:
-            self.workers.post(worker, ("register", running.name, spec))
+            self.workers.post(worker, msg.Register(running.name, spec))
         if feeder is not None:
             return feeder[1]  # the feeding query's dispatch sends the tuples once for all readers
         dispatches: list[tuple[str, Input]] = [
@@ -180,7 +176,7 @@ class FrontEngine(Engine):
         known = len(self.pool)
         if known > self._strings_sent:
             self.workers.broadcast(
-                ("strings", self._strings_sent, self.pool.values(self._strings_sent, known))
+                msg.Strings(self._strings_sent, self.pool.values(self._strings_sent, known))
             )
             self._strings_sent = known
 
@@ -193,50 +189,59 @@ class FrontEngine(Engine):
         remote = self.remote.pop(name, None)
         if remote is not None:
             for worker in remote.workers:
-                self.workers.post(worker, ("drop", name))
+                self.workers.post(worker, msg.Drop(name))
         live = {id(q.plan.share) for q in self._queries.values() if q.plan.share is not None}
         self._feeders = {share: feeder for share, feeder in self._feeders.items() if share in live}
 
     # -- worker output --------------------------------------------------------------------------
-    def on_worker_message(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any]) -> str | None:
+    def on_worker_message(
+        self, worker: int, message: msg.QueryOutput | msg.Stats, arrays: dict[str, Any]
+    ) -> str | None:
         """Apply one message from a worker; returns the name of the query it concerns."""
-        kind = header[0]
-        if kind == "stats":
-            for name, stats in header[1].items():
+        if isinstance(message, msg.Stats):
+            for name, stats in message.queries.items():
                 if name in self.remote:
                     self.remote[name].worker_stats[worker] = stats
             return None
-        remote = self.remote.get(header[1])
+        remote = self.remote.get(message.query)
         if remote is None or worker not in remote.workers:
             return None
-        if kind == "result":
-            remote.meld.result(remote.port(worker), Batch(decode_columns(arrays), header[2]))
-        elif kind == "punctuation":
-            remote.meld.punctuation(remote.port(worker), Punctuation(header[3], header[2]))
-        elif kind == "late":
-            fields = tuple((name, ColumnType(kind_name)) for name, kind_name in header[3])
-            remote.meld.late(remote.port(worker), to_table(Batch(arrays, header[2]), fields, self.pool))
-        elif kind == "epoch":
-            remote.meld.epoch(remote.port(worker))
-        elif kind == "released":
-            done = remote.released.get(header[2], 0) + 1
-            if done < len(remote.workers):
-                remote.released[header[2]] = done
-                if len(remote.released) > MAX_RELEASING:  # a worker that never answers: forget
-                    del remote.released[min(remote.released)]
-            else:
-                remote.released.pop(header[2], None)
-                if self.on_released is not None:
-                    self.on_released(remote.name, time.monotonic() - header[2])
-        elif kind == "failed":
-            reason = f"query {remote.name!r} failed on worker {worker}: {header[2]}"
-            self.fail(remote, reason)
-            if any(feeder is remote for feeder, _ in self._feeders.values()):
-                # The queries reading the slices it fed get no more tuples: they fail with it.
-                for other in self.remote.values():
-                    if other.running.subscribers is remote.running.subscribers and not other.failed:
-                        self.fail(other, reason)
+        match message:
+            case msg.Result():
+                remote.meld.result(remote.port(worker), Batch(decode_columns(arrays), message.rows))
+            case msg.Punctuated():
+                remote.meld.punctuation(remote.port(worker), Punctuation(message.value, message.attribute))
+            case msg.Late():
+                fields = tuple((name, ColumnType(kind)) for name, kind in message.columns)
+                table = to_table(Batch(arrays, message.rows), fields, self.pool)
+                remote.meld.late(remote.port(worker), table)
+            case msg.Epoch():
+                remote.meld.epoch(remote.port(worker))
+            case msg.Released():
+                self._released(remote, message.sent_at)
+            case msg.Failed():
+                reason = f"query {remote.name!r} failed on worker {worker}: {message.reason}"
+                self.fail(remote, reason)
+                if any(feeder is remote for feeder, _ in self._feeders.values()):
+                    # The queries reading the slices it fed get no more tuples: they fail with it.
+                    for other in self.remote.values():
+                        if other.running.subscribers is remote.running.subscribers and not other.failed:
+                            self.fail(other, reason)
+            case _:
+                assert_never(message)
         return remote.name
+
+    def _released(self, remote: RemoteQuery, sent_at: float) -> None:
+        """One of the query's workers released the punctuation sent at ``sent_at``."""
+        done = remote.released.get(sent_at, 0) + 1
+        if done < len(remote.workers):
+            remote.released[sent_at] = done
+            if len(remote.released) > MAX_RELEASING:  # a worker that never answers: forget
+                del remote.released[min(remote.released)]
+        else:
+            remote.released.pop(sent_at, None)
+            if self.on_released is not None:
+                self.on_released(remote.name, time.monotonic() - sent_at)
 
     def worker_died(self, worker: int) -> list[str]:
         """Fail every query that had state on ``worker``; returns their names.
@@ -245,7 +250,7 @@ class FrontEngine(Engine):
         front's whole pool first, so the queries registered on it later decode as the front does.
         """
         if self._strings_sent:
-            self.workers.post(worker, ("strings", 0, self.pool.values(0, self._strings_sent)))
+            self.workers.post(worker, msg.Strings(0, self.pool.values(0, self._strings_sent)))
         lost = []
         for remote in self.remote.values():
             if worker in remote.workers and not remote.failed:
@@ -256,10 +261,10 @@ class FrontEngine(Engine):
     def fail(self, remote: RemoteQuery, reason: str) -> None:
         remote.failed = reason
         for worker in remote.workers:
-            self.workers.post(worker, ("drop", remote.name))
+            self.workers.post(worker, msg.Drop(remote.name))
 
     def request_stats(self) -> None:
-        self.workers.broadcast(("stats",))
+        self.workers.broadcast(msg.GetStats())
 
     def state_bytes(self, query: str) -> int:
         remote = self.remote.get(query)

@@ -6,17 +6,12 @@ key, plus every punctuation. The worker runs the same planner and operators as t
 engine and sends back result batches, output punctuation and late tuples, still as engine
 columns (string codes): the front decodes them once, after melding all workers' outputs.
 
-Messages in (front -> worker), as ``(kind, ...)`` headers with columns in the payload:
-``strings(first_code, values)`` (the worker's string pool mirrors the front's),
-``register(name, spec)``, ``drop(name)``, ``batch(query, input, late)``,
-``punctuate(query, input, attribute, value, sent_at)``, ``sync(token)``, ``stats()``, ``stop()``,
-``checkpoint(seq, path)`` (write the state of every query and share), ``reset(generation)``
-(forget everything), ``restore(generation, path)`` (after the queries are registered again).
-Messages out: ``result(query)``, ``punctuation(query, attribute, value)``, ``late(query)``,
-``released(query, sent_at)`` (after the results a punctuation released), ``epoch(query)`` (after
-everything one batch or punctuation message made for that query), ``synced(token)``,
-``failed(query, reason)``, ``stats(dict)``, ``checkpointed(seq, error)``, ``reset(generation)``,
-``restored(generation, error)``.
+The messages in and out are those of :mod:`lowtide.server.messages`: in, the front's
+:data:`~lowtide.server.messages.ToWorker` (the string pool's new entries, which the worker's pool
+mirrors; queries registered and dropped; batches and punctuation; sync, stats, checkpoint, reset,
+restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output punctuation, late
+tuples; ``Released`` after the results a punctuation released; ``Epoch`` after everything one
+batch or punctuation message made for a query; the answers to the control messages).
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +32,7 @@ from lowtide.batch import Batch
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
-from lowtide.operators.state import State, as_dict, fields, pack, unpack
-from lowtide.operators.wid_aggregate import SlowFlush
+from lowtide.operators.state import State, as_dict, fields, unpack
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
@@ -46,21 +40,10 @@ from lowtide.query.plan_state import restore_plan, restore_share, snapshot_plan,
 from lowtide.query.planner import Context, Plan, plan_query
 from lowtide.query.sharing import Shares, share_key
 from lowtide.schema import ColumnType, Schema
+from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelReader, ChannelWriter
-from lowtide.server.files import write_atomically
+from lowtide.server.snapshot_writer import Written, write_in_child
 from lowtide.strings import StringPool
-
-
-@dataclass(frozen=True)
-class QuerySpec:
-    """What a worker needs to plan a query exactly as the front planned it."""
-
-    sql: str
-    late: str
-    allowed_lateness: str | int | None
-    schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
-    flush: SlowFlush | None = None
-    restored_share: str | None = None  # planned again after a restore: the slices it read
 
 
 def encode_columns(columns: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
@@ -103,7 +86,7 @@ class _Forward(Operator):
 
     label = "Forward"
 
-    def __init__(self, query: str, out: ChannelWriter) -> None:
+    def __init__(self, query: str, out: ChannelWriter[msg.ToFront]) -> None:
         super().__init__()
         self.query = query
         self.out = out
@@ -111,11 +94,11 @@ class _Forward(Operator):
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
-        self.out.send(("result", self.query, batch.n), encode_columns(batch.columns))
+        self.out.send(msg.Result(self.query, batch.n), encode_columns(batch.columns))
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         self.punctuations += 1
-        self.out.send(("punctuation", self.query, punctuation.attribute, punctuation.value))
+        self.out.send(msg.Punctuated(self.query, punctuation.attribute, punctuation.value))
 
 
 @dataclass
@@ -128,7 +111,7 @@ class _Hosted:
 
 
 class Worker:
-    def __init__(self, inbound: ChannelReader, outbound: ChannelWriter) -> None:
+    def __init__(self, inbound: ChannelReader[msg.ToWorker], outbound: ChannelWriter[msg.ToFront]) -> None:
         self.inbound = inbound
         self.out = outbound
         self.reset()
@@ -144,12 +127,25 @@ class Worker:
         self.feeds: dict[str, list[Input]] = {}
         self.readers: dict[str, list[str]] = {}  # feed -> the queries whose output its input moves
 
-    def checkpoint(self, path: str) -> None:
-        """Write the state of every query and share, at this point of the input, to ``path``."""
+    def snapshot(self) -> State:
+        """The state of every query and share at this point of the input."""
         queries: dict[str, State] = {name: snapshot_plan(h.plan) for name, h in self.queries.items()}
         shares: dict[str, State] = {share_key(share): snapshot_share(share) for share in self.shares}
-        state: State = {"queries": queries, "shares": shares}
-        write_atomically(Path(path), pack(state))
+        return {"queries": queries, "shares": shares}
+
+    def checkpoint(self, message: msg.Checkpoint) -> None:
+        """Answer the barrier at once; a forked child writes the state as it is now (see
+        :mod:`lowtide.server.snapshot_writer`) and a thread reports the file when it is on disk."""
+
+        def persisted(written: Written) -> None:
+            self.out.send(msg.Persisted(message.token, written.size, written.crc32, written.error))
+
+        try:
+            pause = write_in_child(self.snapshot, Path(message.path), persisted)
+        except OSError as exc:  # no memory or processes left to fork: the front abandons it
+            self.out.send(msg.Checkpointed(message.token, 0.0, f"cannot fork a writer: {exc}"[:300]))
+            return
+        self.out.send(msg.Checkpointed(message.token, pause, None))
 
     def restore(self, path: str) -> None:
         """Put the queries registered again (in their order) where :meth:`checkpoint` saved them."""
@@ -166,7 +162,7 @@ class Worker:
                 raise CorruptState(f"{path} holds no state for the slices {key}")
             restore_share(share, shares[key])
 
-    def register(self, name: str, spec: QuerySpec) -> None:
+    def register(self, name: str, spec: msg.QuerySpec) -> None:
         schemas = {
             stream: Schema(tuple((c, ColumnType(t)) for c, t in columns), progressing)
             for stream, (columns, progressing) in spec.schemas.items()
@@ -175,7 +171,7 @@ class Worker:
         def on_drop(batch: Batch, fields: tuple[tuple[str, ColumnType], ...]) -> None:
             names = [n for n, _ in fields]
             self.out.send(
-                ("late", name, batch.n, tuple((n, t.name) for n, t in fields)),
+                msg.Late(name, batch.n, tuple((n, t.name) for n, t in fields)),
                 {n: batch.columns[n] for n in names},
             )
 
@@ -220,77 +216,77 @@ class Worker:
             if feed in self.feeds
         }
 
-    def handle(self, header: tuple[Any, ...], arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
-        kind = header[0]
+    def handle(self, message: msg.ToWorker, arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
+        """Apply one message from the front; False for :class:`~lowtide.server.messages.Stop`."""
         try:
-            if kind == "batch":
-                _, query, index, late, n = header
-                inputs = self.feeds.get(query)
-                if inputs is not None and n:
-                    batch = Batch(dict(arrays), n)
-                    target = inputs[index]
-                    if late:
-                        target.process_late(batch)
-                    else:
-                        target.process(batch)
-                self._epoch(query)
-            elif kind == "punctuate":
-                _, query, index, attribute, value, sent = header
-                inputs = self.feeds.get(query)
-                if inputs is not None:
-                    before = {name: hosted.forward.punctuations for name, hosted in self.queries.items()}
-                    inputs[index].punctuate(Punctuation(value, attribute))
-                    # The front times punctuation to result for each query whose output this
-                    # punctuation moved on (every worker of a query moves alike: windows close
-                    # by punctuation, not by data), after the results it released.
-                    for name, hosted in self.queries.items():
-                        moved = hosted.forward.punctuations > before.get(name, hosted.forward.punctuations)
-                        if moved or (hosted.slow_flush and name == query):
-                            self.out.send(("released", name, sent))
-                self._epoch(query)
-            elif kind == "sync":
-                self.out.send(("synced", header[1]))
-            elif kind == "strings":  # the front's new dictionary entries, codes from header[1]
-                self.pool.adopt({value: header[1] + i for i, value in enumerate(header[2])})
-            elif kind == "register":
-                self.register(header[1], header[2])
-            elif kind == "drop":
-                self.drop(header[1])
-            elif kind == "stats":
-                self.out.send(("stats", self.stats()))
-            elif kind == "checkpoint":  # (seq, path): after everything before it, before what follows
-                self._answer("checkpointed", header[1], lambda: self.checkpoint(header[2]))
-            elif kind == "restore":  # (generation, path)
-                self._answer("restored", header[1], lambda: self.restore(header[2]))
-            elif kind == "reset":  # (generation): what follows is a restore; what was sent before is moot
-                self.reset()
-                self.out.send(("reset", header[1]))
-            elif kind == "stop":
-                return False
+            match message:
+                case msg.Batch():
+                    self._process(message, arrays)
+                    self._epoch(message.query)
+                case msg.Punctuate():
+                    self._punctuate(message)
+                    self._epoch(message.query)
+                case msg.Sync():
+                    self.out.send(msg.Synced(message.token))
+                case msg.Strings():
+                    self.pool.adopt({value: message.first_code + i for i, value in enumerate(message.values)})
+                case msg.Register():
+                    self.register(message.query, message.spec)
+                case msg.Drop():
+                    self.drop(message.query)
+                case msg.GetStats():
+                    self.out.send(msg.Stats(self.stats()))
+                case msg.Checkpoint():  # after everything before it, before what follows
+                    self.checkpoint(message)
+                case msg.Restore():  # after the queries are registered again
+                    error = _attempt(lambda: self.restore(message.path))
+                    self.out.send(msg.Restored(message.generation, error))
+                case msg.Reset():  # what follows is a restore; what was sent before is moot
+                    self.reset()
+                    self.out.send(msg.ResetDone(message.generation))
+                case msg.Stop():
+                    return False
+                case _:
+                    assert_never(message)
         except (EOFError, OSError):
             raise  # the front went away: worker_main ends the process quietly
         except Exception as exc:  # MemoryError, OverflowError, ... too: the query fails, not the worker
-            query = header[1] if len(header) > 1 and isinstance(header[1], str) else ""
+            query = _query_of(message)
             self.drop(query)
             lines = str(exc).strip().splitlines()
             reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            self.out.send(("failed", query, reason[:300]))
+            self.out.send(msg.Failed(query, reason[:300]))
         return True
 
-    def _answer(self, kind: str, token: int, work: Callable[[], None]) -> None:
-        """Run ``work`` and tell the front: ``(kind, token, None)`` or the one-line reason it failed."""
-        try:
-            work()  # files only, never the channel
-        except Exception as exc:  # a full disk, a damaged or foreign file: the front decides
-            self.out.send((kind, token, f"{type(exc).__name__}: {exc}"[:300]))
+    def _process(self, message: msg.Batch, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
+        inputs = self.feeds.get(message.query)
+        if inputs is not None and message.rows:
+            batch = Batch(dict(arrays), message.rows)
+            target = inputs[message.input_index]
+            if message.late:
+                target.process_late(batch)
+            else:
+                target.process(batch)
+
+    def _punctuate(self, message: msg.Punctuate) -> None:
+        inputs = self.feeds.get(message.query)
+        if inputs is None:
             return
-        self.out.send((kind, token, None))
+        before = {name: hosted.forward.punctuations for name, hosted in self.queries.items()}
+        inputs[message.input_index].punctuate(Punctuation(message.value, message.attribute))
+        # The front times punctuation to result for each query whose output this punctuation
+        # moved on (every worker of a query moves alike: windows close by punctuation, not by
+        # data), after the results it released.
+        for name, hosted in self.queries.items():
+            moved = hosted.forward.punctuations > before.get(name, hosted.forward.punctuations)
+            if moved or (hosted.slow_flush and name == message.query):
+                self.out.send(msg.Released(name, message.sent_at))
 
     def _epoch(self, feed: str) -> None:
         """Mark the end of what one input message made, for each query it feeds (the front
         releases a query's output by these, in the same order at every replay)."""
         for reader in self.readers.get(feed, ()):
-            self.out.send(("epoch", reader))
+            self.out.send(msg.Epoch(reader))
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -305,8 +301,8 @@ class Worker:
 
     def run(self) -> None:
         while True:
-            header, arrays = self.inbound.recv()
-            if not self.handle(header, arrays):
+            message, arrays = self.inbound.recv()
+            if not self.handle(message, arrays):
                 return
 
 
@@ -318,7 +314,10 @@ def worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     inbound = shared_memory.SharedMemory(name=inbound_name)
     outbound = shared_memory.SharedMemory(name=outbound_name)
-    worker = Worker(ChannelReader(inbound, inbound_conn), ChannelWriter(outbound, outbound_conn))
+    worker = Worker(
+        ChannelReader(inbound, inbound_conn, msg.TO_WORKER),
+        ChannelWriter(outbound, outbound_conn, msg.TO_FRONT),
+    )
     try:
         worker.run()
     except (EOFError, OSError, KeyboardInterrupt):
@@ -327,3 +326,22 @@ def worker_main(
         inbound.close()
         outbound.close()
         os._exit(0)
+
+
+def _attempt(work: Callable[[], None]) -> str | None:
+    """Run ``work`` (files only, never the channel): None, or the one-line reason it failed (a
+    full disk, a damaged or foreign file: the front decides)."""
+    try:
+        work()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def _query_of(message: msg.ToWorker) -> str:
+    """The query that fails when handling ``message`` raises ("" when it concerns none)."""
+    match message:
+        case msg.Batch() | msg.Punctuate() | msg.Register() | msg.Drop():
+            return message.query
+        case _:
+            return ""

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from typing import Any
 
+from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelFull, ChannelReader, ChannelWriter, create_segment
 from lowtide.server.worker import worker_main
 
-Message = tuple[tuple[Any, ...], dict[str, Any] | None]
-OnMessage = Callable[[int, tuple[Any, ...], dict[str, Any]], None]
+Outgoing = tuple[msg.ToWorker, dict[str, Any] | None]
+OnMessage = Callable[[int, msg.ToFront, dict[str, Any]], None]
 OnDeath = Callable[[int], None]
 
 
@@ -29,10 +30,10 @@ OnDeath = Callable[[int], None]
 class WorkerHandle:
     index: int
     process: Any
-    writer: ChannelWriter
-    reader: ChannelReader
+    writer: ChannelWriter[msg.ToWorker]
+    reader: ChannelReader[msg.ToFront]
     segments: tuple[shared_memory.SharedMemory, shared_memory.SharedMemory]
-    outbox: deque[Message] = field(default_factory=deque)
+    outbox: deque[Outgoing] = field(default_factory=deque)
     queued_bytes: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -74,8 +75,8 @@ class WorkerPool:
         handle = WorkerHandle(
             index,
             process,
-            ChannelWriter(to_worker, front_out),
-            ChannelReader(from_worker, front_in),
+            ChannelWriter(to_worker, front_out, msg.TO_WORKER),
+            ChannelReader(from_worker, front_in, msg.TO_FRONT),
             (to_worker, from_worker),
         )
         loop.add_reader(handle.reader.fileno(), self._drain, handle)
@@ -83,17 +84,17 @@ class WorkerPool:
         handle.task = loop.create_task(self._pump(handle))
         return handle
 
-    def post(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any] | None = None) -> None:
+    def post(self, worker: int, message: msg.ToWorker, arrays: dict[str, Any] | None = None) -> None:
         """Queue a message for a worker (in order); never blocks."""
         handle = self.handles[worker]
-        handle.outbox.append((header, arrays))
+        handle.outbox.append((message, arrays))
         if arrays:
             handle.queued_bytes += sum(a.nbytes for a in arrays.values())
         handle.wake.set()
 
-    def broadcast(self, header: tuple[Any, ...]) -> None:
+    def broadcast(self, message: msg.ToWorker) -> None:
         for w in range(self.size):
-            self.post(w, header)
+            self.post(w, message)
 
     async def wait_for_room(self) -> None:
         """Wait while any worker has more than its share of bytes queued (backpressure)."""
@@ -112,9 +113,9 @@ class WorkerPool:
             while not handle.outbox:
                 handle.wake.clear()
                 await handle.wake.wait()
-            header, arrays = handle.outbox[0]
+            message, arrays = handle.outbox[0]
             try:
-                handle.writer.try_send(header, arrays)
+                handle.writer.try_send(message, arrays)
             except ChannelFull:
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 5e-3)
@@ -131,8 +132,8 @@ class WorkerPool:
     def _drain(self, handle: WorkerHandle) -> None:
         try:
             while handle.reader.poll():
-                header, arrays = handle.reader.recv()
-                self.on_message(handle.index, header, arrays)
+                message, arrays = handle.reader.recv()
+                self.on_message(handle.index, message, arrays)
         except (EOFError, OSError):
             pass  # the sentinel reports the death
 
@@ -163,7 +164,7 @@ class WorkerPool:
         self._stopping = True
         await self.idle()
         for handle in self.handles:
-            self.post(handle.index, ("stop",))
+            self.post(handle.index, msg.Stop())
         await self.idle()
         for handle in self.handles:
             await asyncio.get_running_loop().run_in_executor(None, handle.process.join, 5)

@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from lowtide.proto import lowtide_pb2 as pb
+from lowtide.server import messages as msg
 from lowtide.server.config import ServerConfig
 from lowtide.server.front import Front, Service
 
@@ -358,10 +359,10 @@ class NoWorkers:
 
     size = 1
 
-    def post(self, worker: int, header: tuple[Any, ...], arrays: dict[str, Any] | None = None) -> None:
+    def post(self, worker: int, message: msg.ToWorker, arrays: dict[str, Any] | None = None) -> None:
         pass
 
-    def broadcast(self, header: tuple[Any, ...]) -> None:
+    def broadcast(self, message: msg.ToWorker) -> None:
         pass
 
     async def wait_for_room(self) -> None:

@@ -8,12 +8,15 @@ came back against the in-process engine fed the same data once.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import resource
 import signal
 import threading
 import time
+import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_harness import Server, running_server, start_server
 
 from lowtide import END_OF_STREAM, Engine, Punctuation
@@ -294,3 +298,30 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path) -> N
         RuntimeError, match=r"no whole checkpoint left: .*front\.state does not match its manifest"
     ):
         start_server(config=config(state_dir))
+
+
+def test_checkpoints_are_reported_and_their_files_match_the_manifest(state_dir: Path) -> None:
+    """A worker's file is written by a forked child; the manifest records the size and CRC-32
+    it reported, the server says so on stderr and in its metrics."""
+    with server_on(state_dir) as (server, client):
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.register_query(TUMBLING, name="tumbling")
+        feed(client, range(4))
+        deadline = time.monotonic() + 30
+        while "lowtide: checkpoint at change" not in server.stderr_tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.metrics_url is not None
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+        taken = {s.name: s.value for s in families["lowtide_checkpoint_seconds"].samples}
+        assert taken["lowtide_checkpoint_seconds_count"] >= 1
+        pauses = {s.name: s.value for s in families["lowtide_checkpoint_pause_seconds"].samples}
+        assert pauses["lowtide_checkpoint_pause_seconds_count"] >= 2  # one per worker
+        assert families["lowtide_checkpoint_bytes"].samples[0].value > 0
+    written = [path for path in (state_dir / "checkpoints").iterdir() if (path / "MANIFEST.json").exists()]
+    assert written
+    for checkpoint in written:
+        manifest = json.loads((checkpoint / "MANIFEST.json").read_text())
+        for name, entry in manifest["files"].items():
+            data = (checkpoint / name).read_bytes()
+            assert (len(data), zlib.crc32(data)) == (entry["bytes"], entry["crc32"]), name

@@ -212,6 +212,18 @@ def test_worker_restarts(metrics: ServerMetrics) -> None:
     }
 
 
+def test_checkpoints(metrics: ServerMetrics) -> None:
+    metrics.checkpoint_taken(0.8, 1_000_000, [0.002, 0.003])
+    metrics.checkpoint_taken(3.0, 2_500_000, [0.004, 0.0001])
+    _, samples, types = scrape(metrics)
+    assert types["lowtide_checkpoint_seconds"] == "histogram"
+    assert types["lowtide_checkpoint_bytes"] == "gauge"
+    assert series(samples, "lowtide_checkpoint_seconds_count") == {(): 2}
+    assert series(samples, "lowtide_checkpoint_seconds_sum") == {(): pytest.approx(3.8)}
+    assert series(samples, "lowtide_checkpoint_pause_seconds_count") == {(): 4}
+    assert series(samples, "lowtide_checkpoint_bytes") == {(): 2_500_000}
+
+
 def test_forget_drops_histogram_series(metrics: ServerMetrics) -> None:
     metrics.ingest_batch("Main", 1, 0.001)
     metrics.punctuation_to_result("q1", 0.001)

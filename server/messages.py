@@ -1,0 +1,305 @@
+"""The messages between the front and its workers: one frozen dataclass each, by direction.
+
+The front sends :data:`ToWorker` messages, a worker answers with :data:`ToFront` ones; the columns
+of a batch or a result travel beside them, in the channel's shared memory (see
+:mod:`lowtide.server.channel`). Receivers dispatch with ``match`` on the class, exhaustively.
+
+On the pipe a message is ``(code, field values)``: its class's position in its direction's
+:class:`Codec` and its fields in declaration order, pickled. That keeps a message close to the
+cost of the positional tuple it replaces: no class reference is pickled and looked up per message
+(pickling the dataclass itself costs several times more). Front and workers run the same code,
+so a code means the same class at both ends; codes are never stored.
+
+A checkpoint keeps the batches and punctuation a query's result stream sent to workers while its
+barriers were out (:mod:`lowtide.server.front_state`), as plain data: :func:`to_record` and
+:func:`from_record` give that form, ``["batch", query, input, late, rows]`` or
+``["punctuate", query, input, attribute, value, sent_at]``, the positional headers of before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, assert_never
+
+from lowtide.errors import CorruptState
+
+if TYPE_CHECKING:
+    from lowtide.engine import SlowFlush
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    """What a worker needs to plan a query exactly as the front planned it."""
+
+    sql: str
+    late: str
+    allowed_lateness: str | int | None
+    schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
+    flush: SlowFlush | None = None
+    restored_share: str | None = None  # planned again after a restore: the slices it read
+
+
+# -- front -> worker ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Strings:
+    """The front's new string-pool entries: ``values[i]`` has code ``first_code + i``."""
+
+    first_code: int
+    values: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    query: str
+    spec: QuerySpec
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    query: str
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """``rows`` tuples of one input of a query (columns in the payload; none when ``rows`` is 0).
+    The name is the query that feeds shared slices when its tuples feed other queries too."""
+
+    query: str
+    input_index: int  # which of the query's inputs (its streams, in plan order)
+    late: bool  # below the stream's progress: for queries whose late policy is ``update``
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Punctuate:
+    query: str
+    input_index: int
+    attribute: str
+    value: int
+    sent_at: float  # the front's time.monotonic(), echoed in Released
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Answered with :class:`Synced` after everything sent before it."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats:
+    """Answered with :class:`Stats`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A barrier: write the state of every query and share to ``path``, after everything sent
+    before it and before what follows; answered with :class:`Checkpointed` at once and
+    :class:`Persisted` once the file is written."""
+
+    token: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Take the state at ``path`` (sent after the queries are registered again); answered with
+    :class:`Restored`."""
+
+    generation: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Forget every query and string: a restore follows, what was sent before is moot."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End the worker process."""
+
+
+# -- worker -> front ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Result:
+    """``rows`` result rows of a query, as engine columns (string codes) in the payload."""
+
+    query: str
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Punctuated:
+    """The query's output punctuation on this worker."""
+
+    query: str
+    attribute: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    """``rows`` late tuples a query dropped, in the payload; ``columns`` as (name, ColumnType name)."""
+
+    query: str
+    rows: int
+    columns: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """After the results the punctuation sent at ``sent_at`` released for the query."""
+
+    query: str
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """After everything one batch or punctuation message made for the query (see melding)."""
+
+    query: str
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The query failed on this worker (and was dropped there); ``reason`` is one line."""
+
+    query: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Per query: operators as (label, tuples in, tuples out), state_bytes, open_windows, late."""
+
+    queries: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """The barrier passed: the state at it is being written (see :class:`Persisted`)."""
+
+    token: int
+    pause_s: float  # how long the worker stopped processing for it
+    error: str | None  # None: being written; else the one-line reason it will not be
+
+
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """The worker's file of the checkpoint is on disk: its size and CRC-32, for the manifest."""
+
+    token: int
+    size: int
+    crc32: int
+    error: str | None  # None: written; else the one-line reason it was not
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    generation: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResetDone:
+    """The worker has forgotten everything sent before the :class:`Reset` of ``generation``."""
+
+    generation: int
+
+
+QueryInput: TypeAlias = Batch | Punctuate
+ToWorker: TypeAlias = (
+    Strings | Register | Drop | QueryInput | Sync | GetStats | Checkpoint | Restore | Reset | Stop
+)
+QueryOutput: TypeAlias = Result | Punctuated | Late | Released | Epoch | Failed  # melded per query
+ToFront: TypeAlias = QueryOutput | Stats | Synced | Checkpointed | Persisted | Restored | ResetDone
+
+M = TypeVar("M")
+
+
+class Codec(Generic[M]):
+    """The message classes of one direction, numbered by their position: what the pipe carries."""
+
+    def __init__(self, *classes: type[M]) -> None:
+        self._classes: tuple[Callable[..., M], ...] = classes
+        self._codes: dict[type[M], int] = {cls: code for code, cls in enumerate(classes)}
+        self._fields: dict[type[M], Callable[[M], tuple[Any, ...]]] = {cls: _getter(cls) for cls in classes}
+
+    def encode(self, message: M) -> tuple[int, tuple[Any, ...]]:
+        cls = type(message)
+        return self._codes[cls], self._fields[cls](message)
+
+    def decode(self, wire: tuple[int, tuple[Any, ...]]) -> M:
+        code, values = wire
+        return self._classes[code](*values)
+
+
+def _getter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """The field values of a ``cls`` in declaration order, as a tuple (``attrgetter``, in C)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    if not names:
+        return lambda message: ()
+    if len(names) == 1:
+        one = attrgetter(names[0])
+        return lambda message: (one(message),)
+    return attrgetter(*names)
+
+
+TO_WORKER: Codec[ToWorker] = Codec(
+    Batch, Punctuate, Strings, Register, Drop, Sync, GetStats, Checkpoint, Restore, Reset, Stop
+)
+TO_FRONT: Codec[ToFront] = Codec(
+    Result,
+    Punctuated,
+    Late,
+    Released,
+    Epoch,
+    Failed,
+    Stats,
+    Synced,
+    Checkpointed,
+    Persisted,
+    Restored,
+    ResetDone,
+)
+
+
+# -- in a checkpoint ------------------------------------------------------------------------------
+def to_record(message: QueryInput) -> tuple[str | int | bool | float, ...]:
+    """A recorded message as plain data (see the module's docstring)."""
+    match message:
+        case Batch():
+            return ("batch", message.query, message.input_index, message.late, message.rows)
+        case Punctuate():
+            return (
+                "punctuate",
+                message.query,
+                message.input_index,
+                message.attribute,
+                message.value,
+                message.sent_at,
+            )
+        case _:
+            assert_never(message)
+
+
+def from_record(record: tuple[object, ...]) -> QueryInput:
+    """The message :func:`to_record` made; raises :class:`CorruptState` for anything else."""
+    match record:
+        case ("batch", str(query), int(index), bool(late), int(rows)):
+            return Batch(query, index, late, rows)
+        case ("punctuate", str(query), int(index), str(attribute), int(value), float(sent_at)):
+            return Punctuate(query, index, attribute, value, sent_at)
+    raise CorruptState(f"checkpoint: {str(record)[:80]} is no recorded batch or punctuation")

@@ -1,0 +1,69 @@
+"""Front↔worker messages: each direction's codec carries every message of its union, unchanged
+through pickle; a checkpoint's recorded batches and punctuation keep their plain-data form."""
+
+from __future__ import annotations
+
+import pickle
+import typing
+from typing import Any
+
+import pytest
+
+from lowtide.errors import CorruptState
+from lowtide.server import messages as msg
+
+SPEC = msg.QuerySpec("SELECT * FROM S", "drop", None, {"S": ((("k", "INT64"),), "ts")})
+TO_WORKER: list[msg.ToWorker] = [
+    msg.Batch("q", 1, True, 10),
+    msg.Punctuate("q", 0, "ts", 5, 1.5),
+    msg.Strings(3, ["a", "b"]),
+    msg.Register("q", SPEC),
+    msg.Drop("q"),
+    msg.Sync(4),
+    msg.GetStats(),
+    msg.Checkpoint(1, "/tmp/w0"),
+    msg.Restore(2, "/tmp/w0"),
+    msg.Reset(3),
+    msg.Stop(),
+]
+TO_FRONT: list[msg.ToFront] = [
+    msg.Result("q", 3),
+    msg.Punctuated("q", "window_end", 9),
+    msg.Late("q", 2, (("k", "INT64"),)),
+    msg.Released("q", 1.25),
+    msg.Epoch("q"),
+    msg.Failed("q", "ValueError: no"),
+    msg.Stats({"q": {"late": 1}}),
+    msg.Synced(4),
+    msg.Checkpointed(1, 0.004, None),
+    msg.Persisted(1, 4096, 0xDEADBEEF, None),
+    msg.Restored(2, "OSError: full"),
+    msg.ResetDone(3),
+]
+
+
+@pytest.mark.parametrize(
+    ("codec", "union", "examples"),
+    [(msg.TO_WORKER, msg.ToWorker, TO_WORKER), (msg.TO_FRONT, msg.ToFront, TO_FRONT)],
+)
+def test_every_message_crosses_its_codec(codec: msg.Codec[Any], union: Any, examples: list[Any]) -> None:
+    assert {type(m) for m in examples} == set(typing.get_args(union))
+    for message in examples:
+        wire = pickle.loads(pickle.dumps(codec.encode(message), protocol=pickle.HIGHEST_PROTOCOL))
+        assert codec.decode(wire) == message
+
+
+def test_recorded_messages_keep_their_plain_form() -> None:
+    batch, punctuate = msg.Batch("q", 1, False, 7), msg.Punctuate("q", 0, "ts", 5, 2.5)
+    assert msg.to_record(batch) == ("batch", "q", 1, False, 7)
+    assert msg.to_record(punctuate) == ("punctuate", "q", 0, "ts", 5, 2.5)
+    for message in (batch, punctuate):
+        assert msg.from_record(tuple(list(msg.to_record(message)))) == message
+
+
+@pytest.mark.parametrize(
+    "record", [(), ("batch", "q", 1, "no", 7), ("punctuate", "q", 0, "ts", 5), ("sync", 3)]
+)
+def test_a_damaged_record_is_corrupt_state(record: tuple[object, ...]) -> None:
+    with pytest.raises(CorruptState):
+        msg.from_record(record)
