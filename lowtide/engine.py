@@ -23,8 +23,8 @@ from lowtide.ipc import validate_table
 from lowtide.names import check_name, check_source, shown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
+from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.state import State, as_dict, as_int
-from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy

@@ -46,6 +46,7 @@ emitted once, at ``revision`` 0, in one batch per punctuation, then
 groups, tuples of lazy ones, and per-group statistics of the groups with active tuples.
 Time-based sliding and tumbling windows only. A snapshot holds all of the above: the group
 table and per-group arrays, the eager state and its ids, B, the thresholds and the counters.
+Placement: by the group columns (one worker without them).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.placement import Placement
+from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.state import (
     ARRAY,
     FLOAT,
@@ -80,7 +83,7 @@ from lowtide.operators.state import (
     declare,
     fields,
 )
-from lowtide.operators.wid_aggregate import Having, apply_having, key_columns, touched_windows
+from lowtide.operators.window_ids import touched_windows
 from lowtide.operators.windows import Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -361,11 +364,9 @@ class AdaptWIDAggregate(Operator):
             raise ValueError("AdaptWID evaluates time-based sliding and tumbling windows")
         self.window = window
         self.group_columns = group_columns
-        self.group_types = group_types
         self.calls = calls
-        self.columns = columns
-        self.having = having
         self.decode = decode
+        self.results = ResultRows(window, group_columns, group_types, calls, columns, having, decode)
         self.hysteresis = hysteresis
         self.fixed = (high, low)
         # All groups: key -> global id, and per global id mode, eager id and winVol.
@@ -421,9 +422,11 @@ class AdaptWIDAggregate(Operator):
         return len(self.groups) - self.eager_groups()
 
     def describe(self) -> str:
-        by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
-        aggs = ", ".join(call.describe() for call in self.calls)
-        return f"AdaptWID Aggregate {aggs}{by}: eager or lazy per group (Cond. 6.9)"
+        return f"AdaptWID Aggregate {self.results.describe()}: eager or lazy per group (Cond. 6.9)"
+
+    def placement(self) -> Placement:
+        """By the group columns (a time window); one worker without them."""
+        return Placement.by_keys(self.group_columns)
 
     def _thresholds(self) -> None:
         """Cond. 6.9: eager pays ``aggr`` per open window, lazy ``tup`` per active tuple."""
@@ -749,14 +752,7 @@ class AdaptWIDAggregate(Operator):
             scratch.logs[col].append(t_row[cell], t_local[cell], log.values[: log.n][hit])
 
     def _emit_rows(self, wids: I64, gids: I64, values: dict[str, Any]) -> None:
-        columns: dict[str, Any] = {}
-        columns["window_start"], columns["window_end"] = self.window.bounds(wids)
-        columns.update(key_columns(self.groups.keys[gids], self.group_columns, self.group_types))
-        columns.update(values)
-        columns["revision"] = np.zeros(wids.shape[0], np.int64)
-        columns, _ = apply_having(self.having, columns)
-        size = len(columns["revision"])
-        self.emit(Batch({name: columns[name] for name in self.columns}, size))
+        self.emit(self.results.batch(wids, self.groups.keys[gids], values)[0])
 
 
 def _concat(parts: list[Any]) -> Any:

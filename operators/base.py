@@ -7,7 +7,9 @@ Each subclass states in its docstring what its output punctuation promises.
 
 Each subclass also names its state in ``STATE`` (see :mod:`lowtide.operators.state`): restored into
 the same operator planned again, it resumes exactly where the snapshot was taken. The counters
-and the last punctuation emitted are every operator's state.
+and the last punctuation emitted are every operator's state. And each says how its input may be
+split across workers, :meth:`Operator.placement` (see :mod:`lowtide.operators.placement`): one
+worker unless it says otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from lowtide.batch import Batch
+from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.operators.state import DATA, INT, Keep, Stateful, declare
 from lowtide.punctuation.model import Punctuation
 
@@ -41,6 +44,11 @@ class Operator(Stateful, ABC):
         """Send this operator's output to ``downstream``'s input ``port``; returns ``downstream``."""
         self._outputs.append((downstream, port))
         return downstream
+
+    def placement(self) -> Placement:
+        """How this operator's input may be split across workers: on one worker, unless a
+        subclass declares a split that leaves its output unchanged."""
+        return ONE_WORKER
 
     @abstractmethod
     def process(self, batch: Batch, port: int = 0) -> None:

@@ -13,6 +13,7 @@ policy ``update`` (allowed lateness ``L >= 0``) Bucket also punctuates ``"wid_re
 below it end at or before ``p - L`` and may be forgotten. For partitioned tuple windows every
 partition progresses on its own; Bucket adds a ``partition`` column (a dense partition id) and the
 aggregate tracks each partition's count. Its state: the rows seen, overall and per partition.
+Placement: by row position for time windows; tuple windows by their PA columns, or one worker.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy.typing as npt
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.placement import Placement
 from lowtide.operators.state import ARRAY, INT, NESTED, Keep, declare
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
@@ -72,6 +74,13 @@ class Bucket(Operator):
         self._rows_seen = 0
         self._partitions = GroupTable(len(window.partition)) if isinstance(window, Rows) else None
         self._partition_counts = np.zeros(0, dtype=np.int64)
+
+    def placement(self) -> Placement:
+        """Tuple windows count rows in arrival order: the rows of a partition on one worker
+        (PA), or all of them; time windows tag each tuple on its own. Its rows pass on."""
+        if isinstance(self.window, Rows):
+            return Placement.by_keys(self.window.partition, passes_rows=True)  # no PA: one worker
+        return Placement.by_row(passes_rows=True)
 
     def describe(self) -> str:
         late = (

@@ -3,6 +3,7 @@
 The distinct tuples include the progressing attribute, so punctuation ``p`` purges every seen
 tuple with a smaller value: no duplicate of it can arrive any more. State is bounded by the tuples
 at or above the punctuation. Punctuation passes through unchanged. Its state: the tuples seen.
+Placement: one worker.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.operators.state import NESTED, Keep, declare
 from lowtide.punctuation.model import Punctuation
 
@@ -33,6 +35,9 @@ class DupElim(Operator):
 
     def describe(self) -> str:
         return f"DupElim on {', '.join(self.columns)}"
+
+    def placement(self) -> Placement:
+        return ONE_WORKER
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n

@@ -13,14 +13,16 @@ the window attribute completes the windows ``< first_open(p)``: their non-empty 
 emitted once at ``revision`` 0, then ``Punctuation(end(first open window), "window_end")`` -
 exactly what Select -> Bucket -> WID Aggregate promise together.
 
-Its state is WID Aggregate's (``STATE``): the predicates are configuration, and nothing of a
-batch outlives it.
+Placement: by its group column, as WID Aggregate's for a time window.
+
+It owns a :class:`~lowtide.operators.wid_state.WIDState` as WID Aggregate does, and that is its
+whole state (``STATE``): the predicates are configuration, and nothing of a batch outlives it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numba as nb
 import numpy as np
@@ -28,12 +30,18 @@ import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggFunc, AggregateCall
+from lowtide.operators.base import Operator
+from lowtide.operators.placement import Placement
+from lowtide.operators.result_queue import SlowFlush
+from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.select import Predicate
-from lowtide.operators.wid_aggregate import I64, Having, SlowFlush, WIDAggregate
+from lowtide.operators.state import NESTED, Keep, declare
+from lowtide.operators.wid_state import WIDState
 from lowtide.operators.windows import Sliding
-from lowtide.punctuation.model import Punctuation
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
 
+I64 = npt.NDArray[np.int64]
 B1 = npt.NDArray[np.bool_]
 _SPARSE = 4  # windows per tuple beyond which a batch takes the unfused path
 
@@ -106,8 +114,9 @@ def fusable(calls: tuple[AggregateCall, ...], group_types: tuple[ColumnType, ...
     )
 
 
-class FusedWIDAggregate(WIDAggregate):
+class FusedWIDAggregate(Operator):
     label = "Fused WID Aggregate"
+    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, state=NESTED)
 
     def __init__(
         self,
@@ -122,18 +131,31 @@ class FusedWIDAggregate(WIDAggregate):
         flush: SlowFlush | None = None,
     ) -> None:
         assert fusable(calls, group_types) and predicates
-        super().__init__(
-            window, group_columns, group_types, calls, columns, having, decode=decode, flush=flush
-        )
-        self.sliding = window
+        super().__init__()
+        self.window = window
         self.predicates = predicates
+        self.group_columns = group_columns
         self.sum_columns = tuple(dict.fromkeys(c.column for c in calls if c.func is AggFunc.SUM and c.column))
+        results = ResultRows(window, group_columns, group_types, calls, columns, having, decode)
+        self.state = WIDState(self, results, flush)
+
+    def placement(self) -> Placement:
+        """WID Aggregate's for a time window: by the group column."""
+        return Placement.by_keys(self.group_columns)
+
+    def open_windows(self) -> int:
+        return self.state.open_windows()
+
+    def state_bytes(self) -> int:
+        return self.state.nbytes()
 
     def describe(self) -> str:
         where = f" where {' AND '.join(text for _, text in self.predicates)}"
-        return f"Fused Select + Bucket + {super().describe()}{where}, {self.sliding.describe()}: one kernel"
+        aggregate = f"WID Aggregate {self.state.results.describe()}"
+        return f"Fused Select + Bucket + {aggregate}{where}, {self.window.describe()}: one kernel"
 
     def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
         if batch.n == 0:
             return
         columns = batch.columns
@@ -142,42 +164,42 @@ class FusedWIDAggregate(WIDAggregate):
             mask &= np.asarray(predicate(columns), dtype=np.bool_)
         rows = np.flatnonzero(mask)
         if rows.shape[0] == 0:
-            self.tuples_in += batch.n
             return
-        window = self.sliding
+        window, state = self.window, self.state
         ts = columns[window.attribute].astype(np.int64, copy=False)
         lo, hi = _ts_range(ts, rows)
         first, last = (lo - window.range) // window.slide + 1, hi // window.slide + 1
         if last - first > _SPARSE * rows.shape[0] + 64:
             # Far-apart tuples: Bucket's path allocates rows only for windows holding tuples.
-            self.tuples_in += batch.n - rows.shape[0]  # WID Aggregate counts the rest
             ws, we = window.wids(ts[rows])
-            super().process(batch.select(rows).with_columns({"wid_start": ws, "wid_end": we}))
-            return
-        self.tuples_in += batch.n
-        keys = columns[self.group_columns[0]][rows].astype(np.int64, copy=False)
-        gid = self.groups.ids(keys.reshape(-1, 1))
-        new = [w for w in range(first, last) if w not in self._row_of]
-        for w in new:
-            self._row_of[w] = self._new_row()
-        row_of = np.array([self._row_of[w] for w in range(first, last)], dtype=np.int64)
-        self.cells.ensure(self._rows_used, len(self.groups))
-        count = self.cells.arrays["n"]
-        touched = np.zeros(last - first, np.bool_)
-        if self.sum_columns:
-            values = tuple(columns[c].astype(np.int64, copy=False) for c in self.sum_columns)
-            sums = tuple(self.cells.arrays[f"sum:{c}"] for c in self.sum_columns)
-            _fused_count_sums(
-                ts, rows, gid, window.slide, window.range, first, row_of, count, values, sums, touched
-            )
+            state.add(batch.select(rows), ws, we)
         else:
-            _fused_count(ts, rows, gid, window.slide, window.range, first, row_of, count, touched)
-        self._release([w for w in new if not touched[w - first]])  # windows between tuples, empty
-        self.flush_some(rows.shape[0])
+            keys = columns[self.group_columns[0]][rows].astype(np.int64, copy=False)
+            gid = state.groups.ids(keys.reshape(-1, 1))
+            row_of, new = state.open_range(first, last)
+            count = state.cells.arrays["n"]
+            touched = np.zeros(last - first, np.bool_)
+            if self.sum_columns:
+                values = tuple(columns[c].astype(np.int64, copy=False) for c in self.sum_columns)
+                sums = tuple(state.cells.arrays[f"sum:{c}"] for c in self.sum_columns)
+                _fused_count_sums(
+                    ts, rows, gid, window.slide, window.range, first, row_of, count, values, sums, touched
+                )
+            else:
+                _fused_count(ts, rows, gid, window.slide, window.range, first, row_of, count, touched)
+            state.release([w for w in new if not touched[w - first]])  # windows between tuples, empty
+        state.queue.flush_some(rows.shape[0])
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
-        if punctuation.attribute == self.sliding.attribute:
-            super().punctuate(Punctuation(self.sliding.first_open(punctuation.value), "wid"))
+        """Stream punctuation on the window attribute, as Bucket would turn it into window ids."""
+        if punctuation.attribute != self.window.attribute:
+            return
+        state, q = self.state, self.window.first_open(punctuation.value)
+        if q <= state.first_open:
+            return
+        state.queue_windows(state.ready(q))
+        state.first_open = q
+        state.queue.punctuate(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
 
 
 __all__ = ["FusedWIDAggregate", "fusable"]

@@ -4,7 +4,8 @@ Tuples at or above the stream's published progress pass on unchanged. Late tuple
 follow the policy: ``drop`` hands them to the late side stream, ``update`` passes them on
 marked ``late`` (a downstream aggregate revises its windows), ``error`` never gets here (the
 engine rejects the whole batch first). Punctuation passes on unchanged: the stream's progress,
-the minimum over its live sources, never regressing. Its state: its counters.
+the minimum over its live sources, never regressing. Its state: its counters. Placement: any
+split by row position; its rows pass on.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import ClassVar
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
+from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, Keep, declare
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
@@ -32,6 +34,9 @@ class Input(Operator):
 
     def describe(self) -> str:
         return f"Input {self.stream}"
+
+    def placement(self) -> Placement:
+        return Placement.by_row(passes_rows=True)
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n

@@ -3,7 +3,8 @@
 Tuples pass through at once, never buffered. Output punctuation on an attribute is the minimum
 of the latest punctuation of every input on that attribute; it is emitted only when that minimum
 rises, so it is never repeated and never regresses. Its state: the latest punctuation of each
-input on each attribute.
+input on each attribute. Placement: any split by row position (each worker melds the punctuation
+of all inputs); its rows pass on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import ClassVar
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
+from lowtide.operators.placement import Placement
 from lowtide.operators.state import DATA, Keep, declare
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 
@@ -28,6 +30,9 @@ class Meld(Operator):
 
     def describe(self) -> str:
         return f"Meld of {self.inputs} inputs"
+
+    def placement(self) -> Placement:
+        return Placement.by_row(passes_rows=True)
 
     @property
     def low_watermark(self) -> int:

@@ -52,7 +52,8 @@ output columns are gathered with numpy. Timestamps are assumed to stay clear of 
 by more than the ranges (the band limits saturate, the store predicates do not overflow).
 
 A snapshot holds both inputs' bounds and stores, index included: chains keep their order, so a
-restored join emits its pairs in the same order as the join it was taken from.
+restored join emits its pairs in the same order as the join it was taken from. Placement: each
+input by its equality keys, one worker without keys.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from lowtide.batch import Batch, Column
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import hash_rows
+from lowtide.operators.placement import Placement
 from lowtide.operators.state import EACH, INT, INTS, Keep, State, as_array, as_dict, as_int, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -463,6 +465,12 @@ class OAJoin(Operator):
             if bound > NO_PROGRESS:
                 s = self.sides[side]
                 self.emit_progress(bound, f"{s.prefix}.{s.ts}")
+
+    def placement(self) -> Placement:
+        """By each side's equality keys (matching tuples meet on one worker); one worker
+        without keys."""
+        left, right = self.sides
+        return Placement.by_keys(left.keys, right.keys)
 
     def describe(self) -> str:
         (lp, lts), (rp, rts) = ((s.prefix, s.ts) for s in self.sides)

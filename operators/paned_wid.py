@@ -21,6 +21,11 @@ window), "window_end")``. It reads only the slices' generations from its own on,
 tuples that arrived after it started, like any query. Its :meth:`keep_from` tells the slices
 which it still needs: those of its open windows and of its running window.
 
+It reads the slices' group table and accumulators; its own are a
+:class:`~lowtide.operators.result_queue.ResultQueue` of the results of complete windows, each
+window's cells in a scratch row of the slices until they are out. Placement: the slices', by
+their group columns.
+
 A snapshot holds this reader's progress, generation, the row of its running window and the
 results it has queued; the rows themselves (running window, scratch) are the slices' state.
 """
@@ -32,24 +37,23 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
+from lowtide.batch import Batch
 from lowtide.operators.aggregate_kernels import expand_cells
 from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
+from lowtide.operators.placement import Placement
+from lowtide.operators.result_queue import After, ResultQueue, SlowFlush
+from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.shared_slices import SharedSlices
-from lowtide.operators.state import INT, OPTIONAL_INT, Keep, declare
-from lowtide.operators.wid_aggregate import (
-    I64,
-    QUEUE,
-    After,
-    Having,
-    Pending,
-    SlowFlush,
-    WIDAggregate,
-    touched_windows,
-)
+from lowtide.operators.state import INT, NESTED, OPTIONAL_INT, Keep, declare
+from lowtide.operators.wid_state import nonempty_cells
+from lowtide.operators.window_ids import touched_windows
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+
+I64 = npt.NDArray[np.int64]
 
 # Windows emitted together at most: a burst (the end of the stream) reuses this many scratch rows.
 EMIT_CHUNK = 64
@@ -61,13 +65,13 @@ def pane_of(window: Sliding) -> Sliding:
     return Sliding(pane, pane, window.attribute)
 
 
-class PanedWIDAggregate(WIDAggregate):
+class PanedWIDAggregate(Operator):
     label = "Paned-WID Aggregate"
-    # Not WID's: the group table and accumulators it reads are the slices'.
+    # The group table and accumulators it reads are the slices' state, not its own.
     STATE: ClassVar[Mapping[str, Keep]] = declare(
         Operator.STATE,
         first_open=INT,
-        _pending=QUEUE,
+        queue=NESTED,
         _next_window=INT,
         _running=OPTIONAL_INT,
         _running_window=OPTIONAL_INT,
@@ -86,10 +90,14 @@ class PanedWIDAggregate(WIDAggregate):
     ) -> None:
         if window.range % slices.width or window.slide % slices.width:
             raise ValueError(f"slices of {slices.width} do not tile windows of {window.describe()}")
-        groups, types = slices.group_columns, slices.group_types
-        super().__init__(window, groups, types, calls, columns, having, decode=decode, flush=flush)
+        super().__init__()
+        self.window = window
         self.slices = slices
-        self.window_out = window
+        self.calls = calls
+        self.results = ResultRows(
+            window, slices.group_columns, slices.group_types, calls, columns, having, decode
+        )
+        self.queue = ResultQueue(self, flush)  # flush None: results leave at their punctuation
         self.pane = slices.width
         self.panes_per_window = window.range // self.pane
         self.panes_per_slide = window.slide // self.pane
@@ -98,17 +106,20 @@ class PanedWIDAggregate(WIDAggregate):
         self._invertible = own.invertible(names)
         self._combined = tuple(name for name in names if name not in self._invertible)
         self.summaries = tuple(sorted({c.column for c in calls if c.func.holistic and c.column}))
+        self.first_open = NO_PROGRESS  # slices below it are complete
         self._next_window = NO_PROGRESS  # windows below this one were emitted
         self._running: int | None = None  # the row of the invertible accumulators of _running_window
         self._running_window: int | None = None
         self.generation = 0
 
+    def placement(self) -> Placement:
+        """The slices': by their group columns (each worker's slices hold whole groups)."""
+        return Placement.by_keys(self.slices.group_columns)
+
     def attach(self) -> None:
         """Start reading the shared slices: from now on (a new generation if tuples arrived
         before), with the windows the slices' punctuation has completed counted as emitted."""
         self.generation = self.slices.join(self)
-        # The slices' state is this operator's state (it reads it; they may serve other queries).
-        self.groups, self.cells = self.slices.groups, self.slices.cells
         self._running = self.slices.new_row()
         if self.slices.first_open > NO_PROGRESS:
             self.punctuate(Punctuation(self.slices.first_open, "wid"))
@@ -120,10 +131,8 @@ class PanedWIDAggregate(WIDAggregate):
             self._running = None
 
     def describe(self) -> str:
-        return f"Paned-{super().describe()}: windows of {self.panes_per_window} slices"
-
-    def state_bytes(self) -> int:
-        return 0  # the shared slices hold the state, this operator only reads it
+        aggregate = f"Paned-WID Aggregate {self.results.describe()}"
+        return f"{aggregate}: windows of {self.panes_per_window} slices"
 
     def keep_from(self) -> int:
         """The first slice this query may still read: its first open window's, or the running
@@ -133,15 +142,28 @@ class PanedWIDAggregate(WIDAggregate):
             first = min(first, self._running_window)
         return first * self.panes_per_slide
 
+    def process(self, batch: Batch, port: int = 0) -> None:
+        raise TypeError("Paned-WID reads its shared slices: tuples go to them")
+
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != "wid" or punctuation.value <= self.first_open:
             return
         q = self.first_open = punctuation.value
         complete = END_OF_STREAM if q >= END_OF_STREAM else q * self.pane
-        first_open = self.window_out.first_open(complete)
+        first_open = self.window.first_open(complete)
         if first_open > self._next_window:
             self._emit_complete(first_open)
-        self._queue_punctuation(END_OF_STREAM if q >= END_OF_STREAM else self.window_out.end_of(first_open))
+        self.queue.punctuate(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(first_open))
+
+    # -- the queue's outlet ---------------------------------------------------------------------
+    def emit_cells(self, rows: I64, gids: I64, wids: I64) -> None:
+        slices = self.slices
+        if rows.shape[0]:
+            self.emit(self.results.of_cells(slices.groups, slices.cells, rows, gids, wids))
+
+    def free(self, after: After, freed: I64) -> None:
+        assert after is After.FREE_ROWS
+        self.slices.free_rows(freed.tolist())
 
     def _emit_complete(self, first_open: int) -> None:
         """Emit the non-empty windows in ``[_next_window, first_open)``, each combined from its slices."""
@@ -150,13 +172,13 @@ class PanedWIDAggregate(WIDAggregate):
             self._next_window = max(self._next_window, first_open)
             return
         # Windows holding at least one live slice: the windows of each slice's start time.
-        ws, we = self.window_out.wids(panes * self.pane)
+        ws, we = self.window.wids(panes * self.pane)
         candidates = touched_windows(ws, we)
         ready = candidates[(candidates >= self._next_window) & (candidates < first_open)].tolist()
         self._next_window = max(self._next_window, first_open)
         if not ready:
             return
-        width = len(self.groups)
+        cells, width = self.slices.cells, len(self.slices.groups)
         # Sliding the running window costs about 2 * SLIDE / p + 1 slice rows per window, prefix
         # sums one per live slice: many windows at once (a gap, the end of the stream) take those.
         bulk = len(ready) * (2 * self.panes_per_slide + 1) >= panes.shape[0]
@@ -169,30 +191,24 @@ class PanedWIDAggregate(WIDAggregate):
             for w, row in zip(chunk, scratch, strict=True):
                 if not bulk:
                     self._slide_running(w, panes, pane_rows, width)
-                    self.cells.copy_row(row, self._running_row(), width, self._invertible)
+                    cells.copy_row(row, self._running_row(), width, self._invertible)
                 if self._combined:
                     lo, hi = self._panes_of(w, panes)
-                    self.cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
+                    cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
             if self.summaries:
                 self._merge_summaries(chunk, scratch, panes, pane_rows)
-            cells = self._cells_of(list(zip(chunk, scratch, strict=True)))
-            self._queue(*cells, len(chunk), After.FREE_ROWS, np.array(scratch, np.int64))
-            if self.flush is None:
-                self._drain(None)  # out at once: the next chunk reuses the scratch rows
+            done = nonempty_cells(cells, width, list(zip(chunk, scratch, strict=True)))
+            self.queue.put(done, len(chunk), After.FREE_ROWS, np.array(scratch, np.int64))
+            if self.queue.flush is None:
+                self.queue.drain(None)  # out at once: the next chunk reuses the scratch rows
         if bulk:
             self._running_window = None  # the running window starts afresh
-
-    def _after(self, item: Pending) -> None:
-        if item.after is After.FREE_ROWS:
-            self.slices.free_rows(item.freed.tolist())
-        else:
-            super()._after(item)
 
     def _prefix_sums(self, pane_rows: I64, width: int) -> dict[str, I64]:
         """Per invertible accumulator, the sums of the first ``i`` live slices (row ``i``)."""
         prefix = {}
         for name in self._invertible:
-            array = self.cells.arrays[name]
+            array = self.slices.cells.arrays[name]
             prefix[name] = np.zeros((pane_rows.shape[0] + 1, width), array.dtype)
             np.cumsum(array[pane_rows, :width], axis=0, out=prefix[name][1:])
         return prefix
@@ -206,7 +222,7 @@ class PanedWIDAggregate(WIDAggregate):
         lo, hi = np.searchsorted(panes, first), np.searchsorted(panes, first + self.panes_per_window)
         rows = np.array(scratch, np.int64)
         for name, sums in prefix.items():
-            self.cells.arrays[name][rows, :width] = sums[hi] - sums[lo]
+            self.slices.cells.arrays[name][rows, :width] = sums[hi] - sums[lo]
 
     def _merge_summaries(self, ready: list[int], scratch: list[int], panes: I64, pane_rows: I64) -> None:
         """Give each ready window's scratch row the union of its slices' values, in one pass
@@ -215,14 +231,14 @@ class PanedWIDAggregate(WIDAggregate):
         row_of = np.full(ready[-1] - base + 1, -1, np.int64)
         row_of[np.array(ready, np.int64) - base] = scratch
         # The logs share the slices' rows: one map from row to live slice serves them all.
-        logs = [self.cells.logs[col] for col in self.summaries]
+        logs = [self.slices.cells.logs[col] for col in self.summaries]
         size = max([int(pane_rows.max())] + [int(log.rows[: log.n].max(initial=-1)) for log in logs]) + 1
         slice_of, live = np.zeros(size, np.int64), np.zeros(size, np.bool_)
         slice_of[pane_rows] = panes
         live[pane_rows] = True  # not rows of other generations, readers' running windows or scratch
         for log in logs:
             entries = np.flatnonzero(live[log.rows[: log.n]])
-            ws, we = self.window_out.wids(slice_of[log.rows[entries]] * self.pane)
+            ws, we = self.window.wids(slice_of[log.rows[entries]] * self.pane)
             ws, we = np.maximum(ws, base), np.minimum(we, ready[-1] + 1)
             rows, gids, index = expand_cells(ws, we, base, row_of, log.gids[entries])
             log.append(rows, gids, log.values[entries[index]])
@@ -245,14 +261,15 @@ class PanedWIDAggregate(WIDAggregate):
         running, last = self._running_row(), self._running_window
         step = (w - last) * self.panes_per_slide if last is not None else self.panes_per_window
         lo, hi = self._panes_of(w, panes)
+        cells = self.slices.cells
         if step >= self.panes_per_window:
             for name in self._invertible:
-                self.cells.arrays[name][running, :width] = 0
-            self.cells.shift_row(running, pane_rows[lo:hi], pane_rows[:0], width, self._invertible)
+                cells.arrays[name][running, :width] = 0
+            cells.shift_row(running, pane_rows[lo:hi], pane_rows[:0], width, self._invertible)
         else:
             assert last is not None
             old_lo, old_hi = self._panes_of(last, panes)
-            self.cells.shift_row(running, pane_rows[old_hi:hi], pane_rows[old_lo:lo], width, self._invertible)
+            cells.shift_row(running, pane_rows[old_hi:hi], pane_rows[old_lo:lo], width, self._invertible)
         self._running_window = w
 
 

@@ -2,7 +2,8 @@
 
 Stateless; punctuation on a column that is projected under a new name is renamed with it (the
 output promises the same bound on that column), other punctuation passes through. Its state is
-only what every operator keeps (``Operator.STATE``).
+only what every operator keeps (``Operator.STATE``). Placement: any split by row position; its
+rows are new (computed columns), so keys needed after it cannot be traced to the stream.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
+from lowtide.operators.placement import Placement
 from lowtide.punctuation.model import Punctuation
 
 Columns = Mapping[str, npt.NDArray[Any]]
@@ -30,6 +32,9 @@ class Project(Operator):
 
     def describe(self) -> str:
         return f"Project {', '.join(self.expressions)}"
+
+    def placement(self) -> Placement:
+        return Placement.by_row(passes_rows=False)  # new rows: computed columns
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n

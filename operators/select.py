@@ -7,7 +7,7 @@ The conjuncts of a WHERE run one after another, each only on the rows the ones b
 the order that does the least work: ascending ``cost / (1 - selectivity)`` (the classic rank for
 independent filters), with cost per row and selectivity measured on the batches seen. The order
 is re-ranked every ``RERANK`` batches, so it follows data whose selectivities drift. That order
-and the measurements are its state.
+and the measurements are its state. Placement: any split by row position; its rows pass on.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy.typing as npt
 from lowtide.batch import Batch
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
+from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, Keep, State, as_array, declare, fields
 from lowtide.punctuation.model import Punctuation
 
@@ -105,6 +106,9 @@ class Select(Operator):
         super().__init__()
         self.conjuncts = [Conjunct(predicate, text, i) for i, (predicate, text) in enumerate(conjuncts)]
         self._batches = 0
+
+    def placement(self) -> Placement:
+        return Placement.by_row(passes_rows=True)
 
     def describe(self) -> str:
         order = " AND ".join(c.text for c in self.conjuncts)

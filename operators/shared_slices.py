@@ -17,7 +17,7 @@ on. Old generations empty out as their slices expire.
 Punctuation contract. On ``Punctuation(q, "wid")`` (slices ``< q`` complete) every reader gets it
 first and emits its complete windows; then the slices no reader needs any more - below every
 reader's first open window and running window - are dropped. State is bounded by the slices of
-the open windows of the widest reader, plus one slide.
+the open windows of the widest reader, plus one slide. Placement: by the group columns.
 
 A snapshot holds the group table, the accumulators (slices, readers' running windows and
 scratch rows alike) and which slice of which generation has which row; the readers are not in
@@ -30,19 +30,24 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.aggregates import CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
-from lowtide.operators.wid_aggregate import I64, compact_groups, touched_windows
+from lowtide.operators.wid_state import compact_groups
+from lowtide.operators.window_ids import touched_windows
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 
 if TYPE_CHECKING:
     from lowtide.operators.paned_wid import PanedWIDAggregate
+
+I64 = npt.NDArray[np.int64]
 
 
 class SharedSlices(Operator):
@@ -80,6 +85,10 @@ class SharedSlices(Operator):
         readers = len(self.readers)
         shared = f", shared with {readers} {'query' if readers == 1 else 'queries'}" if readers else ""
         return f"Shared Slices of {self.width}{by}{shared}: each tuple updates one slice"
+
+    def placement(self) -> Placement:
+        """By the group columns: each worker keeps the slices of its groups."""
+        return Placement.by_keys(self.group_columns)
 
     def restore(self, state: State) -> None:
         super().restore(state)
@@ -144,7 +153,7 @@ class SharedSlices(Operator):
         self.cells.ensure(self._rows_used, len(self.groups))
         self.cells.update(batch, ws, we, base, row_of, gid)
         for reader in self.readers:
-            reader.flush_some(batch.n)
+            reader.queue.flush_some(batch.n)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != "wid" or punctuation.value <= self.first_open:
@@ -165,7 +174,7 @@ class SharedSlices(Operator):
         if expired:
             self.free_rows(expired)
             self._live.clear()
-            if not any(reader.flushing for reader in self.readers):  # their queued cells keep group ids
+            if not any(reader.queue.flushing for reader in self.readers):  # their queued cells keep group ids
                 self._compact_groups()
 
     def _compact_groups(self) -> None:

@@ -27,7 +27,8 @@ have ``ra`` at or above the last punctuation (others are dropped, uncounted).
 State. Settled tuples with ``ra > p - r`` (the only ones a window ``w >= p`` can need; dead ones
 are compacted away once they are half the buffer), pending tuples and, for row-num, the ids of
 pending windows; per group O(1) sweep state; groups without stored tuples are compacted. A
-snapshot holds all of it, the store cut to its tuples.
+snapshot holds all of it, the store cut to its tuples. Placement: one worker (windows are
+defined by arrival order or ranks over the whole stream).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
+from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.operators.state import ARRAY, DATA, INT, NESTED, Keep, State, as_array, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -335,6 +337,9 @@ class SlideByTupleAggregate(Operator):
         self._groups_compacted = 0
 
     # -- reporting ------------------------------------------------------------------------
+    def placement(self) -> Placement:
+        return ONE_WORKER  # ranks and row numbers are over the whole stream
+
     def describe(self) -> str:
         by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
         aggs = ", ".join(call.describe() for call in self.calls)

@@ -1,11 +1,13 @@
 """How a query's input splits across workers without changing its results.
 
-A query runs on every worker when its state splits by a key: the group-by columns of a time-window
-aggregate (and of a partitioned tuple window, its PA columns) or the equality keys of a join (each
-side hashed on its own key columns, so matching tuples meet on one worker). Stateless queries split
-by row position. Everything whose result depends on the whole stream runs on one worker: tuple
-windows (arrival order), slide-by-tuple and landmark windows (the first tuple, ranks), aggregates
-without groups, joins without keys, DISTINCT, and a join feeding an aggregate.
+Each operator declares its placement (:mod:`lowtide.operators.placement`); a query's partitioning
+combines those of its plan's operators. It runs on one worker if any operator needs the whole
+input. Otherwise each input is split by the keys of the keyed operators it reaches (the group-by
+columns of a time-window aggregate, a partitioned tuple window's PA columns, a join side's
+equality keys: matching tuples meet on one worker), or by row position if it reaches none. The
+keys must be the stream's own columns: a keyed operator reached only through an operator that
+makes new rows (a join feeding an aggregate) runs the query on one worker, and so do keyed
+operators that disagree on an input's keys.
 """
 
 from __future__ import annotations
@@ -17,16 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.operators.adapt_wid import AdaptWIDAggregate
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
-from lowtide.operators.dupelim import DupElim
 from lowtide.operators.group_table import hash_rows
-from lowtide.operators.oa_join import OAJoin
-from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
-from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Rows, Sliding
+from lowtide.operators.placement import Placement, Split
 from lowtide.query.planner import Plan
+
+Keys = tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -43,47 +42,50 @@ class Partitioning:
         return f"split across {workers} workers by {by}"
 
 
-def _side(op: Operator, port: int) -> tuple[OAJoin, int] | None:
-    """The join (and its input port) that a path from ``op`` reaches first."""
-    if isinstance(op, OAJoin):
-        return op, port
-    for downstream, next_port in op.outputs:
-        found = _side(downstream, next_port)
-        if found is not None:
-            return found
-    return None
-
-
 def partitioning_of(plan: Plan) -> Partitioning:
-    ops = plan.operators
+    """The split of ``plan``'s inputs that every operator's placement allows."""
     single = Partitioning(single=True)
-    if any(isinstance(op, SlideByTupleAggregate | DupElim) for op in ops):
+    placements = {id(op): op.placement() for op in plan.operators}
+    if any(p.split is Split.ONE_WORKER for p in placements.values()):
         return single
-    joins = [op for op in ops if isinstance(op, OAJoin)]
-    aggregates = [op for op in ops if isinstance(op, WIDAggregate | AdaptWIDAggregate)]
-    if joins and aggregates:
-        return single
-    if aggregates:
-        agg = aggregates[0]
-        window = agg.window
-        if isinstance(window, Rows) and window.partition:
-            key = window.partition
-        elif isinstance(window, Sliding) and agg.group_columns:
-            key = agg.group_columns
-        else:
+    reached: set[int] = set()
+    keys: list[Keys] = []
+    for _, source in plan.inputs:
+        needed = _keys_needed(source, 0, True, placements, reached)
+        if needed is None or len(needed) > 1:
             return single
-        return Partitioning(False, tuple(key for _ in plan.inputs))
-    if joins:
-        sides = joins[0].sides
-        if not sides[0].keys:
+        keys.append(needed.pop() if needed else ())
+    # An operator no input feeds through the graph reads what all of them fed (Paned-WID reads
+    # its slices' state): every input must be split by its keys.
+    for op in plan.operators:
+        placement = placements[id(op)]
+        unread = id(op) not in reached and placement.split is Split.BY_KEYS
+        if unread and any(k != placement.keys[0] for k in keys):
             return single
-        keys = []
-        for _, op in plan.inputs:
-            found = _side(op, 0)
-            assert found is not None
-            keys.append(sides[found[1]].keys)
-        return Partitioning(False, tuple(keys))
-    return Partitioning(False, tuple(() for _ in plan.inputs))
+    return Partitioning(False, tuple(keys))
+
+
+def _keys_needed(
+    op: Operator, port: int, traced: bool, placements: dict[int, Placement], reached: set[int]
+) -> set[Keys] | None:
+    """The keys that the plan's operators from ``op`` (entered on ``port``) on need their input
+    split by; None if one needs keys that are not the input's columns (``traced`` False: the rows
+    reaching ``op`` were made by an operator on the way)."""
+    placement = placements.get(id(op))
+    if placement is None:  # past the plan's output
+        return set()
+    reached.add(id(op))
+    needed: set[Keys] = set()
+    if placement.split is Split.BY_KEYS:
+        if not traced:
+            return None
+        needed.add(placement.keys[port])
+    for downstream, next_port in op.outputs:
+        more = _keys_needed(downstream, next_port, traced and placement.passes_rows, placements, reached)
+        if more is None:
+            return None
+        needed |= more
+    return needed
 
 
 def split(batch: Batch, key: tuple[str, ...], workers: int) -> list[npt.NDArray[np.int64]]:

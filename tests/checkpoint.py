@@ -20,8 +20,8 @@ from harness import Recorder
 from strategies import Close, Event, Push, Sources
 
 from lowtide.batch import Batch
+from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.state import as_dict, pack, unpack
-from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy

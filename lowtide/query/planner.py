@@ -24,10 +24,11 @@ from lowtide.operators.meld import Meld
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
 from lowtide.operators.project import Project
+from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.select import Predicate, Select
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
-from lowtide.operators.wid_aggregate import SlowFlush, WIDAggregate
+from lowtide.operators.wid_aggregate import WIDAggregate
 from lowtide.operators.windows import Landmark, Sliding
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (

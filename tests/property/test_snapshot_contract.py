@@ -58,8 +58,8 @@ from lowtide.operators.adapt_wid import AdaptWIDAggregate
 from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
+from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.state import as_list, pack, unpack
-from lowtide.operators.wid_aggregate import SlowFlush
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.query import FromStream, parse_query

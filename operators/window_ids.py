@@ -1,0 +1,68 @@
+"""Window-id ranges of tagged tuples: the windows a batch touches, and its (window, tuple) pairs.
+
+A tuple tagged by :class:`~lowtide.operators.bucket.Bucket` belongs to the windows
+``[wid_start, wid_end)``. The aggregates (WID, AdaptWID, the shared slices and their readers) find
+the rows of state a batch needs with :func:`touched_windows`, and revisions of late tuples walk
+every pair with :func:`expand_ranges`. Both take int64 arrays of one length and never loop over
+tuples in Python.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+
+_DENSE_SPAN = 1 << 16
+
+
+def touched_windows(ws: I64, we: I64) -> I64:
+    """Sorted window ids covered by at least one range ``[ws[i], we[i])``."""
+    lo, hi = _span(ws, we)
+    if hi <= lo:
+        return np.empty(0, np.int64)
+    if hi - lo <= max(_DENSE_SPAN, 4 * ws.shape[0]):
+        covered: I64 = _covered(ws, we, lo, hi - lo)
+        return covered
+    return np.unique(expand_ranges(ws, we)[0])
+
+
+@nb.njit(cache=True, nogil=True)
+def _span(ws: I64, we: I64) -> tuple[int, int]:
+    """``min(ws)`` and ``max(we)`` in one pass."""
+    lo, hi = ws[0], we[0]
+    for i in range(ws.shape[0]):
+        lo = min(lo, ws[i])
+        hi = max(hi, we[i])
+    return lo, hi
+
+
+@nb.njit(cache=True, nogil=True)
+def _covered(ws: I64, we: I64, lo: int, span: int) -> I64:
+    """The ids in ``[lo, lo + span)`` some range covers: range ends marked, then one scan."""
+    edges = np.zeros(span + 1, np.int64)
+    for i in range(ws.shape[0]):
+        if we[i] > ws[i]:
+            edges[ws[i] - lo] += 1
+            edges[we[i] - lo] -= 1
+    out = np.empty(span, np.int64)
+    found = depth = 0
+    for j in range(span):
+        depth += edges[j]
+        if depth > 0:
+            out[found] = lo + j
+            found += 1
+    return out[:found]
+
+
+def expand_ranges(ws: I64, we: I64) -> tuple[I64, I64]:
+    """Every ``(window id, tuple index)`` with ``ws[i] <= w < we[i]``, as two int64 arrays."""
+    lengths = np.where(we > ws, we - ws, 0)  # ends may be NO_PROGRESS: never subtract across it
+    index = np.repeat(np.arange(ws.shape[0], dtype=np.int64), lengths)
+    first = np.cumsum(lengths) - lengths
+    return ws[index] + (np.arange(index.shape[0], dtype=np.int64) - first[index]), index
+
+
+__all__ = ["expand_ranges", "touched_windows"]
