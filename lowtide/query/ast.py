@@ -101,7 +101,9 @@ class WindowSpec:
     """A bracketed window specification, one field per parameter; absent parameters are empty.
 
     ``RANGE ALL`` sets `range_all` and leaves `range` None; ``RANGE TUMBLING d`` sets `tumbling`
-    and `range` to ``d``. ``WA`` and ``WATTR`` are synonyms and both land in `wa`.
+    and `range` to ``d``. ``WA`` and ``WATTR`` are synonyms and both land in `wa`. ``SESSION gap``
+    sets `session`; ``EMIT EVERY d`` (the last parameter, or right after the bracket) sets
+    `emit_every`.
     """
 
     range: Duration | Rows | None = None
@@ -112,6 +114,8 @@ class WindowSpec:
     pa: tuple[Column, ...] = ()
     rattr: Column | None = None
     sattr: RowNum | Rank | None = None
+    session: Duration | None = None
+    emit_every: Duration | None = None
     text: str = ""
 
 

@@ -310,7 +310,8 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         fields: dict[str, Any] = {}
         seen: dict[str, Token] = {}
         pa: list[Column] = []
-        for entry in c[0]:
+        params, emit = c  # EMIT EVERY after the bracket counts as its last parameter
+        for entry in [*params, emit] if emit is not None else params:
             if isinstance(entry, Column):  # an attribute of the PA list before it
                 pa.append(entry)
                 continue
@@ -340,6 +341,12 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
 
     def wa_param(self, c: list[Any]) -> _Param:
         return _Param(c[0], {"wa": RowNum() if isinstance(c[1], Token) else c[1]})
+
+    def session_param(self, c: list[Any]) -> _Param:
+        return _Param(c[0], {"session": c[1]})
+
+    def emit_param(self, c: list[Any]) -> _Param:
+        return _Param(c[0], {"emit_every": c[2]})
 
     def rattr_param(self, c: list[Any]) -> _Param:
         return _Param(c[0], {"rattr": c[1]})

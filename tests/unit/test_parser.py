@@ -253,7 +253,7 @@ def test_split_statements() -> None:
 def test_misspelt_keyword_names_what_was_expected() -> None:
     error = syntax_error("SELECT srcIP, count(*) [RANGE 10 minutes] FORM M")
     assert (error.line, error.column) == (1, 43)
-    assert error.reason == "line 1, column 43: unexpected 'FORM'; expected FROM"
+    assert error.reason == "line 1, column 43: unexpected 'FORM'; expected EMIT or FROM"
 
 
 def test_missing_comma_lists_the_alternatives() -> None:
@@ -265,7 +265,9 @@ def test_missing_comma_lists_the_alternatives() -> None:
 def test_misspelt_window_param() -> None:
     error = syntax_error("SELECT a [RANGE 1 minute, SLID 1 minute] FROM M")
     assert error.column == 27
-    assert error.reason.endswith("unexpected 'SLID'; expected PA, RANGE, RATTR, SATTR, SLIDE, WA or WATTR")
+    assert error.reason.endswith(
+        "unexpected 'SLID'; expected EMIT, PA, RANGE, RATTR, SATTR, SESSION, SLIDE, WA, ..."
+    )
 
 
 def test_error_positions_across_lines() -> None:
