@@ -5,6 +5,8 @@ The tree records the query's text and nothing more: names are not resolved, func
 not checked and window parameters are not combined into a window kind. That is the planner's
 work. Keywords are normalised (``<>`` becomes ``!=``, AND/OR are upper case, function names lower
 case, duration units one of ``ms``, ``s``, ``min``, ``h``, ``day``); identifiers keep their case.
+A window written as a Spark or Flink window function arrives as the bracket window it spells
+(`lowtide.query.spellings`).
 """
 
 from __future__ import annotations
@@ -64,9 +66,41 @@ class UnaryOp:
     operand: Expr
 
 
-Expr: TypeAlias = Column | Literal | Star | FuncCall | BinaryOp | UnaryOp
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """``INTERVAL '1' MINUTE`` (Flink), ``INTERVAL 10 SECONDS`` or ``INTERVAL '10 seconds'`` (Spark).
+
+    Only an argument of the Spark and Flink window functions, which `parse_query` replaces by a
+    `WindowSpec` (see `lowtide.query.spellings`): a tree it returns never holds one.
+    """
+
+    duration: Duration
+
+
+@dataclass(frozen=True, slots=True)
+class TableArg:
+    """``TABLE S``: the input of a Flink window table function, ``TABLE(TUMBLE(TABLE S, ...))``.
+
+    Like `Interval`, replaced by `parse_query`: a tree it returns never holds one.
+    """
+
+    name: str
+
+
+Expr: TypeAlias = Column | Literal | Star | FuncCall | BinaryOp | UnaryOp | Interval | TableArg
 
 # ---- window specification ----------------------------------------------------------------------
+
+
+# The words a duration's unit may be written as, and the unit each means.
+DURATION_UNITS = {
+    **dict.fromkeys(("ms", "millisecond", "milliseconds"), "ms"),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), "s"),
+    **dict.fromkeys(("min", "mins", "minute", "minutes"), "min"),
+    **dict.fromkeys(("h", "hour", "hours"), "h"),
+    **dict.fromkeys(("day", "days"), "day"),
+}
+UNIT_MS = {"ms": 1.0, "s": 1000.0, "min": 60_000.0, "h": 3_600_000.0, "day": 86_400_000.0}
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,10 @@
 either returns a `Query` or raises: `QuerySyntaxError` (one line, with line and column, naming
 what was found and what was expected) when the text does not parse, `UnsupportedQuery` when it
 parses into something the language does not have (a FROM of three inputs). No lark exception
-leaves this module. `split_statements` cuts a script such as ``queries/thesis.sql`` into
-statements.
+leaves this module. Spark's and Flink's window functions (``GROUP BY window(ts, '1 minute')``,
+``TUMBLE(ts, INTERVAL '1' MINUTE)``, ``FROM TABLE(TUMBLE(...))``) come out as the bracket window
+they spell (`lowtide.query.spellings`). `split_statements` cuts a script such as
+``queries/thesis.sql`` into statements.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from lark.tree import Meta
 
 from lowtide.errors import LowtideError, QuerySyntaxError, UnsupportedQuery
 from lowtide.query.ast import (
+    DURATION_UNITS,
     BinaryOp,
     Column,
     Duration,
@@ -31,6 +34,7 @@ from lowtide.query.ast import (
     FromStream,
     FromUnion,
     FuncCall,
+    Interval,
     Literal,
     Query,
     Rank,
@@ -38,19 +42,14 @@ from lowtide.query.ast import (
     Rows,
     SelectItem,
     Star,
+    TableArg,
     UnaryOp,
     WindowSpec,
 )
+from lowtide.query.spellings import WindowTable, desugar, interval_of, window_table
 
 __all__ = ["parse_query", "split_statements"]
 
-_UNITS = {
-    **dict.fromkeys(("ms", "millisecond", "milliseconds"), "ms"),
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), "s"),
-    **dict.fromkeys(("min", "mins", "minute", "minutes"), "min"),
-    **dict.fromkeys(("h", "hour", "hours"), "h"),
-    **dict.fromkeys(("day", "days"), "day"),
-}
 # Reserved words are never identifiers (quote them: "from"); other keywords (RANGE, ROWS, ...) are
 # keywords only where the grammar expects them, so `min`, `range` or `rows` stay usable as names.
 _RESERVED_WORDS = "select distinct from where group by having as and or not union true false null"
@@ -66,6 +65,7 @@ _TERMINAL_TEXT = {
     "$END": "end of query",
 }
 _MAX_EXPECTED = 8
+_VALUES = frozenset({"NAME", "QUOTED_NAME", "NUMBER", "STRING"})
 # Levels of the parse tree (each nested parenthesis, NOT, unary minus and chained operator is one):
 # deeper queries are refused before anything recurses over them. A chain of 190 ORs still fits.
 MAX_NESTING = 200
@@ -98,15 +98,16 @@ def parse_query(sql: str) -> Query:
         raise _syntax_error(exc, sql) from exc
     if _too_deep(tree):  # building and planning the tree recurse: about 2 frames a level
         raise UnsupportedQuery(f"query nests too deeply: more than {MAX_NESTING} levels of expressions")
+    builder = _Builder(sql)
     try:
-        query: Query = _Builder(sql).transform(tree)
+        query: Query = builder.transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, LowtideError):
             raise exc.orig_exc from None
         if isinstance(exc.orig_exc, RecursionError):
             raise UnsupportedQuery("query nests too deeply") from None
         raise
-    return query
+    return desugar(query, builder.window_table)  # Spark's and Flink's windows as bracket windows
 
 
 def _too_deep(tree: Tree[Token]) -> bool:
@@ -161,7 +162,13 @@ def _accepted(exc: UnexpectedInput) -> set[str]:
     """The terminals the parser could have taken where it failed."""
     interactive = getattr(exc, "interactive_parser", None)
     if interactive is not None:  # exact: LALR's own expected sets merge lookaheads of many states
-        return set(interactive.accepts())
+        accepts = set(interactive.accepts())
+        stack = interactive.parser_state.value_stack
+        if stack and isinstance(stack[-1], Token) and stack[-1].type == "NAME":
+            # A value right after a name is only ever the rest of INTERVAL '1' MINUTE or TABLE S:
+            # never what the user missed.
+            accepts -= _VALUES
+        return accepts
     return set(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
 
 
@@ -252,6 +259,7 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
     def __init__(self, sql: str) -> None:
         super().__init__()
         self._sql = sql
+        self.window_table: WindowTable | None = None  # FROM TABLE(TUMBLE(...)), if written
 
     def _text(self, meta: Meta, end: int | None = None) -> str:
         return self._sql[meta.start_pos : meta.end_pos if end is None else end].strip()
@@ -302,6 +310,25 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
 
     def stream(self, c: list[Any]) -> FromStream:
         return FromStream(c[0])
+
+    @v_args(meta=True)
+    def table_function(self, meta: Meta, c: list[Any]) -> FromStream:
+        """Flink's ``TABLE(TUMBLE(TABLE S, DESCRIPTOR(ts), size))``: stream S, its window kept aside."""
+        name, args = c
+        if name.lower() != "table" or len(args) != 1:
+            raise QuerySyntaxError(
+                "a function in FROM is a window table of Flink: "
+                "TABLE(TUMBLE(TABLE S, DESCRIPTOR(ts), INTERVAL '1' MINUTE)), or HOP or SESSION",
+                meta.line,
+                meta.column,
+            )
+        if self.window_table is not None:
+            raise UnsupportedQuery(
+                "a query reads one window table; a join windows its inputs in brackets, "
+                "e.g. FROM S0, S1 [RANGE TUMBLING 1 minute, WA ts]"
+            )
+        self.window_table = window_table(args[0])
+        return FromStream(self.window_table.stream)
 
     # ---- window ----
 
@@ -358,9 +385,9 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         amount, unit = c
         if unit is None:
             return Duration(float(amount), None)
-        if unit.lower() not in _UNITS:
+        if unit.lower() not in DURATION_UNITS:
             raise _error_at(unit, f"unknown duration unit {_quote(unit)}; expected ms, s, min, h or day")
-        return Duration(float(amount), _UNITS[unit.lower()])
+        return Duration(float(amount), DURATION_UNITS[unit.lower()])
 
     def rows(self, c: list[Any]) -> Rows:
         if not c[0].isdigit():
@@ -375,6 +402,24 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
 
     def unop(self, c: list[Any]) -> UnaryOp:
         return UnaryOp(c[0].upper(), c[1])
+
+    def interval_arg(self, c: list[Any]) -> Interval:
+        word, value, unit = c
+        if word.lower() != "interval":
+            raise _error_at(value, f"unexpected {_quote(value)}; expected ',', ')' or an operator")
+        if unit is None and value.type == "NUMBER":
+            raise _error_at(value, f"INTERVAL {value} needs a unit, e.g. INTERVAL {value} SECONDS")
+        amount = value[1:-1].replace("''", "'") if value.type == "STRING" else str(value)
+        try:
+            return Interval(interval_of(amount, None if unit is None else str(unit)))
+        except ValueError as exc:
+            raise _error_at(value, str(exc)) from None
+
+    def table_arg(self, c: list[Any]) -> TableArg:
+        word, name = c
+        if word.lower() != "table":
+            raise _error_at(name, f"unexpected {_quote(name)}; expected ',', ')' or an operator")
+        return TableArg(name[1:-1].replace('""', '"') if name.type == "QUOTED_NAME" else str(name))
 
     def func_call(self, c: list[Any]) -> FuncCall:
         return FuncCall(c[0].lower(), tuple(c[1] or ()))
