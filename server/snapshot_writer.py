@@ -5,8 +5,9 @@ the checkpoint's barrier, so the worker goes on with its next message at once: i
 fork (copying page tables, not the state), however large the state. The child snapshots, packs
 and writes the file, then reports its size and CRC-32 on a pipe; a thread of the worker waits
 for it and hands the report on (the front's manifest needs both, and reading a large file back
-would hold up the front). The child dies with the worker (``PR_SET_PDEATHSIG``), so no writer
-outlives a worker the front has replaced.
+would hold up the front). The child runs at nice 10, so on a busy machine the live work comes
+first, and dies with the worker (``PR_SET_PDEATHSIG``), so no writer outlives a worker the front
+has replaced.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def _child(state_of: Callable[[], State], path: Path, report_to: int, parent: in
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the worker died before the line above
             os._exit(1)
+        os.nice(10)  # the live work (front, workers) comes first on a busy machine
         size, crc = write_parts_atomically(path, pack_parts(state_of()))
         report, code = {"size": size, "crc32": crc}, 0
     except BaseException as exc:  # MemoryError, a full disk: the front abandons the checkpoint
