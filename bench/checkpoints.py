@@ -6,8 +6,9 @@ gets a stream ``K(k int64, v int64, ts timestamp[ms])`` and one query holding a 
     SELECT k, count(*) AS n, sum(v) AS total [RANGE 1 hour, WA ts] FROM K GROUP BY k
 
 The fill sends batches of 1M tuples of new keys (each key one group, all in the first minute of
-the hour, the punctuation held below the hour) until the groups would fill about ``size`` MB of
-checkpoint (24 bytes a group: key, count, sum). Then, for ``--steady-s`` seconds, one producer
+the hour, the punctuation held below the hour) until a checkpoint holds about ``size`` MB (a
+first fill at 24 bytes a group, then more groups in proportion to what the checkpoint fell
+short by). Then, for ``--steady-s`` seconds, one producer
 sends 1,000-row batches of existing keys (the state stays that size) and waits for each
 acknowledgement (``send`` + ``flush()``), while the server checkpoints every
 ``--interval-s`` seconds. Figures:
@@ -41,7 +42,7 @@ from durability import EPOCH_MS, RESULTS, Server, attempt, measured_lowtide, med
 
 SCHEMA = {"k": "int64", "v": "int64", "ts": "timestamp[ms]"}
 QUERY = "SELECT k, count(*) AS n, sum(v) AS total [RANGE 1 hour, WA ts] FROM K GROUP BY k"
-BYTES_PER_GROUP = 24  # in a checkpoint: the key, count and sum of one open window
+BYTES_PER_GROUP = 24  # in a checkpoint at least: key, count and sum (the group table adds more)
 FILL_ROWS = 1_000_000
 STEADY_ROWS = 1_000
 TAKEN = re.compile(
@@ -76,19 +77,39 @@ def keys_table(keys: np.ndarray) -> pa.Table:
     )
 
 
-def fill(target: str, groups: int) -> float:
+def fill(target: str, first: int, last: int) -> float:
+    """Groups ``first .. last - 1``, 1M new keys a batch (the stream and query made at 0)."""
     from lowtide.clients import Client
 
     began = time.monotonic()
     with Client(target, timeout=600) as client:
-        client.create_stream("K", SCHEMA, sources=["p0"])
-        client.register_query(QUERY, name="held")
+        if first == 0:
+            client.create_stream("K", SCHEMA, sources=["p0"])
+            client.register_query(QUERY, name="held")
         with client.producer("K", source="p0", max_batch_rows=FILL_ROWS) as producer:
-            producer.punctuate(EPOCH_MS)  # the hour's window stays open
-            for first in range(0, groups, FILL_ROWS):
-                producer.send(keys_table(np.arange(first, min(first + FILL_ROWS, groups), dtype=np.int64)))
+            if first == 0:
+                producer.punctuate(EPOCH_MS)  # the hour's window stays open
+            for start in range(first, last, FILL_ROWS):
+                producer.send(keys_table(np.arange(start, min(start + FILL_ROWS, last), dtype=np.int64)))
             producer.flush()
     return time.monotonic() - began
+
+
+def whole_checkpoint(running: Server, interval_s: float, state: Path) -> Taken:
+    """The checkpoint of everything sent so far: the last one taken once none is in progress (a
+    directory without its manifest) and none has come for two intervals (with nothing logged
+    since, no new one begins)."""
+    count, quiet_since = len(taken(running)), time.monotonic()
+    deadline = quiet_since + 600
+    while time.monotonic() < deadline:
+        now = len(taken(running))
+        busy = any(not (d / "MANIFEST.json").exists() for d in (state / "checkpoints").glob("*"))
+        if now != count or busy:
+            count, quiet_since = now, time.monotonic()
+        elif count and time.monotonic() - quiet_since > 2 * interval_s + 1:
+            return taken(running)[-1]
+        time.sleep(0.2)
+    raise RuntimeError(f"no checkpoint in 600 s: {running.status()}")
 
 
 def steady(target: str, groups: int, seconds: float) -> list[float]:
@@ -120,21 +141,29 @@ def taken(running: Server) -> list[Taken]:
 
 
 def one_size(megabytes: int, interval_s: float, steady_s: float, scratch: Path) -> Sized:
-    groups = max(FILL_ROWS // 100, megabytes * 1_000_000 // BYTES_PER_GROUP)
-    sized = Sized(megabytes, groups, 0.0)
-    for setting in ("off", "on"):
+    """With checkpoints first: fill to about ``megabytes`` of checkpoint (a second fill makes up
+    what the estimate missed), then the same groups without checkpoints."""
+    goal = megabytes * 1_000_000
+    sized = Sized(megabytes, max(FILL_ROWS // 100, goal // BYTES_PER_GROUP), 0.0)
+    for setting in ("on", "off"):
         state = Path(tempfile.mkdtemp(prefix=f"checkpoints-{megabytes}-{setting}-", dir=scratch))
         every = interval_s if setting == "on" else 0
-        config = f"checkpoint_interval_s = {every}\ncheckpoint_log_bytes = {1 << 40}\n"
+        config = (
+            f"checkpoint_interval_s = {every}\ncheckpoint_log_bytes = {1 << 40}\n"
+            f"max_query_state_bytes = {16 << 30}\n"  # the 1 GB case holds more than the default 1 GiB
+        )
         running = Server.start(state, "no", scratch, config)
         try:
-            sized.fill_s = fill(running.target, groups)
-            if setting == "on":  # the first checkpoint of the whole state is in before the clock starts
-                deadline = time.monotonic() + 600
-                while not taken(running) and time.monotonic() < deadline:
-                    time.sleep(0.2)
+            sized.fill_s = fill(running.target, 0, sized.groups)
+            if setting == "on":
+                size = whole_checkpoint(running, interval_s, state).bytes
+                if size < 0.9 * goal:
+                    more = int(sized.groups * (goal / size - 1))
+                    fill(running.target, sized.groups, sized.groups + more)
+                    sized.groups += more
+                    whole_checkpoint(running, interval_s, state)
                 before = len(taken(running))
-            took = steady(running.target, groups, steady_s)
+            took = steady(running.target, sized.groups, steady_s)
             sized.ack_ms[setting] = [
                 float(np.percentile(took, 50)),
                 float(np.percentile(took, 99)),
