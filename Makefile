@@ -47,6 +47,7 @@ bench: setup
 	$(BIN)/python bench/join.py
 	$(BIN)/python bench/latency.py
 	$(BIN)/python bench/adapt.py
+	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/peers.py
 
 clean:

@@ -2,8 +2,8 @@
 
 The same calls and items as the network client, minus the network (DESIGN.md §6). Every call
 either applies whole or raises a :class:`~lowtide.errors.LowtideError` and changes nothing.
-Time-driven work (heartbeat punctuation, idle sources) runs on the engine's clock whenever the
-engine is called, or when :meth:`Engine.tick` is.
+Time-driven work (heartbeat punctuation, idle sources, the early results of ``EMIT EVERY``
+queries) runs on the engine's clock whenever the engine is called, or when :meth:`Engine.tick` is.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from lowtide.names import check_name, check_source, shown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.state import State, as_dict, as_int
+from lowtide.operators.state import State, as_dict, as_float, as_int
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
+from lowtide.query.early import EmitTimer, final_rows
 from lowtide.query.planner import Context, Plan, plan_query
 from lowtide.query.sharing import Shares, share_key
 from lowtide.results import Fields, Sink, to_table
@@ -63,6 +64,7 @@ class RunningQuery:
     late_items: list[Any] = field(default_factory=list)
     late_dropped: int = 0
     restored_share: str | None = None  # planned again after a restore: the slices it read
+    timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
 
     @property
     def operators(self) -> list[Operator]:
@@ -190,7 +192,8 @@ class Engine:
     def explain(self, sql: str) -> str:
         """The operator graph a query would run, one operator a line, from input to output."""
         running = self._plan(sql, "explain", LatePolicy.DROP, None)
-        return running.plan.explain() + f"\n{len(running.plan.operators)}. {running.sink.describe()}"
+        early = f"\n{running.plan.early.describe()}" if running.plan.early is not None else ""
+        return running.plan.explain() + f"\n{len(running.plan.operators)}. {running.sink.describe()}" + early
 
     def _plan(
         self,
@@ -243,9 +246,7 @@ class Engine:
             fields,
             self.pool,
             plan.progressing,
-            forward=(lambda b: derived.ingest(b, b.columns[derived.attribute] < derived.progress, name))
-            if derived
-            else None,
+            forward=(lambda b: self._forward(derived, name, final_rows(b))) if derived else None,
             forward_punctuation=(
                 lambda p: derived.punctuate(name, p.value) if p.attribute == derived.attribute else None
             )
@@ -258,6 +259,12 @@ class Engine:
         )
         holder.append(running)
         return running
+
+    @staticmethod
+    def _forward(derived: Stream, name: str, batch: Batch) -> None:
+        """A query's result rows into its result stream (final rows only: see lowtide.query.early)."""
+        if batch.n:
+            derived.ingest(batch, batch.columns[derived.attribute] < derived.progress, name)
 
     def _derived_stream(self, name: str, plan: Plan) -> Stream | None:
         if not plan.progressing:
@@ -279,6 +286,8 @@ class Engine:
         self._queries[running.name] = running
         running.subscribers = self._subscribers(running)
         plan = running.plan
+        if plan.early is not None:
+            running.timer = EmitTimer.started(plan.early, self.clock.now())
         plan.start()
         if self._shares.enter(plan):
             self._regranulate()
@@ -301,11 +310,12 @@ class Engine:
 
     # -- checkpoints: the door's progress (the catalog itself is the input log's records) ------------
     def snapshot_progress(self) -> State:
-        """The query-name counter and each input stream's progress (a result stream is saved with
-        its query's output)."""
+        """The query-name counter, each input stream's progress (a result stream is saved with
+        its query's output) and when each EMIT EVERY query's early results are next due."""
         return {
             "counter": self._counter,
             "streams": {name: s.snapshot() for name, s in self._streams.items() if not s.derived},
+            "emit": {name: q.timer.next_at for name, q in self._queries.items() if q.timer is not None},
         }
 
     def restore_progress(self, state: State) -> None:
@@ -314,6 +324,10 @@ class Engine:
         for name, stream in as_dict(saved["streams"], "streams").items():
             self._stream(name).restore(stream)
         self._counter = as_int(saved["counter"], "counter")
+        for name, next_at in as_dict(saved.get("emit", {}), "emit").items():
+            running = self._queries.get(name)
+            if running is not None and running.timer is not None:
+                running.timer.next_at = as_float(next_at, f"emit timer of {name}")
 
     def _forget(self, name: str) -> None:
         """Release what runs a dropped query (nothing beyond its graph here)."""
@@ -458,14 +472,27 @@ class Engine:
         self._stream(stream).check_source(source)
 
     def tick(self) -> None:
-        """Run heartbeats and idle timeouts against the engine's clock."""
+        """Run heartbeats and idle timeouts against the engine's clock, then the early results
+        due (each EMIT EVERY query's timer fires at most once a tick)."""
         for stream in list(self._streams.values()):
             if not stream.derived:
                 stream.tick()
+        now = self.clock.now()
+        for running in list(self._queries.values()):
+            if running.timer is not None and running.timer.due(now):
+                running.timer.fire(now)
+                self._emit_early(running)
 
     def tick_due(self, now: float) -> bool:
-        """Whether a :meth:`tick` at ``now`` would move any stream (no state change)."""
-        return any(s.tick_due(now) for s in self._streams.values() if not s.derived)
+        """Whether a :meth:`tick` at ``now`` would move any stream or fire any early results
+        (no state change)."""
+        return any(s.tick_due(now) for s in self._streams.values() if not s.derived) or any(
+            q.timer is not None and q.timer.due(now) for q in self._queries.values()
+        )
+
+    def _emit_early(self, running: RunningQuery) -> None:
+        """A query's EMIT EVERY timer fired: its graph emits the open windows' current rows."""
+        running.plan.emit_partials()
 
     def poll(self, query: str) -> list[Item]:
         """Result tables and punctuation emitted since the last poll (``"<query>.late"``: late tuples)."""

@@ -44,6 +44,11 @@ every window ``< q`` is complete: its non-empty groups - eager, lazy or in trans
 emitted once, at ``revision`` 0, in one batch per punctuation, then
 ``Punctuation(end(q), "window_end")``. State is bounded by the open windows: partials of eager
 groups, tuples of lazy ones, and per-group statistics of the groups with active tuples.
+Early results (``EMIT EVERY``, :meth:`AdaptWIDAggregate.emit_partials`): every open window's
+current rows - exactly what punctuation would emit for them now - with ``final = false``: the
+windows are those ``first_open`` and above, which the output punctuation does not cover. Only the
+folding of switched groups' tuples that punctuation would do first may happen earlier; results
+are the same either way.
 Time-based sliding and tumbling windows only. A snapshot holds all of the above: the group
 table and per-group arrays, the eager state and its ids, B, the thresholds and the counters.
 Placement: by the group columns (one worker without them).
@@ -675,9 +680,18 @@ class AdaptWIDAggregate(Operator):
                 self._eid_gid[: self._eager_width][live] = remap[self._eid_gid[: self._eager_width][live]]
 
     # -- emission ---------------------------------------------------------------------------
-    def _emit_ready(self, q: int) -> None:
+    def emit_partials(self) -> None:
+        """Early results: the rows of every open window as they stand, ``final = false``."""
+        if self._unfolded:  # eager groups' tuples leave B first, as before any result
+            moved = self._fold()
+            if moved is not None:
+                self._add_eager(*moved)
+        self._emit_ready(END_OF_STREAM, final=False)
+
+    def _emit_ready(self, q: int, final: bool = True) -> None:
         """Emit every non-empty (window < q, group): eager partials straight from the eager
-        state; lazy groups and groups in transition from a scratch state T (Figure 6-18)."""
+        state; lazy groups and groups in transition from a scratch state T (Figure 6-18).
+        ``final`` false: the partial rows of open windows, nothing counted."""
         parts: list[tuple[I64, I64, dict[str, Any]]] = []
         width = self._eager_width
         ready = sorted(w for w in self._row_of if w < q)
@@ -696,7 +710,7 @@ class AdaptWIDAggregate(Operator):
         buffer = self.buffer
         index = np.flatnonzero(buffer.ws[: buffer.n] < q) if buffer.n else np.empty(0, np.int64)
         if index.shape[0] or t_cells[0].shape[0]:
-            parts.append(self._lazy_results(q, index, *t_cells))
+            parts.append(self._lazy_results(q, index, *t_cells, count=final))
         if not parts:
             return
         wids = np.concatenate([p[0] for p in parts])
@@ -704,13 +718,14 @@ class AdaptWIDAggregate(Operator):
         values = {
             name: _concat([p[2][name] for p in parts]) for name in parts[0][2]
         }  # calls' outputs, in the same order in every part
-        self._emit_rows(wids, gids, values)
+        self.emit(self.results.batch(wids, self.groups.keys[gids], values, final=final)[0])
 
     def _lazy_results(
-        self, q: int, index: I64, t_wids: I64, t_rows: I64, t_eids: I64
+        self, q: int, index: I64, t_wids: I64, t_rows: I64, t_eids: I64, count: bool = True
     ) -> tuple[I64, I64, dict[str, Any]]:
         """Aggregates of the closing windows of lazy and transitional groups: T starts from the
-        transitional partials; the buffered tuples ``index`` are added with WID's kernels."""
+        transitional partials; the buffered tuples ``index`` are added with WID's kernels.
+        ``count``: add the transitional cells to ``combined``."""
         buffer = self.buffer
         b_gid = buffer.gid[index].astype(np.int64)
         ws = np.maximum(buffer.ws[index], self.first_open)
@@ -723,7 +738,7 @@ class AdaptWIDAggregate(Operator):
         scratch = CellState(self.calls)
         scratch.ensure(wins.shape[0], groups.shape[0])
         if t_wids.shape[0]:
-            self.combined += t_wids.shape[0]
+            self.combined += t_wids.shape[0] if count else 0
             t_row = np.searchsorted(wins, t_wids)
             for name, array in self.cells.arrays.items():
                 scratch.arrays[name][t_row, t_local] = array[t_rows, t_eids]
@@ -750,9 +765,6 @@ class AdaptWIDAggregate(Operator):
             hit = wanted[pos] == keys
             cell = order[pos[hit]]
             scratch.logs[col].append(t_row[cell], t_local[cell], log.values[: log.n][hit])
-
-    def _emit_rows(self, wids: I64, gids: I64, values: dict[str, Any]) -> None:
-        self.emit(self.results.batch(wids, self.groups.keys[gids], values)[0])
 
 
 def _concat(parts: list[Any]) -> Any:

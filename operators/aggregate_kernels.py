@@ -201,3 +201,45 @@ def heavy_hitters_of_segments(sorted_values: Arr, starts: I64, ends: I64, phi: f
                 run = 0
         offsets[j + 1] = k
     return offsets, hit_values[:k], hit_counts[:k]
+
+
+@nb.njit(cache=True, nogil=True)
+def fold_sum(row: int, dst: I64, src: I64, state: Arr) -> None:
+    """``state[row, dst[j]] += state[row, src[j]]`` in order (count, count(x) and sum cells of
+    merged sessions). ``dst`` and ``src`` are [m] int64 group ids, no ``dst`` among ``src``;
+    state mutated. O(m)."""
+    for j in range(dst.shape[0]):
+        state[row, dst[j]] += state[row, src[j]]
+
+
+@nb.njit(cache=True, nogil=True)
+def fold_min(row: int, dst: I64, src: I64, state: Arr) -> None:
+    """``state[row, dst[j]] = min(it, state[row, src[j]])`` (see :func:`fold_sum`)."""
+    for j in range(dst.shape[0]):
+        if state[row, src[j]] < state[row, dst[j]]:
+            state[row, dst[j]] = state[row, src[j]]
+
+
+@nb.njit(cache=True, nogil=True)
+def fold_max(row: int, dst: I64, src: I64, state: Arr) -> None:
+    """``state[row, dst[j]] = max(it, state[row, src[j]])`` (see :func:`fold_sum`)."""
+    for j in range(dst.shape[0]):
+        if state[row, src[j]] > state[row, dst[j]]:
+            state[row, dst[j]] = state[row, src[j]]
+
+
+@nb.njit(cache=True, nogil=True)
+def fold_moments(row: int, dst: I64, src: I64, count: I64, mean: F64, m2: F64) -> None:
+    """var/stddev: Chan et al.'s combination of the (count, mean, m2) of cell ``src[j]`` into
+    cell ``dst[j]``, in order (see :func:`fold_sum`); the three states mutated."""
+    for j in range(dst.shape[0]):
+        d, s = dst[j], src[j]
+        nb_ = count[row, s]
+        if nb_ == 0:
+            continue
+        na = count[row, d]
+        total = na + nb_
+        delta = mean[row, s] - mean[row, d]
+        mean[row, d] += delta * nb_ / total
+        m2[row, d] += m2[row, s] + delta * delta * na * nb_ / total
+        count[row, d] = total

@@ -345,6 +345,52 @@ class CellState:
         for log in self.logs.values():
             log.rows[: log.n][log.rows[: log.n] == src] = dst
 
+    def copy_logs(self, dst: int, sources: I64) -> None:
+        """Add to row ``dst`` a copy of the value-log entries of rows ``sources`` (a holistic
+        partial combined into a scratch row; the sources keep theirs)."""
+        for log in self.logs.values():
+            if log.n:
+                index = np.flatnonzero(np.isin(log.rows[: log.n], sources))
+                log.append(np.full(index.shape[0], dst, np.int64), log.gids[index], log.values[index])
+
+    def fold_cells(self, row: int, dst: I64, src: I64) -> None:
+        """Fold each cell ``(row, src[j])`` into ``(row, dst[j])`` - the cells of sessions merged
+        into one (Session Aggregate) - and put the ``src`` cells back to identity. Every
+        accumulator combines exactly (sums, minima, maxima, Chan's moments) and value-log entries
+        move; no ``dst`` may be among ``src``."""
+        if src.shape[0] == 0:
+            return
+        a = self.arrays
+        for name, array in a.items():
+            kind, _, col = name.partition(":")
+            if kind in ("n", "count", "sum"):
+                k.fold_sum(row, dst, src, array)
+            elif kind == "min":
+                k.fold_min(row, dst, src, array)
+            elif kind == "max":
+                k.fold_max(row, dst, src, array)
+            elif kind == "mcount":
+                k.fold_moments(row, dst, src, array, a[f"mean:{col}"], a[f"m2:{col}"])
+        for log in self.logs.values():
+            if log.n:
+                moved = np.arange(self.shape[1], dtype=np.int64)
+                moved[src] = dst
+                at = log.rows[: log.n] == row
+                log.gids[: log.n][at] = moved[log.gids[: log.n][at]]
+        self.clear_cells(row, src)
+
+    def clear_cells(self, row: int, gids: I64) -> None:
+        """Put the cells ``(row, gids[j])`` back to identity and forget their holistic entries
+        (:meth:`reset_cells` for cells of one row)."""
+        for name, array in self.arrays.items():
+            array[row, gids] = self._identity[name]
+        width = self.shape[1]
+        for log in self.logs.values():
+            if log.n:
+                gone = np.zeros(width, np.bool_)
+                gone[gids] = True
+                log.keep(~((log.rows[: log.n] == row) & gone[log.gids[: log.n]]))
+
     def forget_logs(self, keep: set[str]) -> None:
         """Drop the value logs of columns not in ``keep`` (no reader of them is left)."""
         for col in [col for col in self.logs if col not in keep]:

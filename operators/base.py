@@ -77,6 +77,13 @@ class Operator(Stateful, ABC):
             self.progress_out[attribute] = value
             self.emit_punctuation(Punctuation(value, attribute))
 
+    def emit_partials(self) -> None:
+        """Early results (``EMIT EVERY``, :mod:`lowtide.query.early`): emit the current rows of
+        every open, non-empty window with ``final = false``, and change nothing any later result
+        depends on. Such rows are for windows not complete yet, so they never fall below the output
+        punctuation already emitted. The window aggregates override this; an operator without
+        windows has nothing to emit."""
+
     def describe(self) -> str:
         """One line for ``explain``: the operator and its parameters."""
         return self.label

@@ -11,7 +11,9 @@ the unfused path (Bucket's sparse window ranges), with the same result.
 Punctuation contract: WID Aggregate's (this is one, fed directly). Stream punctuation ``p`` on
 the window attribute completes the windows ``< first_open(p)``: their non-empty groups are
 emitted once at ``revision`` 0, then ``Punctuation(end(first open window), "window_end")`` -
-exactly what Select -> Bucket -> WID Aggregate promise together.
+exactly what Select -> Bucket -> WID Aggregate promise together. Early results (``EMIT
+EVERY``) are WID Aggregate's too: the open windows' rows, ``final = false``, above that
+punctuation, no state changed.
 
 Placement: by its group column, as WID Aggregate's for a time window.
 
@@ -189,6 +191,10 @@ class FusedWIDAggregate(Operator):
                 _fused_count(ts, rows, gid, window.slide, window.range, first, row_of, count, touched)
             state.release([w for w in new if not touched[w - first]])  # windows between tuples, empty
         state.queue.flush_some(rows.shape[0])
+
+    def emit_partials(self) -> None:
+        """Early results: the open windows' current rows, ``final = false``."""
+        self.state.emit_partials()
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         """Stream punctuation on the window attribute, as Bucket would turn it into window ids."""

@@ -18,7 +18,10 @@ Punctuation contract. On ``Punctuation(q, "wid")`` from the slices (slices ``< q
 every window whose slices are all complete - ``end(w) <= q * p`` - is emitted once, at
 ``revision`` 0, its non-empty groups in one batch, and then ``Punctuation(end(first open
 window), "window_end")``. It reads only the slices' generations from its own on, so it counts the
-tuples that arrived after it started, like any query. Its :meth:`keep_from` tells the slices
+tuples that arrived after it started, like any query. Early results (``EMIT EVERY``,
+:meth:`PanedWIDAggregate.emit_partials`): the open windows - from the first not emitted, above that
+punctuation - combined from their slices as at emission, with ``final = false``; nothing they
+read changes. Its :meth:`keep_from` tells the slices
 which it still needs: those of its open windows and of its running window.
 
 It reads the slices' group table and accumulators; its own are a
@@ -48,7 +51,7 @@ from lowtide.operators.result_queue import After, ResultQueue, SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.state import INT, NESTED, OPTIONAL_INT, Keep, declare
-from lowtide.operators.wid_state import nonempty_cells
+from lowtide.operators.wid_state import Cells, nonempty_cells
 from lowtide.operators.window_ids import touched_windows
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
@@ -156,10 +159,10 @@ class PanedWIDAggregate(Operator):
         self.queue.punctuate(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(first_open))
 
     # -- the queue's outlet ---------------------------------------------------------------------
-    def emit_cells(self, rows: I64, gids: I64, wids: I64) -> None:
+    def emit_cells(self, rows: I64, gids: I64, wids: I64, final: bool = True) -> None:
         slices = self.slices
         if rows.shape[0]:
-            self.emit(self.results.of_cells(slices.groups, slices.cells, rows, gids, wids))
+            self.emit(self.results.of_cells(slices.groups, slices.cells, rows, gids, wids, final=final))
 
     def free(self, after: After, freed: I64) -> None:
         assert after is After.FREE_ROWS
@@ -171,38 +174,76 @@ class PanedWIDAggregate(Operator):
         if not panes.shape[0]:
             self._next_window = max(self._next_window, first_open)
             return
-        # Windows holding at least one live slice: the windows of each slice's start time.
-        ws, we = self.window.wids(panes * self.pane)
-        candidates = touched_windows(ws, we)
+        candidates = self._windows_of(panes)
         ready = candidates[(candidates >= self._next_window) & (candidates < first_open)].tolist()
         self._next_window = max(self._next_window, first_open)
         if not ready:
             return
-        cells, width = self.slices.cells, len(self.slices.groups)
+        width = len(self.slices.groups)
         # Sliding the running window costs about 2 * SLIDE / p + 1 slice rows per window, prefix
         # sums one per live slice: many windows at once (a gap, the end of the stream) take those.
         bulk = len(ready) * (2 * self.panes_per_slide + 1) >= panes.shape[0]
-        prefix = self._prefix_sums(pane_rows, width) if bulk else {}
+        prefix = self._prefix_sums(pane_rows, width) if bulk else None
         for part in range(0, len(ready), EMIT_CHUNK):
             chunk = ready[part : part + EMIT_CHUNK]
             scratch = [self.slices.new_row() for _ in chunk]
-            if bulk:
-                self._from_prefix(chunk, scratch, panes, prefix, width)
-            for w, row in zip(chunk, scratch, strict=True):
-                if not bulk:
-                    self._slide_running(w, panes, pane_rows, width)
-                    cells.copy_row(row, self._running_row(), width, self._invertible)
-                if self._combined:
-                    lo, hi = self._panes_of(w, panes)
-                    cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
-            if self.summaries:
-                self._merge_summaries(chunk, scratch, panes, pane_rows)
-            done = nonempty_cells(cells, width, list(zip(chunk, scratch, strict=True)))
+            done = self._combine(chunk, scratch, panes, pane_rows, width, prefix)
             self.queue.put(done, len(chunk), After.FREE_ROWS, np.array(scratch, np.int64))
             if self.queue.flush is None:
                 self.queue.drain(None)  # out at once: the next chunk reuses the scratch rows
         if bulk:
             self._running_window = None  # the running window starts afresh
+
+    def emit_partials(self) -> None:
+        """Early results: the current rows of the open windows (``_next_window`` and above, each
+        holding a live slice), ``final = false``, combined in scratch rows freed at once: the
+        running window, the queue and the slices stay as they were."""
+        panes, pane_rows = self.slices.live(self.generation)
+        if not panes.shape[0]:
+            return
+        candidates = self._windows_of(panes)
+        open_windows = candidates[candidates >= self._next_window].tolist()
+        if not open_windows:
+            return
+        width = len(self.slices.groups)
+        prefix = self._prefix_sums(pane_rows, width)
+        for part in range(0, len(open_windows), EMIT_CHUNK):
+            chunk = open_windows[part : part + EMIT_CHUNK]
+            scratch = [self.slices.new_row() for _ in chunk]
+            self.emit_cells(*self._combine(chunk, scratch, panes, pane_rows, width, prefix), final=False)
+            self.slices.free_rows(scratch)
+
+    def _windows_of(self, panes: I64) -> I64:
+        """The windows holding at least one of the sorted live slices ``panes``, sorted."""
+        ws, we = self.window.wids(panes * self.pane)
+        return touched_windows(ws, we)
+
+    def _combine(
+        self,
+        chunk: list[int],
+        scratch: list[int],
+        panes: I64,
+        pane_rows: I64,
+        width: int,
+        prefix: dict[str, I64] | None,
+    ) -> Cells:
+        """Give each window of ``chunk`` (sorted) its accumulators in its ``scratch`` row: the
+        invertible ones as differences of ``prefix`` sums (None: by sliding the running window to
+        it), the others combined from its slices, its summaries merged; returns the non-empty
+        cells, window by window."""
+        cells = self.slices.cells
+        if prefix is not None:
+            self._from_prefix(chunk, scratch, panes, prefix, width)
+        for w, row in zip(chunk, scratch, strict=True):
+            if prefix is None:
+                self._slide_running(w, panes, pane_rows, width)
+                cells.copy_row(row, self._running_row(), width, self._invertible)
+            if self._combined:
+                lo, hi = self._panes_of(w, panes)
+                cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
+        if self.summaries:
+            self._merge_summaries(chunk, scratch, panes, pane_rows)
+        return nonempty_cells(cells, width, list(zip(chunk, scratch, strict=True)))
 
     def _prefix_sums(self, pane_rows: I64, width: int) -> dict[str, I64]:
         """Per invertible accumulator, the sums of the first ``i`` live slices (row ``i``)."""

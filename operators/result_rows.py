@@ -2,7 +2,9 @@
 
 Every window aggregate (WID, Paned-WID, Fused WID, AdaptWID) emits the same row layout,
 ``window_start, window_end, <group columns>, <aggregates>, revision`` in the order of the query's
-internal ``columns``, after HAVING has dropped the rows it rejects. :class:`ResultRows` holds that
+internal ``columns``, after HAVING has dropped the rows it rejects. A query with early results
+(``EMIT EVERY``) has one more column, :data:`FINAL` (bool): false on the rows of a window still
+open, true on the row punctuation releases and on its revisions. :class:`ResultRows` holds that
 configuration (no state) and turns cells or finalized values into one :class:`Batch`.
 """
 
@@ -22,6 +24,7 @@ from lowtide.operators.windows import Landmark, Window
 from lowtide.schema import ColumnType
 
 I64 = npt.NDArray[np.int64]
+FINAL = "final"  # the column of early results: false on a partial row (EMIT EVERY)
 Having = Callable[[dict[str, Any]], npt.NDArray[np.bool_]]
 
 
@@ -66,12 +69,13 @@ class ResultRows:
         return f"{', '.join(call.describe() for call in self.calls)}{by}"
 
     def batch(
-        self, wids: I64, keys: I64, values: dict[str, Any], revision: I64 | None = None
+        self, wids: I64, keys: I64, values: dict[str, Any], revision: I64 | None = None, final: bool = True
     ) -> tuple[Batch, npt.NDArray[np.bool_] | None]:
         """The rows of windows ``wids`` with group keys ``keys`` ``[n, k]`` and aggregate
-        ``values`` (revision 0 unless given), and which of them HAVING kept (None: all)."""
+        ``values`` (revision 0 unless given), and which of them HAVING kept (None: all).
+        ``final``: false for the partial rows of open windows."""
         assert not isinstance(self.window, Landmark), "landmark rows come from of_cells"
-        return self._batch(self.window.bounds(wids), keys, values, revision)
+        return self._batch(self.window.bounds(wids), keys, values, revision, final)
 
     def of_cells(
         self,
@@ -81,10 +85,12 @@ class ResultRows:
         gids: I64,
         wids: I64,
         landmark_start: int = 0,
+        final: bool = True,
     ) -> Batch:
         """The rows of the cells ``(rows[j], gids[j])`` of windows ``wids``. Revisions, when the
         cells track them (``rev``: the revision last emitted), count up and are updated to the
-        rows HAVING lets out. A landmark window starts at the slide ``landmark_start``."""
+        rows HAVING lets out - not by partial rows (``final`` false), which leave every cell as
+        it was. A landmark window starts at the slide ``landmark_start``."""
         rev = cells.arrays.get("rev")
         revision = rev[rows, gids] + 1 if rev is not None else None
         window = self.window
@@ -94,22 +100,29 @@ class ResultRows:
         else:
             bounds = window.bounds(wids)
         values = cells.finalize(rows, gids, self.decode, self.calls)
-        batch, keep = self._batch(bounds, groups.keys[gids], values, revision)
-        if rev is not None and revision is not None:  # a revision counts emitted rows only:
+        batch, keep = self._batch(bounds, groups.keys[gids], values, revision, final)
+        if rev is not None and revision is not None and final:  # a revision counts emitted rows only:
             shown = slice(None) if keep is None else keep  # HAVING may hold one back
             rev[rows[shown], gids[shown]] = revision[shown]
         return batch
 
     def _batch(
-        self, bounds: tuple[I64, I64], keys: I64, values: dict[str, Any], revision: I64 | None
+        self,
+        bounds: tuple[I64, I64],
+        keys: I64,
+        values: dict[str, Any],
+        revision: I64 | None,
+        final: bool = True,
     ) -> tuple[Batch, npt.NDArray[np.bool_] | None]:
         columns: dict[str, Any] = {"window_start": bounds[0], "window_end": bounds[1]}
         columns.update(key_columns(keys, self.group_columns, self.group_types))
         columns.update(values)
         columns["revision"] = revision if revision is not None else np.zeros(keys.shape[0], np.int64)
+        if FINAL in self.columns:
+            columns[FINAL] = np.full(keys.shape[0], final, np.bool_)
         columns, keep = apply_having(self.having, columns)
         size = len(columns["revision"])
         return Batch({name: columns[name] for name in self.columns}, size), keep
 
 
-__all__ = ["Having", "ResultRows", "apply_having", "key_columns"]
+__all__ = ["FINAL", "Having", "ResultRows", "apply_having", "key_columns"]

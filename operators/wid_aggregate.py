@@ -12,6 +12,12 @@ emitted, so state is bounded by the open windows. Under the late policy ``update
 state stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
 corrected row with ``revision`` + 1 (a group new to an emitted window comes out late, at
 ``revision`` 0); tuples later than that go to the late side stream.
+Early results (``EMIT EVERY``): :meth:`WIDAggregate.emit_partials` emits the current rows of
+the open windows - ``first_open`` and above, which the output punctuation ``end(first_open)`` does
+not cover - with ``final = false`` and changes no state; the row punctuation releases (and each
+revision) has ``final = true``. A landmark's open windows are the slides from the first not
+emitted to the last holding a tuple, each the running prefix plus the slides up to it, combined in
+a scratch row. Tuple windows have none (the planner refuses EMIT on them).
 Partitioned tuple windows complete partition by partition: a cell is emitted as soon as its
 partition has seen the window's last row. Their only output punctuation is end of stream: the
 minimum over partitions includes the partitions not seen yet, which are still at row 0.
@@ -179,6 +185,43 @@ class WIDAggregate(Operator):
         state.compact()
 
     # -- emission ---------------------------------------------------------------------------
+    def emit_partials(self) -> None:
+        """Early results: the open windows' current rows, ``final = false`` (see the module)."""
+        if self.landmark:
+            self._landmark_partials()
+        elif not isinstance(self.window, Rows):
+            self.state.emit_partials()
+
+    def _landmark_partials(self) -> None:
+        """The open landmark windows, from the first slide not emitted (or the first slide seen,
+        before the landmark starts) to the last slide holding a tuple: a scratch row starts as
+        the running prefix and takes in each slide's row in turn, emitted after each."""
+        state = self.state
+        if not state.row_of:
+            return  # every slide seen is in the prefix already: no open window holds a tuple
+        first = self._next_landmark if self._next_landmark is not None else min(state.row_of)
+        start = self._landmark_start if self._next_landmark is not None else first
+        scratch = state.new_row()
+        state.fit()
+        cells, width = state.cells, len(state.groups)
+        n = cells.arrays["n"]
+        self._absorb(scratch, self._base)
+        for w in range(first, max(state.row_of) + 1):
+            if w in state.row_of:
+                self._absorb(scratch, state.row_of[w])
+            g = np.flatnonzero(n[scratch, :width] > 0)
+            rows, wids = np.full(g.shape[0], scratch, np.int64), np.full(g.shape[0], w, np.int64)
+            state.emit_cells(rows, g, wids, start, final=False)
+        cells.reset_rows(np.array([scratch], np.int64))
+        state.free_rows.append(scratch)
+
+    def _absorb(self, scratch: int, row: int) -> None:
+        """Combine row ``row`` into the scratch row ``scratch`` (``row`` keeps its cells)."""
+        cells = self.state.cells
+        both = np.array([scratch, row], np.int64)
+        cells.combine_rows(scratch, both, len(self.state.groups), tuple(cells.arrays))
+        cells.copy_logs(scratch, both[1:])
+
     def _revise(self, ws: I64, we_emitted: I64, gid: I64) -> None:
         """Re-emit the cells of already emitted windows that late tuples changed."""
         wids, index = expand_ranges(ws, we_emitted)

@@ -11,6 +11,8 @@ or emits them and frees them.
 Invariants: a window in ``row_of`` below ``first_open`` has its results queued still, is kept
 for revisions (allowed lateness) or is a landmark slide not folded yet; a cell is non-empty iff
 its count ``n`` is positive; group ids move (compaction) only while no queued cell waits.
+The windows in ``row_of`` from ``first_open`` on are the open ones: early results
+(:meth:`WIDState.emit_partials`) are their non-empty cells as they are, state left untouched.
 
 Paned-WID reads the slices' cells instead, with a :class:`ResultQueue` of its own and the two
 functions it shares with the slices, :func:`nonempty_cells` and :func:`compact_groups`.
@@ -138,11 +140,20 @@ class WIDState(Stateful):
         """Queue the results of the complete windows ``wids``; their state is freed once out."""
         self.queue.put(self.cells_of(wids), len(wids), After.FREE_WINDOWS, np.array(wids, np.int64))
 
-    def emit_cells(self, rows: I64, gids: I64, wids: I64, landmark_start: int = 0) -> None:
-        """Emit the result rows of the cells ``(rows[j], gids[j])`` of windows ``wids`` now."""
+    def emit_cells(
+        self, rows: I64, gids: I64, wids: I64, landmark_start: int = 0, final: bool = True
+    ) -> None:
+        """Emit the result rows of the cells ``(rows[j], gids[j])`` of windows ``wids`` now
+        (``final`` false: partial rows of open windows)."""
         if rows.shape[0]:
-            batch = self.results.of_cells(self.groups, self.cells, rows, gids, wids, landmark_start)
+            batch = self.results.of_cells(self.groups, self.cells, rows, gids, wids, landmark_start, final)
             self.operator.emit(batch)
+
+    def emit_partials(self) -> None:
+        """Early results: the current rows of every open window (``first_open`` and above), with
+        ``final = false``, window by window; nothing changes (a time window's row is its whole
+        window: landmark prefixes are their owner's)."""
+        self.emit_cells(*self.cells_of(sorted(w for w in self.row_of if w >= self.first_open)), final=False)
 
     def emit_progress(self, value: int, attribute: str = "window_end") -> None:
         self.operator.emit_progress(value, attribute)

@@ -11,6 +11,9 @@ integer window ids ``w`` (negative ids are windows that start before 0, and are 
   aggregate keeps prefixes.
 * :class:`Rows` (WA row-num, optionally PA): the sliding definition over arrival positions
   (``rank`` within the partition when partitioned).
+* :class:`Session` (SESSION gap): not aligned and without window ids: a session of a group is a
+  maximal run of its sorted values each less than ``gap`` after the previous one,
+  ``[first, last + gap)``. Session Aggregate (:mod:`lowtide.operators.session`) keeps them.
 
 A window ``w`` is complete once punctuation ``p >= end(w)``: ``first_open(p)`` is the smallest
 window id that punctuation ``p`` does not yet complete.
@@ -116,6 +119,17 @@ class Rows:
     def describe(self) -> str:
         by = f" PA {', '.join(self.partition)}" if self.partition else ""
         return f"rows RANGE {self.range} SLIDE {self.slide} on row-num{by}"
+
+
+@dataclass(frozen=True)
+class Session:
+    """``[SESSION gap, WA attribute]`` in the attribute's units (no window ids: see above)."""
+
+    gap: int
+    attribute: str
+
+    def describe(self) -> str:
+        return f"session GAP {self.gap} on {self.attribute}"
 
 
 Window = Sliding | Landmark | Rows

@@ -477,7 +477,8 @@ class Front:
         await asyncio.wait_for(future, timeout=60)
 
     async def _ticker(self) -> None:
-        """Heartbeats and idle sources every 20 ms; worker statistics and state limits every second."""
+        """Heartbeats, idle sources and EMIT EVERY timers every 20 ms (a logged Tick when any is
+        due); worker statistics and state limits every second."""
         last_stats = 0.0
         while True:
             await asyncio.sleep(0.02)

@@ -1,10 +1,11 @@
 """The input log of ``--state-dir``: every change the server accepts, in the order it applied them.
 
 Each accepted call (a stream or query created or dropped, a batch with its id, a punctuation, a
-source closed, a heartbeat or idle timeout that moved progress) becomes a :class:`Record`, appended
-here *before* it is applied and acknowledged. Replaying the records in order through the same
-code reproduces the server's state and every query's output item for item: the door is
-deterministic given the records, and each record carries the wall-clock time it was applied at.
+source closed, a heartbeat, idle timeout or EMIT EVERY timer that came due) becomes a
+:class:`Record`, appended here *before* it is applied and acknowledged. Replaying the records
+in order through the same code reproduces the server's state and every query's output item for
+item: the door is deterministic given the records, and each record carries the wall-clock time
+it was applied at.
 
 Invariant: a record acknowledged to a client is in the log (written to the OS; with
 ``fsync = "always"`` also on the disk) and is applied exactly once per life of the server, at its
@@ -126,7 +127,8 @@ class CloseSource(Record):
 
 @dataclass(frozen=True)
 class Tick(Record):
-    """Heartbeats or idle timeouts moved some stream at ``now``."""
+    """Heartbeats or idle timeouts moved some stream, or EMIT EVERY timers came due, at ``now``:
+    applying it runs the engine's clock (``Engine.tick``) there, live and at replay alike."""
 
     kind: ClassVar[str] = "tick"
 

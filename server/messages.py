@@ -83,6 +83,14 @@ class Punctuate:
 
 
 @dataclass(frozen=True, slots=True)
+class Emit:
+    """The query's EMIT EVERY timer fired at the front: emit its open windows' current rows
+    (``final = false``), then an :class:`Epoch`, like the answer to an input message."""
+
+    query: str
+
+
+@dataclass(frozen=True, slots=True)
 class Sync:
     """Answered with :class:`Synced` after everything sent before it."""
 
@@ -221,7 +229,7 @@ class ResetDone:
 
 QueryInput: TypeAlias = Batch | Punctuate
 ToWorker: TypeAlias = (
-    Strings | Register | Drop | QueryInput | Sync | GetStats | Checkpoint | Restore | Reset | Stop
+    Strings | Register | Drop | QueryInput | Emit | Sync | GetStats | Checkpoint | Restore | Reset | Stop
 )
 QueryOutput: TypeAlias = Result | Punctuated | Late | Released | Epoch | Failed  # melded per query
 ToFront: TypeAlias = QueryOutput | Stats | Synced | Checkpointed | Persisted | Restored | ResetDone
@@ -258,7 +266,7 @@ def _getter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 TO_WORKER: Codec[ToWorker] = Codec(
-    Batch, Punctuate, Strings, Register, Drop, Sync, GetStats, Checkpoint, Restore, Reset, Stop
+    Batch, Punctuate, Strings, Register, Drop, Sync, GetStats, Checkpoint, Restore, Reset, Stop, Emit
 )
 TO_FRONT: Codec[ToFront] = Codec(
     Result,

@@ -180,6 +180,14 @@ class FrontEngine(Engine):
             )
             self._strings_sent = known
 
+    def _emit_early(self, running: RunningQuery) -> None:
+        """The query's EMIT EVERY timer fired (while a logged change applies: a replay fires it
+        at the same point): its workers emit the open windows' rows, melded like its output."""
+        remote = self.remote.get(running.name)
+        if remote is not None and not remote.failed:
+            for worker in remote.workers:
+                self.workers.post(worker, msg.Emit(remote.name))
+
     def explain(self, sql: str) -> str:
         running = self._plan(sql, "explain", LatePolicy.DROP, None)
         placement = partitioning_of(running.plan).describe(self.workers.size)

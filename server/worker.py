@@ -11,7 +11,8 @@ The messages in and out are those of :mod:`lowtide.server.messages`: in, the fro
 mirrors; queries registered and dropped; batches and punctuation; sync, stats, checkpoint, reset,
 restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output punctuation, late
 tuples; ``Released`` after the results a punctuation released; ``Epoch`` after everything one
-batch or punctuation message made for a query; the answers to the control messages).
+batch, punctuation or ``Emit`` (early results) message made for a query; the answers to the
+control messages).
 """
 
 from __future__ import annotations
@@ -226,6 +227,8 @@ class Worker:
                 case msg.Punctuate():
                     self._punctuate(message)
                     self._epoch(message.query)
+                case msg.Emit():
+                    self._emit(message.query)
                 case msg.Sync():
                     self.out.send(msg.Synced(message.token))
                 case msg.Strings():
@@ -281,6 +284,14 @@ class Worker:
             moved = hosted.forward.punctuations > before.get(name, hosted.forward.punctuations)
             if moved or (hosted.slow_flush and name == message.query):
                 self.out.send(msg.Released(name, message.sent_at))
+
+    def _emit(self, query: str) -> None:
+        """EMIT EVERY: the query's open windows' current rows, then its epoch (the front sends
+        this to each of the query's workers, at the same point of their input)."""
+        hosted = self.queries.get(query)
+        if hosted is not None:
+            hosted.plan.emit_partials()
+            self.out.send(msg.Epoch(query))
 
     def _epoch(self, feed: str) -> None:
         """Mark the end of what one input message made, for each query it feeds (the front
@@ -341,7 +352,7 @@ def _attempt(work: Callable[[], None]) -> str | None:
 def _query_of(message: msg.ToWorker) -> str:
     """The query that fails when handling ``message`` raises ("" when it concerns none)."""
     match message:
-        case msg.Batch() | msg.Punctuate() | msg.Register() | msg.Drop():
+        case msg.Batch() | msg.Punctuate() | msg.Emit() | msg.Register() | msg.Drop():
             return message.query
         case _:
             return ""

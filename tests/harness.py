@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 from hypothesis import event as tally
-from reference import Row, Spec, covered, first_open_end
+from reference import Row, Spec, covered, first_open_end, session_punctuation
 from strategies import SCHEMA, Close, Event, Punct, Push, Sources
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LateTuple, Punctuation
@@ -92,6 +92,7 @@ class Observed:
     seen: list[dict[tuple[Any, ...], int]] = field(default_factory=list)  # rows per partition, per call
     arrivals: list[tuple[Row, int]] = field(default_factory=list)  # applied tuple, its stream's progress
     arrival_query_progress: list[int] = field(default_factory=list)  # the query's (Meld) progress then
+    arrival_call: list[int] = field(default_factory=list)  # the call that applied each tuple
     late: list[Row] = field(default_factory=list)  # the query's late side stream
     rejected: int = 0  # batches refused with LateTuple
     stats: dict[str, Any] = field(default_factory=dict)  # engine.stats() at the end
@@ -139,6 +140,7 @@ def run(
                 for row, was_late in zip(event.rows, is_late, strict=True):
                     obs.arrivals.append((row, progress))
                     obs.arrival_query_progress.append(min(model.progress.values()))
+                    obs.arrival_call.append(call)
                     if not was_late or late == "update":
                         part = tuple(row[p] for p in partition)
                         seen[part] = seen.get(part, 0) + 1
@@ -220,10 +222,12 @@ def check_emission(obs: Observed, spec: Spec, expected: Sequence[Row]) -> None:
     promised = None  # the output punctuation after each call: the end of the first open window
     values = iter(zip(obs.punctuation, obs.punct_call, strict=True))
     pending = next(values, None)
+    owed = session_owed(obs, spec) if spec.window.kind == "session" else None
     for call, progress in enumerate(obs.progress):
         while pending is not None and pending[1] == call:
             promised, pending = pending[0], next(values, None)
-        want = first_open_end(spec.window, progress, sum(obs.seen[call].values()))
+        rows_seen = sum(obs.seen[call].values())
+        want = owed[call] if owed is not None else first_open_end(spec.window, progress, rows_seen)
         assert promised == want, f"output punctuation {promised} after call {call}, expected {want}"
     for row in expected:  # every covered window is out by the call that covered it
         key = key_of(row, spec)
@@ -234,6 +238,25 @@ def check_emission(obs: Observed, spec: Spec, expected: Sequence[Row]) -> None:
         assert key in first_call and first_call[key] <= due, (
             f"{key} due after call {due}, got {first_call.get(key)}"
         )
+
+
+def session_owed(obs: Observed, spec: Spec) -> list[int | None]:
+    """The output punctuation a session aggregate owes after each call: it moves only when the
+    query's progress does, to the reference's value over the tuples counted (on time) so far."""
+    owed: list[int | None] = []
+    last = NO_PROGRESS
+    for call, progress in enumerate(obs.progress):
+        if progress == last:
+            owed.append(owed[-1] if owed else None)
+            continue
+        last = progress
+        counted = [
+            row
+            for (row, p), at in zip(obs.arrivals, obs.arrival_call, strict=True)
+            if at <= call and row["ts"] >= p
+        ]
+        owed.append(session_punctuation(spec, counted, progress, progress))
+    return owed
 
 
 def check_query(

@@ -11,6 +11,8 @@ Python loops: slow, and obviously right. Inputs are the tuples a query sees, in 
   ``progress`` passed (``(w+1)*SLIDE <= progress``); ``window_start = f*SLIDE``.
 * tuple windows (row-num): the sliding definition over row numbers 0, 1, ... in arrival order;
   with PA, over the rank of each tuple within its partition (the partition's own row numbers).
+* session windows (SESSION gap): per group, its tuples sorted by ts, each joining the session of
+  the one before it when less than ``gap`` after it; ``[first ts, last ts + gap)``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ class Agg:
 
 @dataclass(frozen=True)
 class Window:
-    kind: str  # "sliding" (tumbling when range == slide), "landmark", "rows"
-    slide: int
-    range: int | None = None  # None for landmark
+    kind: str  # "sliding" (tumbling when range == slide), "landmark", "rows", "session"
+    slide: int  # 0 for session
+    range: int | None = None  # None for landmark and session
     attribute: str = "ts"
     partition: tuple[str, ...] = ()  # PA, rows only
+    gap: int = 0  # session only
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,44 @@ def _landmark_windows(
     return out
 
 
+def sessions_of(gap: int, ts: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """(start, end, member indexes) of the sessions of one group's values ``ts``."""
+    out: list[tuple[int, int, list[int]]] = []
+    last = 0
+    for i in sorted(range(len(ts)), key=lambda i: ts[i]):
+        if out and ts[i] - last < gap:
+            out[-1][2].append(i)
+        else:
+            out.append((ts[i], 0, [i]))
+        last = ts[i]
+    return [(start, ts[members[-1]] + gap, members) for start, _, members in out]
+
+
+def _by_key(spec: Spec, tuples: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:
+    groups: dict[tuple[Any, ...], list[Row]] = {}
+    for t in tuples:
+        groups.setdefault(tuple(t[k] for k in spec.keys), []).append(t)
+    return groups
+
+
+def session_punctuation(spec: Spec, tuples: Sequence[Row], progress: int, floor: int) -> int | None:
+    """The output punctuation a session aggregate owes after punctuation ``progress``, having
+    counted ``tuples``: the smallest end of a session not complete yet, or of one a tuple still
+    to come (at or above ``floor``) would start; None before any progress."""
+    if progress >= END_OF_STREAM:
+        return END_OF_STREAM
+    if progress <= -(2**63):
+        return None
+    window = spec.window
+    ends = [
+        end
+        for members in _by_key(spec, tuples).values()
+        for _, end, _ in sessions_of(window.gap, [t[window.attribute] for t in members])
+        if end > progress
+    ]
+    return min([*ends, floor + window.gap])
+
+
 def _group(spec: Spec, tuples: Sequence[Row], start: int, end: int) -> list[Row]:
     groups: dict[tuple[Any, ...], list[Row]] = {}
     for t in tuples:
@@ -188,6 +229,10 @@ def evaluate(
     elif window.kind == "landmark":
         for start, end, members in _landmark_windows(window, [t[window.attribute] for t in tuples], progress):
             rows += _group(spec, [tuples[i] for i in members], start, end)
+    elif window.kind == "session":
+        for members in _by_key(spec, tuples).values():
+            for start, end, index in sessions_of(window.gap, [t[window.attribute] for t in members]):
+                rows += _group(spec, [members[i] for i in index], start, end)
     elif window.kind == "rows":
         partitions: dict[tuple[Any, ...], list[Row]] = {}
         for t in tuples:  # each partition numbers its own rows from 0, in arrival order

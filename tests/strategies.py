@@ -181,6 +181,8 @@ def agg_sql(agg: Agg) -> str:
 
 
 def window_sql(w: Window, tumbling_form: int = 0) -> str:
+    if w.kind == "session":
+        return f"[SESSION {w.gap}, WA ts]"
     if w.kind == "landmark":
         return f"[RANGE ALL, SLIDE {w.slide}, WA ts]"
     if w.kind == "rows":
@@ -222,6 +224,7 @@ overlapping_windows = st.builds(
     st.integers(0, 3),
 )
 time_windows = st.one_of(sliding_windows, tumbling_windows)
+session_windows = st.integers(1, 15).map(lambda gap: Window("session", 0, gap=gap))
 any_window = st.one_of(sliding_windows, tumbling_windows, landmark_windows, row_windows)
 group_bys = st.sampled_from([(), ("k1",), ("k2",), ("k1", "k2"), ("k2", "k1"), ("b", "k1")])
 

@@ -1,8 +1,8 @@
 """The planner: a parsed query becomes a graph of order-insensitive operators.
 
 Input -> [Meld] -> [Select] -> ( [OA-Join -> Select] ) -> [Bucket -> WID Aggregate | Slide-by-tuple
-Aggregate | DupElim | Project]. Single-side predicates of a join are pushed below it, equalities
-across sides become join keys, the rest filter its output.
+Aggregate | Session Aggregate | DupElim | Project]. Single-side predicates of a join are pushed
+below it, equalities across sides become join keys, the rest filter its output.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
 from lowtide.operators.project import Project
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.select import Predicate, Select
+from lowtide.operators.session import RETRACTED, SessionAggregate
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Landmark, Sliding
+from lowtide.operators.windows import Landmark, Session, Sliding
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
     BinaryOp,
@@ -42,6 +43,7 @@ from lowtide.query.ast import (
     Query,
     Star,
 )
+from lowtide.query.early import FINAL, Early, early_results
 from lowtide.query.expr import compile_expr
 from lowtide.query.scope import Field, Scope
 from lowtide.query.sharing import Share, Shares, saved_width
@@ -75,11 +77,18 @@ class Plan:
     reader: PanedWIDAggregate | None = None  # the Paned-WID reading slices, attached by start()
     late_handler: Callable[[Batch], None] | None = None  # this query's late side stream
     time_unit: str = ""  # s|ms|us|ns: window bounds are epoch times in this unit; "": plain numbers
+    early: Early | None = None  # EMIT EVERY: a final column, and partial rows when the engine's timer fires
 
     def start(self) -> None:
         """Begin reading shared slices (planning leaves them untouched, for ``explain``)."""
         if self.reader is not None:
             self.reader.attach()
+
+    def emit_partials(self) -> None:
+        """EMIT EVERY fired: every operator emits its open windows' current rows, final = false
+        (see lowtide.query.early)."""
+        for op in self.operators:
+            op.emit_partials()
 
     def explain(self) -> str:
         lines = [f"{i}. {op.describe()}" for i, op in enumerate(self.operators)]
@@ -268,6 +277,10 @@ def _equi_pair(conjunct: Expr, sides: list[Stage]) -> tuple[str, str] | None:
 
 def _join_window(sides: list[Stage], items: tuple[FromItem, ...]) -> Band | Tumbling:
     specs = [item.window for item in items]
+    if any(spec is not None and spec.emit_every is not None for spec in specs):
+        raise UnsupportedQuery(
+            "EMIT EVERY gives early results of a window aggregate; a join emits each pair once"
+        )
     kinds = [s.scope.resolve(s.attributes[0]).type for s in sides]
     tumbling = [spec for spec in specs if spec is not None and spec.tumbling]
     if tumbling:
@@ -352,6 +365,10 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             )
         attribute, kind = f.physical, f.type
     window = window_of(spec, attribute, kind, partition)
+    early = early_results(spec, window)
+    extra = (FINAL,) if early is not None else ()  # the column of early results, after revision
+    if isinstance(window, Session) and ctx.policy is LatePolicy.UPDATE:
+        extra = (RETRACTED, *extra)  # sessions merged away are withdrawn
     group_physicals: list[str] = []
     for g in query.group_by:
         if not isinstance(g, Column):
@@ -366,7 +383,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     names: dict[Expr, str] = {}
     for item in query.select:
         out = item.alias or item.text
-        if out in out_names or out in ("window_start", "window_end", "revision"):
+        if out in out_names or out in ("window_start", "window_end", "revision", *extra):
             raise UnsupportedQuery(f"result column {out!r} appears twice; give it an alias")
         if isinstance(item.expr, FuncCall):
             calls.append(_call_of(item.expr, out, scope))
@@ -394,7 +411,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         result_fields += [Field(p, p, t) for p, t in zip(group_physicals, group_types, strict=True)]
         result_fields += [Field(c.output, c.output, c.result_type()) for c in calls]
         having = compile_expr(query.having, Scope(tuple(result_fields)), ctx.pool, names).fn
-    internal = ("window_start", "window_end", *[_internal(n, renames) for n in out_names], "revision")
+    internal = ("window_start", "window_end", *[_internal(n, renames) for n in out_names], "revision", *extra)
     decode = ctx.pool.decode
     lateness: int | None = None  # None: late tuples never reach the aggregate
     if ctx.policy is LatePolicy.UPDATE:
@@ -403,7 +420,9 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             to_units(_lateness(ctx.allowed_lateness), kind, "allowed lateness") if ctx.allowed_lateness else 0
         )
         if isinstance(window, Landmark | SlideByTuple) or attribute == "row-num":
-            raise UnsupportedQuery("late='update' works with time-based sliding and tumbling windows only")
+            raise UnsupportedQuery(
+                "late='update' works with time-based sliding, tumbling and session windows only"
+            )
     groups, aggs = tuple(group_physicals), tuple(calls)
     agg: Operator
     shared: dict[str, Any] = {}  # the Plan's sharing fields
@@ -419,6 +438,20 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             internal,
             having,
             decode,
+        )
+        ctx.add(agg, stage.op)
+    elif isinstance(window, Session):
+        session_late = tuple((f.physical, f.type) for f in scope.fields)
+        agg = SessionAggregate(
+            window,
+            groups,
+            group_types,
+            aggs,
+            internal,
+            having,
+            allowed_lateness=lateness,
+            late_sink=lambda b: ctx.on_drop(b, session_late),
+            decode=decode,
         )
         ctx.add(agg, stage.op)
     else:
@@ -479,18 +512,21 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         ("window_end", INT64),
         *[(n, types[n]) for n in out_names],
         ("revision", INT64),
+        *[(name, ColumnType("bool")) for name in extra],
     )
     last: Operator = agg
     if any(renames.get(p, p) != p for p in renames):
         outputs = {
             name: _getter(internal_name)
             for name, internal_name in zip(
-                ("window_start", "window_end", *out_names, "revision"), internal, strict=True
+                ("window_start", "window_end", *out_names, "revision", *extra), internal, strict=True
             )
         }
         last = ctx.add(Project(outputs, {}), agg)
     unit = kind.name[len("timestamp[") : -1] if kind.name.startswith("timestamp[") else ""
-    return Plan(last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides, time_unit=unit, **shared)
+    return Plan(
+        last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides, time_unit=unit, early=early, **shared
+    )
 
 
 def _paned_aggregate(
@@ -636,6 +672,8 @@ def _aggregate_calls(expr: Expr) -> list[FuncCall]:
 
 # -- projection ---------------------------------------------------------------------------------
 def _projection(query: Query, stage: Stage, ctx: Context) -> Plan:
+    if stage.window is not None and stage.window.emit_every is not None:
+        raise UnsupportedQuery("EMIT EVERY gives early results of a window aggregate, after the select list")
     outputs: dict[str, Callable[[Any], Any]] = {}
     types: list[tuple[str, ColumnType]] = []
     renames: dict[str, str] = {}

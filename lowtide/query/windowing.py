@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lowtide.errors import UnsupportedQuery
-from lowtide.operators.windows import Landmark, Rows, Sliding, Window
+from lowtide.operators.windows import Landmark, Rows, Session, Sliding, Window
 from lowtide.query.ast import Column, Duration, Rank, RowNum, WindowSpec
 from lowtide.query.ast import Rows as RowCount
 from lowtide.schema import ColumnType
@@ -52,8 +52,17 @@ class SlideByTuple:
 
 def window_of(
     spec: WindowSpec, attribute: str, kind: ColumnType, partition: tuple[str, ...]
-) -> Window | SlideByTuple:
+) -> Window | SlideByTuple | Session:
     """The window of an aggregation; ``attribute`` is the resolved WA/RATTR column and its type."""
+    if spec.session is not None:
+        others = spec.range is not None or spec.range_all or spec.slide is not None or spec.pa
+        if others or spec.rattr is not None or spec.sattr is not None:
+            raise UnsupportedQuery(
+                "a session window takes SESSION gap and WA only, e.g. [SESSION 30 seconds, WA ts]"
+            )
+        if isinstance(spec.wa, RowNum):
+            raise UnsupportedQuery("a session window is on a time attribute (WA ts), not on row-num")
+        return Session(to_units(spec.session, kind, "SESSION gap"), attribute)
     if spec.rattr is not None or spec.sattr is not None:
         if spec.rattr is None or spec.sattr is None or spec.range is None:
             raise UnsupportedQuery("a slide-by-tuple window needs RANGE, RATTR, SLIDE n ROWS and SATTR")

@@ -145,6 +145,7 @@ def test_concurrent_producers_give_the_same_results(mirror: Mirror) -> None:
         f"FROM {a} UNION {b} GROUP BY srcIP",
         "join": f"SELECT {a}.srcIP, {b}.destIP, {b}.ts FROM {a} [RANGE 3 minutes, WA ts], "
         f"{b} [RANGE 2 minutes, WA ts] WHERE {a}.srcIP = {b}.destIP",
+        "session": f"SELECT srcIP, count(*) AS n, max(len) [SESSION 20 s, WA ts] FROM {a} GROUP BY srcIP",
     }
     names = {key: mirror.register(sql, fresh(f"c_{key}")) for key, sql in sqls.items()}
     subs = {key: Subscription(mirror.stub, name, from_oldest=True) for key, name in names.items()}
@@ -174,6 +175,41 @@ def test_concurrent_producers_give_the_same_results(mirror: Mirror) -> None:
             mirror.apply(stream, source, item)
     for key, name in names.items():
         assert_same(subs[key].until(END_OF_STREAM), mirror.results(name), key)
+
+
+def test_sessions_split_by_group_give_the_engines_results(mirror: Mirror) -> None:
+    """Session windows (DESIGN §3) over a union fed by three producers each: grouped, they split
+    across both workers by the group columns; without GROUP BY one worker holds the one group."""
+    rnd = random.Random(13)
+    a, b = fresh("sA"), fresh("sB")
+    for stream in (a, b):
+        mirror.create_stream(stream, sources=SOURCES)
+    aggregates = (
+        "count(*) AS n, sum(len) AS bytes, avg(len) AS mean, stddev(len) AS sd, median(len) AS med, "
+        "count_distinct(destIP) AS peers, heavy_hitters(destPort, 0.4) AS ports"
+    )
+    sqls = {
+        "grouped": f"SELECT srcIP, destPort, {aggregates} [SESSION 25 s, WA ts] FROM {a} UNION {b} "
+        "GROUP BY srcIP, destPort HAVING count(*) > 1",
+        "global": f"SELECT count(*) AS n, min(ts) AS first [SESSION 2 s, WA ts] FROM {a} UNION {b}",
+    }
+    plan = mirror.stub.ExplainQuery(pb.ExplainQueryRequest(sql=sqls["grouped"])).plan
+    assert "Session Aggregate" in plan and "split across 2 workers by srcIP, destPort" in plan, plan
+    plan = mirror.stub.ExplainQuery(pb.ExplainQueryRequest(sql=sqls["global"])).plan
+    assert "Session Aggregate" in plan and "runs on 1 worker" in plan, plan
+    names = {key: mirror.register(sql, fresh(f"s_{key}")) for key, sql in sqls.items()}
+    subs = {key: Subscription(mirror.stub, name, from_oldest=True) for key, name in names.items()}
+    data = {(s, src): packets(rnd, 150, T0, T0 + SPAN) for s in (a, b) for src in SOURCES}
+    calls = schedule(data, rnd, {a: PACKET, b: PACKET}, close=False)
+    for call in calls:
+        mirror.ingest(*call)
+    problems = _compare(names, subs, mirror, settle=True)
+    for stream, source in data:
+        mirror.ingest(stream, source, [CLOSE])
+    problems += _compare(names, subs, mirror, settle=False)
+    assert not problems, "\n".join(problems)
+    spans = [r["window_end"] - r["window_start"] for r in rows(mirror.results(names["grouped"]))]
+    assert max(spans) > 50_000, "no session spans two gaps: the test would not see sessions grow and merge"
 
 
 def test_a_query_reads_another_querys_results(mirror: Mirror) -> None:

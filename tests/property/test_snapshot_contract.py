@@ -42,6 +42,7 @@ from strategies import (
     landmark_windows,
     overlapping_windows,
     row_windows,
+    session_windows,
     sizes,
     sliding_windows,
     specs,
@@ -306,6 +307,14 @@ KINDS: dict[str, tuple[st.SearchStrategy[Case], set[str]]] = {
     "late update (revisions)": (
         one_query(aggregate_sql(st.one_of(tumbling_windows, sliding_windows)), late="update", honest=False),
         {"WID Aggregate"},
+    ),
+    "sessions (union)": (
+        one_query(aggregate_sql(session_windows, streams=2), streams=2),
+        {"Meld", "Session Aggregate"},
+    ),
+    "sessions, late update (revisions, retractions)": (
+        one_query(aggregate_sql(session_windows), late="update", honest=False),
+        {"Session Aggregate"},
     ),
 }
 

@@ -19,6 +19,7 @@ TO_WORKER: list[msg.ToWorker] = [
     msg.Strings(3, ["a", "b"]),
     msg.Register("q", SPEC),
     msg.Drop("q"),
+    msg.Emit("q"),
     msg.Sync(4),
     msg.GetStats(),
     msg.Checkpoint(1, "/tmp/w0"),
