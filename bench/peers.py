@@ -3,12 +3,16 @@
 Query, as in ``bench/e2e.py`` (Q6-3, sliding): ``SELECT k, count(*) [RANGE 10 seconds, SLIDE 1
 second, WA ts] FROM S GROUP BY k`` over ``S(k int64, ts int64 ms)``, 1,000 keys, 20% of tuples
 delayed uniformly up to 2 s, event time running at 100k tuples per second, progress (punctuation,
-watermark) = max ts - 2 s, so no tuple is late. ``--queries`` adds the tumbling variant ``[RANGE
-1 second]``. The rows are ``bench/e2e.py``'s ``share()`` of ``--producers`` producers; Spark and
-Flink read the same rows from files (their batches interleaved in arrival order), with ``ts``
-moved by ``OFFSET_MS`` (1.7e12 ms, a multiple of every window) into real epoch time: Spark's
-watermark starts at epoch 0 and drops rows before it as late (the data starts at ts = -2 s).
-Results are compared after moving them back.
+watermark) = max ts - 2 s, so no tuple is late. ``--queries`` adds the tumbling variant ``[RANGE 1
+second]`` and the session query ``SELECT k, count(*) AS n [SESSION 1 second, WA ts] FROM S GROUP BY
+k``: its rows are the same but for the keys, which take turns as in ``bench/sessions.py`` (a key is
+active one arrival second in 4: ``session_share``), so that each key's activity has gaps and its
+sessions end (e2e's uniform keys send every key a tuple every 10 ms: one endless session each). The
+rows are ``bench/e2e.py``'s ``share()`` of ``--producers`` producers; Spark and Flink read the same
+rows from files (their batches interleaved in arrival order), with ``ts`` moved by ``OFFSET_MS``
+(1.7e12 ms, a multiple of every window) into real epoch time: Spark's watermark starts at epoch 0
+and drops rows before it as late (the data starts at ts = -2 s). Results are compared after moving
+them back.
 
 Each system, and what its clock covers:
 
@@ -19,8 +23,11 @@ Each system, and what its clock covers:
   result delivered. Latency: ``e2e``'s punctuation-to-result (the last source hands gRPC a
   punctuation crossing a window end -> the subscriber receives the output punctuation that
   releases that window, CLOCK_MONOTONIC across processes), at full speed (it includes queueing
-  behind the batches already sent) and with the producers paced at ``--paced-rate``
-  (below saturation: the latency floor). The server's own histogram is in the notes.
+  behind the batches already sent) and with the producers paced at ``--paced-rate`` (below
+  saturation: the latency floor). The server's own histogram is in the notes. Not for sessions:
+  their output punctuation runs up to a gap ahead of the input's (the end of the earliest open
+  session, or input + gap), so it passes a value before the input covers it, and matching the
+  two by value says nothing; the session query has no paced run, only the server's histogram.
 * **Spark Structured Streaming** (pyspark 4, ``local[2]``, 2 shuffle partitions, default
   HDFS-backed state store): the rows as Parquet files of ``--spark-file-rows`` rows (``k long,
   ts timestamp``) read with ``maxFilesPerTrigger=1`` and ``trigger(availableNow=True)``, then
@@ -34,7 +41,8 @@ Each system, and what its clock covers:
   query are excluded. Latency: Spark cannot emit a window before the micro-batch that passes
   its watermark has finished and the next one has run, so the micro-batch durations
   (``recentProgress[...]["durationMs"]["triggerExecution"]``, every batch of the run, p50/p99)
-  are a lower bound of its punctuation-to-result latency. A second setting,
+  are a lower bound of its punctuation-to-result latency. Sessions: ``groupBy(session_window(ts,
+  "1 seconds"), k).count()``, otherwise the same. A second setting,
   ``--spark-small-rows`` rows a micro-batch (1 s of event time: one slide) over the first
   ``--spark-small-total`` rows, shows the latency end of Spark's trade-off.
 * **PyFlink** (apache-flink from PyPI, in ``.venv-pyflink``, created here on first use:
@@ -47,8 +55,9 @@ Each system, and what its clock covers:
   runtime (``JobExecutionResult.getNetRuntime()``: deployment, reading and parsing the CSV,
   windows, sink, to the job's end after the final watermark emitted every window); the client
   wall time (adding planning and the MiniCluster's start) is in the notes. Latency: not
-  measured. A warm-up job runs first in the same JVM. ``--flink-scan`` adds a CSV -> blackhole
-  job without the window (parallelism 1): what the source alone costs.
+  measured. Sessions: the group window ``GROUP BY SESSION(rt, INTERVAL '1' SECOND), k`` (bounds
+  as ``MIN(ts)``, ``MAX(ts) + gap``). A warm-up job runs first in the same JVM. ``--flink-scan``
+  adds a CSV -> blackhole job without the window (parallelism 1): what the source alone costs.
 
 Before timing, the same query's windows are compared on a ``--verify-rows`` data set: lowtide's
 (through a server, 2 workers), Spark's (the same streaming query into a ``memory`` sink) and
@@ -57,12 +66,13 @@ Flink's (into CSV files, parallelism 2) must be equal as multisets of (start, en
 Runs: lowtide's ``--runs`` rounds of every query first, before any JVM starts (an idle Spark
 driver still takes CPU and adds latency on 2 cores); then per query the checks and Spark's
 ``--runs`` rounds, and Flink's runs in one subprocess after them; figures are medians. Writes
-``bench/results/peers.md`` and ``bench/results/peers.png``.
+``bench/results/OUT.md`` and ``bench/results/OUT.png`` (``--out``, default ``peers``; the session
+figures are in ``peers_session``).
 
     python bench/peers.py [--rows 20000000] [--runs 3] [--producers 1] [--quick]
-                          [--queries sliding,tumbling] [--paced-rate 2000000]
+                          [--queries sliding,tumbling,session] [--paced-rate 2000000]
                           [--spark-file-rows 1000000] [--spark-small-rows 100000]
-                          [--flink-parallelism 1,2] [--no-flink] [--no-spark]
+                          [--flink-parallelism 1,2] [--no-flink] [--no-spark] [--out peers]
 """
 
 from __future__ import annotations
@@ -95,7 +105,10 @@ FLINK_JOB = Path(__file__).resolve().parent / "peers_flink.py"
 KEYS = 1_000
 OFFSET_MS = 1_700_000_000_000  # a multiple of every window length and slide here
 SENTINEL_KEY = -1
-QUERIES = {"sliding": (10, 1), "tumbling": (1, 1)}  # name -> (RANGE s, SLIDE s)
+QUERIES = {"sliding": (10, 1), "tumbling": (1, 1), "session": (0, 1)}  # name -> (RANGE s, SLIDE s)
+# (0, gap s): session windows [SESSION gap, WA ts], over SESSION_ROWS (keys taking turns)
+TURNS = 4  # session rows: a key is active one second in TURNS (bench/sessions.py's workload)
+SESSION_ENV = "LOWTIDE_PEERS_SESSION_ROWS"
 TARGET_TUPLES_S = 10_000_000
 TARGET_SPARK_RATIO = 6.0
 TARGET_P99_MS = 10.0
@@ -104,6 +117,9 @@ Window = tuple[int, int, int, int]  # window_start ms, window_end ms, k, count
 
 def lowtide_sql(range_s: int, slide_s: int, stream: str = "{stream}") -> str:
     """``e2e.QUERY`` with this window (``{stream}`` left for ``e2e`` to fill in)."""
+    if range_s == 0:
+        gap = f"{slide_s} second{'s' if slide_s > 1 else ''}"
+        return f"SELECT k, count(*) AS n [SESSION {gap}, WA ts] FROM {stream} GROUP BY k"
     slide = f", SLIDE {slide_s} second{'s' if slide_s > 1 else ''}" if slide_s != range_s else ""
     unit = "seconds" if range_s > 1 else "second"
     return f"SELECT k, count(*) [RANGE {range_s} {unit}{slide}, WA ts] FROM {stream} GROUP BY k"
@@ -111,13 +127,58 @@ def lowtide_sql(range_s: int, slide_s: int, stream: str = "{stream}") -> str:
 
 @contextlib.contextmanager
 def e2e_query(range_s: int, slide_s: int) -> Iterator[None]:
-    """Point ``bench/e2e.py`` at this window: its query text and the end of its last window."""
+    """Point ``bench/e2e.py`` at this window: its query text and the end of its last window.
+
+    A session (``range_s`` 0, gap ``slide_s``) ends at most ``gap`` after the last arrival: for
+    ``e2e.final_window_end`` RANGE = gap, SLIDE = 1 ms (its latencies are not used). Its rows are
+    :func:`session_share`'s.
+    """
     saved = e2e.QUERY, e2e.RANGE_MS, e2e.SLIDE_MS
-    e2e.QUERY, e2e.RANGE_MS, e2e.SLIDE_MS = lowtide_sql(range_s, slide_s), range_s * 1000, slide_s * 1000
+    e2e.QUERY = lowtide_sql(range_s, slide_s)
+    e2e.RANGE_MS, e2e.SLIDE_MS = (slide_s * 1000, 1) if range_s == 0 else (range_s * 1000, slide_s * 1000)
+    try:
+        with session_rows(range_s == 0):
+            yield
+    finally:
+        e2e.QUERY, e2e.RANGE_MS, e2e.SLIDE_MS = saved
+
+
+_E2E_SHARE = e2e.share
+
+
+def session_share(rows: int, keys: int, index: int, producers: int, seed: int = 11) -> e2e.Share:
+    """``e2e.share`` with keys taking turns, as in ``bench/sessions.py``: a key is active one
+    arrival second in ``TURNS`` (``(key + second) % TURNS == 0``), so with 1,000 keys 250 are
+    active at a time, each sending a tuple every 2.5 ms; delays (20%, up to 2 s) are e2e's. Each key's
+    activity then has a quiet second between its bursts: sessions with a 1 s gap (one a burst,
+    sometimes more where delayed tuples thin out at its start)."""
+    out = _E2E_SHARE(rows, keys, index, producers, seed)
+    mine = rows // producers
+    for number, start in enumerate(range(0, mine, e2e.BATCH)):
+        n = len(out.keys[number])
+        arrival = ((start + np.arange(n, dtype=np.int64)) * producers + index) // e2e.RATE_PER_MS
+        turn = (arrival // 1000) % TURNS
+        out.keys[number] = (out.keys[number] // TURNS) * TURNS + (TURNS - turn) % TURNS
+    return out
+
+
+@contextlib.contextmanager
+def session_rows(on: bool) -> Iterator[None]:
+    """``e2e.share`` is :func:`session_share`, here and in the producer processes ``e2e`` spawns
+    (they run this module as ``__mp_main__``, which reads ``SESSION_ENV``: see the end)."""
+    if not on:
+        yield
+        return
+    saved, os.environ[SESSION_ENV] = os.environ.get(SESSION_ENV), "1"
+    e2e.share = session_share
     try:
         yield
     finally:
-        e2e.QUERY, e2e.RANGE_MS, e2e.SLIDE_MS = saved
+        e2e.share = _E2E_SHARE
+        if saved is None:
+            os.environ.pop(SESSION_ENV, None)
+        else:
+            os.environ[SESSION_ENV] = saved
 
 
 # -- data -----------------------------------------------------------------------------------------
@@ -236,11 +297,11 @@ def spark_query(spark: Any, folder: Path, range_s: int, slide_s: int) -> Any:
     frame = (
         spark.readStream.schema("k long, ts timestamp").option("maxFilesPerTrigger", 1).parquet(str(folder))
     )
-    return (
-        frame.withWatermark("ts", "2 seconds")
-        .groupBy(F.window("ts", f"{range_s} seconds", f"{slide_s} seconds"), "k")
-        .count()
-    )
+    if range_s == 0:
+        window = F.session_window("ts", f"{slide_s} seconds")
+    else:
+        window = F.window("ts", f"{range_s} seconds", f"{slide_s} seconds")
+    return frame.withWatermark("ts", "2 seconds").groupBy(window, "k").count()
 
 
 def run_spark(
@@ -260,8 +321,10 @@ def run_spark(
 
 def spark_windows(spark: Any, folder: Path, range_s: int, slide_s: int, scratch: Path) -> Counter[Window]:
     run_spark(spark, folder, 0, range_s, slide_s, scratch, memory="peers_check")
+    window = "session_window" if range_s == 0 else "window"
     table = spark.sql(
-        f"SELECT unix_millis(window.start) - {OFFSET_MS} AS s, unix_millis(window.end) - {OFFSET_MS} AS e, "
+        f"SELECT unix_millis({window}.start) - {OFFSET_MS} AS s, "
+        f"unix_millis({window}.end) - {OFFSET_MS} AS e, "
         f"k, count FROM peers_check WHERE k != {SENTINEL_KEY}"
     ).toArrow()
     spark.sql("DROP VIEW IF EXISTS peers_check")
@@ -320,6 +383,10 @@ def flink_windows(
             columns = [[v - OFFSET_MS for v in table.column(i).to_pylist()] for i in range(2)]
             found.update(zip(*columns, *(table.column(i).to_pylist() for i in (2, 3)), strict=True))
     return found, error
+
+
+def flink_window(range_s: int, slide_s: int) -> str:
+    return "SESSION" if range_s == 0 else "HOP" if range_s != slide_s else "TUMBLE"
 
 
 def difference(theirs: Counter[Window], reference: Counter[Window]) -> str:
@@ -410,7 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--producers", type=int, default=1, help="lowtide producer processes (sources)")
-    parser.add_argument("--queries", default="sliding,tumbling", help="sliding (10 s / 1 s), tumbling (1 s)")
+    parser.add_argument(
+        "--queries",
+        default="sliding,tumbling",
+        help="sliding (10 s / 1 s), tumbling (1 s), session (gap 1 s)",
+    )
     parser.add_argument(
         "--paced-rate", type=float, default=2_000_000, help="lowtide paced run, tuples/s (0: off)"
     )
@@ -425,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--no-flink", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2M rows, 1 run")
+    parser.add_argument("--out", default="peers", help="results/OUT.md and results/OUT.png")
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.runs = 2_000_000, 1
@@ -444,8 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         report = measure(args, queries, scratch, flink_reason)
     lines, found = report
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "peers.md").write_text("\n".join(lines) + "\n")
-    plot(found, RESULTS / "peers.png")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    plot(found, RESULTS / f"{args.out}.png")
     print("\n".join(lines))
     return 0
 
@@ -453,9 +525,17 @@ def main(argv: list[str] | None = None) -> int:
 def measure(
     args: argparse.Namespace, queries: list[str], scratch: Path, flink_reason: str | None
 ) -> tuple[list[str], dict[str, list[Row]]]:
-    data = Data.make(args.rows, args.producers)
-    check = Data.make(min(args.verify_rows, args.rows), args.producers)
-    warm = Data.make(200_000, args.producers)
+    # rows, check rows, warm-up rows: e2e's for the windows, session_share's for sessions
+    kinds = {name: "session" if QUERIES[name][0] == 0 else "window" for name in queries}
+    sets: dict[str, tuple[Data, Data, Data]] = {}
+    for kind in sorted(set(kinds.values())):
+        with session_rows(kind == "session"):
+            sets[kind] = (
+                Data.make(args.rows, args.producers),
+                Data.make(min(args.verify_rows, args.rows), args.producers),
+                Data.make(200_000, args.producers),
+            )
+    data = next(iter(sets.values()))[0]
     # lowtide's timed rounds come first, before any JVM is up: an idle Spark driver still takes
     # CPU (and latency) from a 2-core machine. Per query: full-speed runs, paced runs, the load.
     timed: dict[str, tuple[list[LowtideRun], list[LowtideRun], list[float]]] = {}
@@ -466,9 +546,9 @@ def measure(
         loads: list[float] = []
         for number in range(args.runs):
             loads.append(os.getloadavg()[0])
-            full.append(run_lowtide(data, range_s, slide_s))
-            if args.paced_rate > 0:
-                paced.append(run_lowtide(data, range_s, slide_s, args.paced_rate))
+            full.append(run_lowtide(sets[kinds[name]][0], range_s, slide_s))
+            if args.paced_rate > 0 and range_s != 0:  # paced runs measure latency only (see below)
+                paced.append(run_lowtide(sets[kinds[name]][0], range_s, slide_s, args.paced_rate))
             print(
                 f"   {name} run {number + 1}: lowtide {full[-1].tuples_s / 1e6:.2f} M/s "
                 f"p99 {full[-1].p99_ms:.1f} ms" + (f", paced p99 {paced[-1].p99_ms:.1f} ms" if paced else ""),
@@ -481,13 +561,25 @@ def measure(
 
         spark = local_session("lowtide-peers", cores=2)
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
-        big = data.parquet(scratch / "parquet", args.spark_file_rows)
-        small = data.parquet(scratch / "parquet-small", args.spark_small_rows, args.spark_small_total)
-        warm_files = warm.parquet(scratch / "parquet-warm", 100_000)
+        spark_files = {
+            kind: (
+                rows.parquet(scratch / f"parquet-{kind}", args.spark_file_rows),
+                rows.parquet(scratch / f"parquet-small-{kind}", args.spark_small_rows, args.spark_small_total)
+                if args.spark_small_rows > 0
+                else None,
+                warm.parquet(scratch / f"parquet-warm-{kind}", 100_000),
+            )
+            for kind, (rows, _, warm) in sets.items()
+        }
     flink_levels = [int(p) for p in args.flink_parallelism.split(",")]
     if flink_reason is None:
-        flink_csv = data.csv(scratch / "csv", args.spark_file_rows)
-        flink_warm = warm.csv(scratch / "csv-warm", 100_000)
+        flink_files = {
+            kind: (
+                rows.csv(scratch / f"csv-{kind}", args.spark_file_rows),
+                warm.csv(scratch / f"csv-warm-{kind}", 100_000),
+            )
+            for kind, (rows, _, warm) in sets.items()
+        }
     notes: list[str] = []
     found: dict[str, list[Row]] = {}
     lines = [
@@ -496,17 +588,32 @@ def measure(
         f"Same rows for every system: {data.rows:,} tuples (k int64, ts ms), {KEYS:,} keys, 20% delayed "
         f"uniformly up to 2 s, event time 100k tuples/s, progress = max ts - 2 s; {args.producers} lowtide "
         f"producer(s). Median of {args.runs} run(s) on this machine ({os.cpu_count()} cores, shared: "
-        "other processes may have been running). `bench/peers.py` says exactly what each clock covers.",
+        "other processes may have been running). `bench/peers.py` says exactly what each clock covers."
+        + (
+            f" Session rows: the same, but a key is active one arrival second in {TURNS} (keys take "
+            "turns, as in `bench/sessions.py`), so each key's activity has gaps."
+            if "session" in sets
+            else ""
+        ),
         "",
     ]
     for name in queries:
         range_s, slide_s = QUERIES[name]
-        label = f"{name}: count per key, RANGE {range_s} s, SLIDE {slide_s} s"
+        data, check, warm = sets[kinds[name]]
+        if range_s == 0:
+            label = f"{name}: count per key, SESSION gap {slide_s} s"
+        else:
+            label = f"{name}: count per key, RANGE {range_s} s, SLIDE {slide_s} s"
+        if spark is not None:
+            big, small, warm_files = spark_files[kinds[name]]
+        if flink_reason is None:
+            flink_csv, flink_warm = flink_files[kinds[name]]
         print(f"== {label}", file=sys.stderr)
         # -- verification: the same windows from all three
         verdict = []
         reference = lowtide_windows(check, range_s, slide_s)
-        verdict.append(f"lowtide {len(reference):,} windows ({sum(w[3] for w in reference):,} counted)")
+        what = "sessions" if range_s == 0 else "windows"
+        verdict.append(f"lowtide {len(reference):,} {what} ({sum(w[3] for w in reference):,} counted)")
         if spark is not None:
             folder = check.parquet(scratch / f"check-{name}", args.spark_file_rows)
             theirs = spark_windows(spark, folder, range_s, slide_s, scratch)
@@ -539,6 +646,7 @@ def measure(
             spark_big.append(run_spark(spark, big, data.rows, range_s, slide_s, scratch))
             if args.spark_small_rows > 0:
                 small_rows = min(args.spark_small_total, data.rows)
+                assert small is not None
                 spark_small.append(run_spark(spark, small, small_rows, range_s, slide_s, scratch))
             print(f"   run {number + 1}: Spark {spark_big[-1].tuples_s / 1e6:.2f} M/s", file=sys.stderr)
         flink_runs: list[dict[str, Any]] = []
@@ -559,9 +667,15 @@ def measure(
             Row(
                 f"lowtide serve, 2 workers, {args.producers} producer(s), full speed",
                 med(r.tuples_s for r in full),
-                med(r.p50_ms for r in full),
-                med(r.p99_ms for r in full),
-                f"punctuation to result incl. queueing; server histogram p50/p99 <= "
+                med(r.p50_ms for r in full) if range_s else None,
+                med(r.p99_ms for r in full) if range_s else None,
+                (
+                    "e2e's latency does not apply (a session query's output punctuation runs up to a gap "
+                    "ahead of its input, so it passes a value before input punctuation covers it); "
+                    if range_s == 0
+                    else "punctuation to result incl. queueing; "
+                )
+                + "server histogram p50/p99 <= "
                 f"{med(r.server_ms[0] for r in full):g}/{med(r.server_ms[1] for r in full):g} ms",
                 [r.tuples_s for r in full],
                 "lowtide\nfull speed",
@@ -604,7 +718,7 @@ def measure(
                     wall = med(data.rows / r["wall_s"] for r in mine)
                     rows.append(
                         Row(
-                            f"PyFlink SQL {'HOP' if range_s != slide_s else 'TUMBLE'}, parallelism {level}",
+                            f"PyFlink SQL {flink_window(range_s, slide_s)}, parallelism {level}",
                             net,
                             note=f"CSV source; job net runtime; {wall / 1e6:.2f} M/s by client wall time",
                             runs=[data.rows / r["net_s"] for r in mine],
@@ -659,6 +773,9 @@ def measure(
     lines += [*notes, ""]
     return lines, found
 
+
+if os.environ.get(SESSION_ENV) and __name__ == "__mp_main__":  # a producer e2e spawned: session rows
+    e2e.share = session_share
 
 if __name__ == "__main__":
     sys.exit(main())

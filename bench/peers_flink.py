@@ -3,12 +3,15 @@
 Runs in its own interpreter (``.venv-pyflink``, which ``bench/peers.py`` creates: apache-flink
 pins grpcio, protobuf and numpy below what lowtide needs), as a subprocess of ``bench/peers.py``.
 
-Source: the filesystem connector over a folder of CSV files ``k,ts`` (``ts`` in ms), a JVM
-source: no Python on the per-row path. ``rt AS TO_TIMESTAMP_LTZ(ts, 3)`` with ``WATERMARK FOR rt
-AS rt - INTERVAL '2' SECOND``. Query: ``HOP(TABLE S, DESCRIPTOR(rt), INTERVAL slide, INTERVAL
-range)`` (``TUMBLE`` when range = slide) ``GROUP BY window_start, window_end, k`` with
-``COUNT(*)``, into a ``blackhole`` sink, or into CSV files (``--collect``) to check the counts.
-End of input sends the final watermark, so every window is emitted before the job ends.
+Source: the filesystem connector over a folder of CSV files ``k,ts`` (``ts`` in ms), a JVM source:
+no Python on the per-row path. ``rt AS TO_TIMESTAMP_LTZ(ts, 3)`` with ``WATERMARK FOR rt AS rt -
+INTERVAL '2' SECOND``. Query: ``HOP(TABLE S, DESCRIPTOR(rt), INTERVAL slide, INTERVAL range)``
+(``TUMBLE`` when range = slide) ``GROUP BY window_start, window_end, k`` with ``COUNT(*)``;
+``--range-s 0``: sessions with gap ``--slide-s``, the group window ``GROUP BY SESSION(rt, INTERVAL
+gap), k`` with ``MIN(ts)``, ``MAX(ts) + gap`` (the session's bounds in ms: ``SESSION_START`` is a
+TIMESTAMP and ``TIMESTAMPDIFF`` stops at seconds) and ``COUNT(*)``; into a ``blackhole`` sink, or
+into CSV files (``--collect``) to check the counts. End of input sends the final watermark, so every
+window is emitted before the job ends.
 
 Per job it prints one JSON line: the parallelism, the client's wall time (``execute_sql`` to
 ``wait()`` returning: planning, the local MiniCluster's start, the job) and the job's net
@@ -42,6 +45,11 @@ def environment(parallelism: int) -> Any:
 
 
 def window_sql(range_s: int, slide_s: int) -> str:
+    if range_s == 0:  # sessions, gap slide_s: a group window (bounds in ms from the rows themselves)
+        return (
+            f"SELECT MIN(ts) AS window_start, MAX(ts) + {slide_s * 1000} AS window_end, k, COUNT(*) AS n "
+            f"FROM S GROUP BY SESSION(rt, INTERVAL '{slide_s}' SECOND), k"
+        )
     if range_s == slide_s:
         window = f"TUMBLE(TABLE S, DESCRIPTOR(rt), INTERVAL '{range_s}' SECOND)"
     else:
