@@ -426,6 +426,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     groups, aggs = tuple(group_physicals), tuple(calls)
     agg: Operator
     shared: dict[str, Any] = {}  # the Plan's sharing fields
+    late_fields = tuple((f.physical, f.type) for f in scope.fields)  # the layout of <query>.late
     if isinstance(window, SlideByTuple):
         agg = SlideByTupleAggregate(
             window.range,
@@ -441,7 +442,6 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         )
         ctx.add(agg, stage.op)
     elif isinstance(window, Session):
-        session_late = tuple((f.physical, f.type) for f in scope.fields)
         agg = SessionAggregate(
             window,
             groups,
@@ -450,12 +450,11 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             internal,
             having,
             allowed_lateness=lateness,
-            late_sink=lambda b: ctx.on_drop(b, session_late),
+            late_sink=lambda b: ctx.on_drop(b, late_fields),
             decode=decode,
         )
         ctx.add(agg, stage.op)
     else:
-        late_fields = tuple((f.physical, f.type) for f in scope.fields)
         key = _share_key(query, groups, group_types, ctx.policy)
         share = _share_of(key, ctx, window)
         if _paned(window, calls, lateness, share is not None or _restoring(key, ctx, window)):
