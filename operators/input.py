@@ -1,17 +1,22 @@
 """Input: where a stream enters one query; applies the query's late policy.
 
-Tuples at or above the stream's published progress pass on unchanged. Late tuples (below it)
-follow the policy: ``drop`` hands them to the late side stream, ``update`` passes them on
-marked ``late`` (a downstream aggregate revises its windows), ``error`` never gets here (the
-engine rejects the whole batch first). Punctuation passes on unchanged: the stream's progress,
-the minimum over its live sources, never regressing. Its state: its counters. Placement: any
-split by row position; its rows pass on.
+Tuples at or above the stream's published progress pass on unchanged. Tuples *behind* it
+(DESIGN.md §2) pass on marked ``late`` when the query's window operator counts them
+(``counts_behind``, set by the planner; always under ``update``): that operator counts each in
+every window of it not yet emitted and treats only the rest as late for the query. Otherwise
+they are late here and follow the policy: ``drop`` hands them to the late side stream, ``error``
+never gets here (the engine rejects the whole batch first, asking :meth:`Input.late_count`).
+Punctuation passes on unchanged: the stream's progress, the minimum over its live sources, never
+regressing. Its state: its counters. Placement: any split by row position; its rows pass on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
@@ -31,6 +36,20 @@ class Input(Operator):
         self.policy = policy
         self.on_drop = on_drop
         self.late_tuples = 0
+        # The window operator's test of which behind tuples it can no longer count exactly
+        # (None: every behind tuple is late for this query).
+        self.late_judge: Callable[[Batch], npt.NDArray[np.bool_]] | None = None
+
+    @property
+    def counts_behind(self) -> bool:
+        """Whether tuples behind punctuation travel on for the window operator to judge."""
+        return self.late_judge is not None or self.policy is LatePolicy.UPDATE
+
+    def late_count(self, behind: Batch) -> int:
+        """How many of the tuples ``behind`` punctuation are late for this query (no state change)."""
+        if self.late_judge is None:
+            return behind.n
+        return int(self.late_judge(behind).sum())
 
     def describe(self) -> str:
         return f"Input {self.stream}"
@@ -43,8 +62,9 @@ class Input(Operator):
         self.emit(batch)
 
     def process_late(self, batch: Batch) -> None:
+        """Tuples behind the stream's punctuation (see the module)."""
         self.late_tuples += batch.n
-        if self.policy is LatePolicy.UPDATE:
+        if self.counts_behind:
             self.emit(Batch(batch.columns, batch.n, late=True))
         else:
             self.on_drop(batch)

@@ -12,6 +12,10 @@ emitted, so state is bounded by the open windows. Under the late policy ``update
 state stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
 corrected row with ``revision`` + 1 (a group new to an emitted window comes out late, at
 ``revision`` 0); tuples later than that go to the late side stream.
+Behind punctuation (DESIGN.md §2): a tuple below its stream's punctuation (``batch.late``) counts
+in every window of it from the first not emitted on, as if it had come in time; only the windows
+already emitted see it late (:meth:`WIDAggregate._admit_late`), so no row of revision 0 ever
+comes below an output punctuation already published.
 Early results (``EMIT EVERY``): :meth:`WIDAggregate.emit_partials` emits the current rows of
 the open windows - ``first_open`` and above, which the output punctuation ``end(first_open)`` does
 not cover - with ``final = false`` and changes no state; the row punctuation releases (and each
@@ -140,16 +144,38 @@ class WIDAggregate(Operator):
         if self.partitioned:
             self._map_groups(batch.columns["partition"], gid)
             self._emit_partitions()
-        if batch.late:
+        if batch.late and self.allowed_lateness:
             self._revise(ws, np.minimum(we, self.state.first_open), gid)
 
+    def _floor(self) -> int:
+        """The first window a tuple behind punctuation still counts in: the first not emitted,
+        or under allowed lateness the first retained (emitted ones take it as a revision)."""
+        return self.retained_from if self.allowed_lateness else self.state.first_open
+
+    def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
+        """Which tuples (as they enter the query, behind punctuation) belong to a window this
+        aggregate can no longer count them in: emitted, or forgotten under allowed lateness."""
+        window = self.window
+        assert not isinstance(window, Rows), "tuple windows number rows on arrival: none is behind"
+        ws, we = window.wids(batch.columns[window.attribute].astype(np.int64, copy=False))
+        return (ws < we) & (ws < self._floor())
+
     def _admit_late(self, batch: Batch, ws: I64, we: I64) -> tuple[Batch, I64, I64]:
-        """Clip late tuples to the windows still retained; the rest go to the late side stream."""
-        ws = np.maximum(ws, self.retained_from)
+        """Clip tuples behind punctuation to the windows they still count in (DESIGN.md §2).
+        Those that missed a window are late for the query: under ``drop`` each goes to the late
+        side stream once (a sliding window may count it in its open windows still); under
+        ``update`` the emitted windows retained take it as a revision and only tuples with no
+        retained window left go there."""
+        floor = self._floor()
+        missed = ws < floor
+        if not missed.any():
+            return batch, ws, we
+        ws = np.maximum(ws, floor)
         alive = ws < we
+        late = missed if not self.allowed_lateness else ~alive
+        if self.late_sink is not None and late.any():
+            self.late_sink(batch.select(late))
         if not alive.all():
-            if self.late_sink is not None:
-                self.late_sink(batch.select(~alive))
             batch, ws, we = batch.select(alive), ws[alive], we[alive]
         return batch.with_columns({"wid_start": ws}), ws, we
 

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from lowtide.batch import Batch
 from lowtide.errors import NotFound, UnsupportedQuery
 from lowtide.operators.adapt_wid import AdaptWIDAggregate
@@ -502,6 +505,8 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
             )
             ctx.add(agg, bucket)
+            if isinstance(window, Sliding):
+                _judges_behind(stage, ctx, agg.late_mask)
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
             for stream, _ in ctx.inputs:
                 slides[stream] = min(slides.get(stream, window.slide), window.slide)
@@ -527,6 +532,16 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     return Plan(
         last, ctx.inputs, schema, ("window_end",), ctx.plan_ops, slides, time_unit=unit, early=early, **shared
     )
+
+
+def _judges_behind(stage: Stage, ctx: Context, judge: Callable[[Batch], npt.NDArray[np.bool_]]) -> None:
+    """Let the window operator fed by ``stage`` count tuples behind punctuation (DESIGN.md §2):
+    the query's Inputs forward them and ask ``judge`` which are late (for ``error``). Only
+    where the Inputs' columns reach it unchanged (Meld, Select; not a join). ``judge`` sees
+    them before a Select: it may call late a tuple the Select would drop."""
+    if isinstance(stage.op, Input | Select | Meld) and not any(isinstance(op, OAJoin) for op in ctx.plan_ops):
+        for _, op in ctx.inputs:
+            op.late_judge = judge
 
 
 def _paned_aggregate(
