@@ -435,7 +435,8 @@ class Engine:
         if strict and any(mask.any() for mask in late):
             # Behind punctuation is late only where a query can no longer count it (§2).
             behind = [batch.select(mask) for batch, mask in zip(parts, late, strict=True)]
-            n_late = max(sum(op.late_count(b) for b in behind) for op in strict)
+            progress = {name: s.progress for name, s in self._streams.items()}
+            n_late = max(sum(op.late_count(b, progress) for b in behind) for op in strict)
         if n_late:
             raise LateTuple(
                 f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "

@@ -1,11 +1,13 @@
 """Input: where a stream enters one query; applies the query's late policy.
 
 Tuples at or above the stream's published progress pass on unchanged. Tuples *behind* it
-(DESIGN.md §2) pass on marked ``late`` when the query's window operator counts them
-(``counts_behind``, set by the planner; always under ``update``): that operator counts each in
-every window of it not yet emitted and treats only the rest as late for the query. Otherwise
-they are late here and follow the policy: ``drop`` hands them to the late side stream, ``error``
-never gets here (the engine rejects the whole batch first, asking :meth:`Input.late_count`).
+(DESIGN.md §2) pass on marked ``late`` when the query's window operator counts them (it has a
+``late_rule``, set by the planner; always under ``update``): that operator counts each in every
+window of it not yet emitted and treats only the rest as late for the query. Otherwise they are
+late here and follow the policy: ``drop`` hands them to the late side stream, ``error`` never
+gets here (the engine rejects the whole batch first, asking :meth:`Input.late_count`: the rule
+tells from the punctuation alone which tuples the window operator could no longer count, so the
+server's front answers it as the operator would).
 Punctuation passes on unchanged: the stream's progress, the minimum over its live sources, never
 regressing. Its state: its counters. Placement: any split by row position; its rows pass on.
 """
@@ -13,7 +15,7 @@ regressing. Its state: its counters. Placement: any split by row position; its r
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +26,9 @@ from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, Keep, declare
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
+
+# Which tuples behind punctuation are late for a query, given every stream's published progress.
+LateRule: TypeAlias = Callable[[Batch, Mapping[str, int]], npt.NDArray[np.bool_]]
 
 
 class Input(Operator):
@@ -36,20 +41,20 @@ class Input(Operator):
         self.policy = policy
         self.on_drop = on_drop
         self.late_tuples = 0
-        # The window operator's test of which behind tuples it can no longer count exactly
-        # (None: every behind tuple is late for this query).
-        self.late_judge: Callable[[Batch], npt.NDArray[np.bool_]] | None = None
+        # Which behind tuples the window operator can no longer count exactly (None: all).
+        self.late_rule: LateRule | None = None
 
     @property
     def counts_behind(self) -> bool:
         """Whether tuples behind punctuation travel on for the window operator to judge."""
-        return self.late_judge is not None or self.policy is LatePolicy.UPDATE
+        return self.late_rule is not None or self.policy is LatePolicy.UPDATE
 
-    def late_count(self, behind: Batch) -> int:
-        """How many of the tuples ``behind`` punctuation are late for this query (no state change)."""
-        if self.late_judge is None:
+    def late_count(self, behind: Batch, progress: Mapping[str, int]) -> int:
+        """How many of the tuples ``behind`` punctuation are late for this query, the streams
+        having published ``progress`` (no state change)."""
+        if self.late_rule is None:
             return behind.n
-        return int(self.late_judge(behind).sum())
+        return int(self.late_rule(behind, progress).sum())
 
     def describe(self) -> str:
         return f"Input {self.stream}"

@@ -51,7 +51,7 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.state import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import expand_ranges
-from lowtide.operators.windows import Landmark, Rows, Sliding, Window
+from lowtide.operators.windows import Landmark, Rows, Sliding, Window, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 
@@ -152,32 +152,32 @@ class WIDAggregate(Operator):
         or under allowed lateness the first retained (emitted ones take it as a revision)."""
         return self.retained_from if self.allowed_lateness else self.state.first_open
 
-    def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
-        """Which tuples (as they enter the query, behind punctuation) belong to a window this
-        aggregate can no longer count them in: emitted, or forgotten under allowed lateness."""
-        window = self.window
-        assert not isinstance(window, Rows), "tuple windows number rows on arrival: none is behind"
-        ws, we = window.wids(batch.columns[window.attribute].astype(np.int64, copy=False))
-        return (ws < we) & (ws < self._floor())
+    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
+        """Which tuples (behind punctuation, as they enter the query) belong to a window this
+        aggregate has emitted once its input punctuation is ``punctuation`` (for ``error``)."""
+        values = batch.columns[self.window.attribute] if not isinstance(self.window, Rows) else None
+        if values is None:
+            return np.zeros(batch.n, np.bool_)
+        return in_completed_window(self.window, values.astype(np.int64, copy=False), punctuation)
 
     def _admit_late(self, batch: Batch, ws: I64, we: I64) -> tuple[Batch, I64, I64]:
         """Clip tuples behind punctuation to the windows they still count in (DESIGN.md §2).
-        Those that missed a window are late for the query: under ``drop`` each goes to the late
-        side stream once (a sliding window may count it in its open windows still); under
-        ``update`` the emitted windows retained take it as a revision and only tuples with no
-        retained window left go there."""
+        Those that missed a window - emitted, or under ``update`` forgotten - are late for the
+        query and go to the late side stream once (a sliding window may count them in its open
+        windows still; under ``update`` the emitted windows retained take them as revisions)."""
         floor = self._floor()
         missed = ws < floor
         if not missed.any():
             return batch, ws, we
         ws = np.maximum(ws, floor)
+        if self.landmark:  # every later prefix holds it: it counts in the first slide not emitted
+            we = np.maximum(we, floor + 1)
         alive = ws < we
-        late = missed if not self.allowed_lateness else ~alive
-        if self.late_sink is not None and late.any():
-            self.late_sink(batch.select(late))
+        if self.late_sink is not None:
+            self.late_sink(batch.select(missed))
         if not alive.all():
             batch, ws, we = batch.select(alive), ws[alive], we[alive]
-        return batch.with_columns({"wid_start": ws}), ws, we
+        return batch.with_columns({"wid_start": ws, "wid_end": we}), ws, we
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute == "wid_retain":

@@ -312,18 +312,17 @@ def ident(row: Row) -> tuple[Any, ...]:
 
 def counts_behind(sql: str, sources: Sources) -> bool:
     """Whether the query's plan counts tuples behind punctuation in its open windows
-    (DESIGN.md §2); plans that do not yet take each of them as late."""
+    (DESIGN.md §2); plans that do not take each of them as late."""
     engine = make_engine(sources)
     lines = [line.split(". ", 1)[1] for line in engine.explain(sql).splitlines()]
-    return any(line.startswith("WID Aggregate") for line in lines) and not any(
-        line.startswith("Bucket landmark") or line.startswith("Bucket rows") for line in lines
-    )
+    return any(line.startswith("WID Aggregate") for line in lines)
 
 
 def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Row], list[Row]]:
     """The rows and the late side stream of ``drop`` over every applied tuple: a tuple counts
     in each of its windows not yet emitted when it came (its query's progress then below the
-    window's end) and is late once if it missed one; ``counts`` false: behind means late."""
+    window's end) and is late once if it missed one; ``counts`` false: behind means late.
+    Tuple windows number rows as they arrive: no tuple is behind them."""
     from reference import evaluate
 
     arrivals, query = obs.arrivals, obs.arrival_query_progress
@@ -333,7 +332,10 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
             row for row, p in arrivals if row["ts"] < p
         ]
     tuples = [row for row, _ in arrivals]
-    expected = evaluate(spec, tuples, counts_in=lambda i, start, end: end > query[i])
+    progress = max_finite(obs.progress)
+    if spec.window.kind == "rows":
+        return evaluate(spec, tuples), []
+    expected = evaluate(spec, tuples, progress=progress, counts_in=lambda i, start, end: end > query[i])
     late = [
         row for row, q in zip(tuples, query, strict=True) if any(end <= q for _, end in extents(spec, row))
     ]
@@ -341,10 +343,14 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
 
 
 def extents(spec: Spec, row: Row) -> list[tuple[int, int]]:
-    """The time windows ``[start, end)`` holding ``row``, tried one by one."""
+    """The time windows ``[start, end)`` holding ``row``, tried one by one (a landmark's:
+    its own slide's, the first; the later ones end later)."""
     window = spec.window
-    assert window.range is not None
     ts = row[window.attribute]
+    if window.kind == "landmark":
+        first = ts // window.slide
+        return [(first * window.slide, (first + 1) * window.slide)]
+    assert window.range is not None
     candidates = range((ts - window.range) // window.slide - 1, ts // window.slide + 2)
     spans = [(w * window.slide, w * window.slide + window.range) for w in candidates]
     return [(start, end) for start, end in spans if start <= ts < end]

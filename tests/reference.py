@@ -143,18 +143,26 @@ def _sliding_windows(
 
 
 def _landmark_windows(
-    window: Window, ts: Sequence[int], progress: int | None
+    window: Window, ts: Sequence[int], progress: int | None, counts_in: CountsIn | None = None
 ) -> list[tuple[int, int, list[int]]]:
+    """``counts_in``: tuple ``i`` counts from the first window ``w >= its slide`` it is told to
+    (later ones all hold it); ``f`` is the earliest window any tuple counts in."""
     if not ts:
         return []
-    first = _floor_div(min(ts), window.slide)
-    last = _floor_div(max(ts), window.slide)
+    slides = [_floor_div(t, window.slide) for t in ts]
+    last = max(slides)
     if progress is not None:
         last = max(last, _floor_div(progress, window.slide) - 1)
+    if counts_in is not None:
+        for i, w in enumerate(slides):
+            while w <= last and not counts_in(i, w * window.slide, (w + 1) * window.slide):
+                w += 1
+            slides[i] = w
+    first = min(slides)
     out = []
     for w in range(first, last + 1):
         end = (w + 1) * window.slide
-        out.append((first * window.slide, end, [i for i, t in enumerate(ts) if t < end]))
+        out.append((first * window.slide, end, [i for i, s in enumerate(slides) if s <= w]))
     return out
 
 
@@ -218,8 +226,9 @@ def evaluate(
     """Expected result rows (revision 0) of ``spec`` over ``tuples`` in arrival order.
 
     ``progress``: for landmark windows, the largest finite punctuation the query saw (windows are
-    emitted up to it); ignored by the other windows. ``counts_in``: for sliding windows, whether
-    tuple ``i`` counts in the window ``[start, end)`` it falls in (late tuples under ``update``).
+    emitted up to it); ignored by the other windows. ``counts_in``: for sliding and landmark windows,
+    whether tuple ``i`` counts in the window ``[start, end)`` it falls in (tuples behind
+    punctuation, late tuples under ``update``).
     """
     window = spec.window
     rows: list[Row] = []
@@ -227,7 +236,8 @@ def evaluate(
         for start, end, members in _sliding_windows(window, [t[window.attribute] for t in tuples], counts_in):
             rows += _group(spec, [tuples[i] for i in members], start, end)
     elif window.kind == "landmark":
-        for start, end, members in _landmark_windows(window, [t[window.attribute] for t in tuples], progress):
+        landmarks = _landmark_windows(window, [t[window.attribute] for t in tuples], progress, counts_in)
+        for start, end, members in landmarks:
             rows += _group(spec, [tuples[i] for i in members], start, end)
     elif window.kind == "session":
         for members in _by_key(spec, tuples).values():

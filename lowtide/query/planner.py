@@ -7,7 +7,7 @@ below it, equalities across sides become join keys, the rest filter its output.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -505,8 +505,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
             )
             ctx.add(agg, bucket)
-            if isinstance(window, Sliding):
-                _judges_behind(stage, ctx, agg.late_mask)
+            _judges_behind(stage, ctx, agg.late_mask)
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
             for stream, _ in ctx.inputs:
                 slides[stream] = min(slides.get(stream, window.slide), window.slide)
@@ -534,14 +533,21 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     )
 
 
-def _judges_behind(stage: Stage, ctx: Context, judge: Callable[[Batch], npt.NDArray[np.bool_]]) -> None:
+def _judges_behind(stage: Stage, ctx: Context, late_at: Callable[[Batch, int], npt.NDArray[np.bool_]]) -> None:
     """Let the window operator fed by ``stage`` count tuples behind punctuation (DESIGN.md §2):
-    the query's Inputs forward them and ask ``judge`` which are late (for ``error``). Only
-    where the Inputs' columns reach it unchanged (Meld, Select; not a join). ``judge`` sees
-    them before a Select: it may call late a tuple the Select would drop."""
-    if isinstance(stage.op, Input | Select | Meld) and not any(isinstance(op, OAJoin) for op in ctx.plan_ops):
-        for _, op in ctx.inputs:
-            op.late_judge = judge
+    the query's Inputs forward them, and ``late_at(batch, p)`` tells which of them the operator
+    can no longer count once its input punctuation is ``p`` - the minimum over the query's
+    streams (a Meld) - for ``error``. Only where the Inputs' columns reach it unchanged (Meld,
+    Select; not a join). It sees tuples before a Select: it may call late one the Select drops."""
+    if not isinstance(stage.op, Input | Select | Meld) or any(isinstance(op, OAJoin) for op in ctx.plan_ops):
+        return
+    streams = tuple(stream for stream, _ in ctx.inputs)
+
+    def rule(batch: Batch, progress: Mapping[str, int]) -> npt.NDArray[np.bool_]:
+        return late_at(batch, min(progress[s] for s in streams))
+
+    for _, op in ctx.inputs:
+        op.late_rule = rule
 
 
 def _paned_aggregate(
