@@ -180,6 +180,9 @@ class Stream:
         on_time = batch if n_late == 0 else _rows(batch, ~late)
         late_batch = _rows(batch, late) if n_late else None
         for subscriber in self.subscribers:
+            if subscriber.numbers_rows and n_late and self.progress < END_OF_STREAM:
+                subscriber.process(batch)  # a tuple window: none is behind it, order matters
+                continue
             if on_time.n:
                 subscriber.process(on_time)
             if late_batch is not None:

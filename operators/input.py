@@ -43,6 +43,9 @@ class Input(Operator):
         self.late_tuples = 0
         # Which behind tuples the window operator can no longer count exactly (None: all).
         self.late_rule: LateRule | None = None
+        # It feeds a tuple window, which numbers rows as they arrive: until the end of the
+        # stream no tuple is behind it, and a batch comes whole, in its order.
+        self.numbers_rows = False
 
     @property
     def counts_behind(self) -> bool:

@@ -14,8 +14,10 @@ corrected row with ``revision`` + 1 (a group new to an emitted window comes out 
 ``revision`` 0); tuples later than that go to the late side stream.
 Behind punctuation (DESIGN.md §2): a tuple below its stream's punctuation (``batch.late``) counts
 in every window of it from the first not emitted on, as if it had come in time; only the windows
-already emitted see it late (:meth:`WIDAggregate._admit_late`), so no row of revision 0 ever
-comes below an output punctuation already published.
+already emitted see it late (:func:`~lowtide.operators.window_ids.admit_behind`: once in the
+late side stream; a landmark counts it in its first open slide, which every later prefix holds),
+so no row of revision 0 ever comes below an output punctuation already published. Under
+``update`` the windows retained take it as revisions; only forgotten ones see it late.
 Early results (``EMIT EVERY``): :meth:`WIDAggregate.emit_partials` emits the current rows of
 the open windows - ``first_open`` and above, which the output punctuation ``end(first_open)`` does
 not cover - with ``final = false`` and changes no state; the row punctuation releases (and each
@@ -50,7 +52,7 @@ from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.state import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import WIDState
-from lowtide.operators.window_ids import expand_ranges
+from lowtide.operators.window_ids import admit_behind, expand_ranges
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -127,7 +129,8 @@ class WIDAggregate(Operator):
             return
         ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
         if batch.late:
-            batch, ws, we = self._admit_late(batch, ws, we)
+            # Behind punctuation: emitted windows (under update: forgotten ones) missed it.
+            batch, ws, we = admit_behind(batch, ws, we, self._floor(), self.late_sink, self.landmark)
             if batch.n == 0:
                 return
         if self.partitioned:
@@ -159,25 +162,6 @@ class WIDAggregate(Operator):
         if values is None:
             return np.zeros(batch.n, np.bool_)
         return in_completed_window(self.window, values.astype(np.int64, copy=False), punctuation)
-
-    def _admit_late(self, batch: Batch, ws: I64, we: I64) -> tuple[Batch, I64, I64]:
-        """Clip tuples behind punctuation to the windows they still count in (DESIGN.md §2).
-        Those that missed a window - emitted, or under ``update`` forgotten - are late for the
-        query and go to the late side stream once (a sliding window may count them in its open
-        windows still; under ``update`` the emitted windows retained take them as revisions)."""
-        floor = self._floor()
-        missed = ws < floor
-        if not missed.any():
-            return batch, ws, we
-        ws = np.maximum(ws, floor)
-        if self.landmark:  # every later prefix holds it: it counts in the first slide not emitted
-            we = np.maximum(we, floor + 1)
-        alive = ws < we
-        if self.late_sink is not None:
-            self.late_sink(batch.select(missed))
-        if not alive.all():
-            batch, ws, we = batch.select(alive), ws[alive], we[alive]
-        return batch.with_columns({"wid_start": ws, "wid_end": we}), ws, we
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute == "wid_retain":

@@ -167,6 +167,7 @@ class FrontEngine(Engine):
         for index, (stream, planned) in enumerate(plan.inputs):
             dispatch = Dispatch(self, remote, index, stream, running.policy)
             dispatch.late_rule = planned.late_rule  # late='error' is judged here, as the workers would
+            dispatch.numbers_rows = planned.numbers_rows
             dispatches.append((stream, dispatch))
         if plan.share is not None:
             self._feeders[id(plan.share)] = (remote, dispatches)

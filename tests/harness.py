@@ -139,22 +139,17 @@ def run(
                     obs.rejected += 1
                     obs.rejected_batches.append((event.rows, min(model.progress.values())))
                     rejected = True
-            if late == "error" and any(is_late) and not rejected:
+            else:
+                engine.push(event.stream, columns(event.rows), source=event.source)
+            if not rejected:
                 model.raise_to(event.stream, event.source, NO_PROGRESS)  # joins the minimum
                 for row in event.rows:
                     obs.arrivals.append((row, progress))
                     obs.arrival_query_progress.append(min(model.progress.values()))
                     obs.arrival_call.append(call)
-            elif not rejected:
-                engine.push(event.stream, columns(event.rows), source=event.source)
-                model.raise_to(event.stream, event.source, NO_PROGRESS)  # joins the minimum
-                for row, was_late in zip(event.rows, is_late, strict=True):
-                    obs.arrivals.append((row, progress))
-                    obs.arrival_query_progress.append(min(model.progress.values()))
-                    obs.arrival_call.append(call)
-                    if not was_late or late == "update":
-                        part = tuple(row[p] for p in partition)
-                        seen[part] = seen.get(part, 0) + 1
+                    # Tuple windows number every row they get: none is behind them (§2).
+                    part = tuple(row[p] for p in partition)
+                    seen[part] = seen.get(part, 0) + 1
         elif isinstance(event, Punct):
             engine.punctuate(event.stream, event.value, source=event.source)
             model.raise_to(event.stream, event.source, event.value)
@@ -312,10 +307,11 @@ def ident(row: Row) -> tuple[Any, ...]:
 
 def counts_behind(sql: str, sources: Sources) -> bool:
     """Whether the query's plan counts tuples behind punctuation in its open windows
-    (DESIGN.md §2); plans that do not take each of them as late."""
+    (DESIGN.md §2): its Inputs pass them on to the window operator, which decides where they
+    are late; the other plans (no window, slide-by-tuple) take each of them as late."""
     engine = make_engine(sources)
-    lines = [line.split(". ", 1)[1] for line in engine.explain(sql).splitlines()]
-    return any(line.startswith("WID Aggregate") for line in lines)
+    name = engine.register_query(sql, name="probe")
+    return all(op.late_rule is not None for _, op in engine._queries[name].plan.inputs)
 
 
 def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Row], list[Row]]:
@@ -333,8 +329,9 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
         ]
     tuples = [row for row, _ in arrivals]
     progress = max_finite(obs.progress)
-    if spec.window.kind == "rows":
-        return evaluate(spec, tuples), []
+    if spec.window.kind == "rows":  # numbered as they come: late only once the stream ended
+        late = [row for row, q in zip(tuples, query, strict=True) if q >= END_OF_STREAM]
+        return evaluate(spec, [row for row, q in zip(tuples, query, strict=True) if q < END_OF_STREAM]), late
     expected = evaluate(spec, tuples, progress=progress, counts_in=lambda i, start, end: end > query[i])
     late = [
         row for row, q in zip(tuples, query, strict=True) if any(end <= q for _, end in extents(spec, row))

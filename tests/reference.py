@@ -28,6 +28,7 @@ import numpy as np
 
 Row = dict[str, Any]
 END_OF_STREAM = 2**63 - 1
+NO_PROGRESS = -(2**63)
 CountsIn = Callable[[int, int, int], bool]  # (tuple index, window start, window end) -> does it count
 
 
@@ -149,20 +150,25 @@ def _landmark_windows(
     (later ones all hold it); ``f`` is the earliest window any tuple counts in."""
     if not ts:
         return []
-    slides = [_floor_div(t, window.slide) for t in ts]
-    last = max(slides)
-    if progress is not None:
-        last = max(last, _floor_div(progress, window.slide) - 1)
+    slides: list[int | None] = [_floor_div(t, window.slide) for t in ts]
     if counts_in is not None:
         for i, w in enumerate(slides):
-            while w <= last and not counts_in(i, w * window.slide, (w + 1) * window.slide):
+            if not counts_in(i, NO_PROGRESS, END_OF_STREAM):
+                slides[i] = None  # it counts in no window at all
+                continue
+            while not counts_in(i, w * window.slide, (w + 1) * window.slide):
                 w += 1
             slides[i] = w
-    first = min(slides)
+    counted = [s for s in slides if s is not None]
+    if not counted:
+        return []
+    first, last = min(counted), max(counted)
+    if progress is not None:
+        last = max(last, _floor_div(progress, window.slide) - 1)
     out = []
     for w in range(first, last + 1):
         end = (w + 1) * window.slide
-        out.append((first * window.slide, end, [i for i, s in enumerate(slides) if s <= w]))
+        out.append((first * window.slide, end, [i for i, s in enumerate(slides) if s is not None and s <= w]))
     return out
 
 

@@ -33,7 +33,7 @@ from lowtide.operators.session import RETRACTED, SessionAggregate
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Landmark, Session, Sliding
+from lowtide.operators.windows import Landmark, Rows, Session, Sliding
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
     BinaryOp,
@@ -468,8 +468,18 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
-            agg = AdaptWIDAggregate(window, groups, group_types, aggs, internal, having, decode)
+            agg = AdaptWIDAggregate(
+                window,
+                groups,
+                group_types,
+                aggs,
+                internal,
+                having,
+                decode,
+                late_sink=lambda b: ctx.on_drop(b, late_fields),
+            )
             ctx.add(agg, bucket)
+            _judges_behind(stage, ctx, agg.late_mask)
         elif (
             isinstance(stage.op, Select)  # the gain is the filtered copy it saves
             and isinstance(window, Sliding)
@@ -487,8 +497,10 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 having,
                 decode,
                 ctx.flush,
+                late_sink=lambda b: ctx.on_drop(b, late_fields),
             )
             ctx.add(agg, upstream)
+            _judges_behind(stage, ctx, agg.late_mask)
         else:
             bucket = ctx.add(Bucket(window, lateness), stage.op)
             agg = WIDAggregate(
@@ -505,7 +517,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
             )
             ctx.add(agg, bucket)
-            _judges_behind(stage, ctx, agg.late_mask)
+            _judges_behind(stage, ctx, agg.late_mask, numbers_rows=isinstance(window, Rows))
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
             for stream, _ in ctx.inputs:
                 slides[stream] = min(slides.get(stream, window.slide), window.slide)
@@ -533,12 +545,18 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     )
 
 
-def _judges_behind(stage: Stage, ctx: Context, late_at: Callable[[Batch, int], npt.NDArray[np.bool_]]) -> None:
+def _judges_behind(
+    stage: Stage,
+    ctx: Context,
+    late_at: Callable[[Batch, int], npt.NDArray[np.bool_]],
+    numbers_rows: bool = False,
+) -> None:
     """Let the window operator fed by ``stage`` count tuples behind punctuation (DESIGN.md §2):
     the query's Inputs forward them, and ``late_at(batch, p)`` tells which of them the operator
     can no longer count once its input punctuation is ``p`` - the minimum over the query's
     streams (a Meld) - for ``error``. Only where the Inputs' columns reach it unchanged (Meld,
-    Select; not a join). It sees tuples before a Select: it may call late one the Select drops."""
+    Select; not a join). It sees tuples before a Select: it may call late one the Select drops.
+    ``numbers_rows``: a tuple window, fed each batch whole and in order (see Input)."""
     if not isinstance(stage.op, Input | Select | Meld) or any(isinstance(op, OAJoin) for op in ctx.plan_ops):
         return
     streams = tuple(stream for stream, _ in ctx.inputs)
@@ -548,6 +566,7 @@ def _judges_behind(stage: Stage, ctx: Context, late_at: Callable[[Batch, int], n
 
     for _, op in ctx.inputs:
         op.late_rule = rule
+        op.numbers_rows = numbers_rows
 
 
 def _paned_aggregate(

@@ -3,7 +3,8 @@
 (h) ``drop``: counted in the windows not yet emitted (behind punctuation is not late, DESIGN.md
 §2), late for the rest: counted, readable from ``<query>.late``; ``update`` with allowed
 lateness L: a late tuple still counts in the windows whose end + L > progress, emitted windows
-re-emit their corrected rows with revision + 1; ``error``: the batch is rejected whole with
+re-emit their corrected rows with revision + 1, and it is in the side stream once if it missed a
+window forgotten already; ``error``: the batch is rejected whole with
 ``LateTuple`` and the results are those of the accepted batches.
 """
 
@@ -95,7 +96,8 @@ def windows_of(window: Window, ts: int) -> list[tuple[int, int]]:
 
 
 def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
-    """Each cell's revisions count up from 0; its last one equals the reference; too late: side stream."""
+    """Each cell's revisions count up from 0; its last one equals the reference; a tuple that
+    missed a window forgotten already (end + L <= progress): once in the side stream."""
     arrivals, query = obs.arrivals, obs.arrival_query_progress  # the query's progress decides retention
     expected = evaluate(
         spec, [row for row, _ in arrivals], counts_in=lambda i, start, end: end + allowed > query[i]
@@ -111,7 +113,7 @@ def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     too_late = [
         row
         for (row, p), q in zip(arrivals, query, strict=True)
-        if row["ts"] < p and all(end + allowed <= q for _, end in windows_of(spec.window, row["ts"]))
+        if row["ts"] < p and any(end + allowed <= q for _, end in windows_of(spec.window, row["ts"]))
     ]
     check_late(obs, [row for row in too_late if windows_of(spec.window, row["ts"])])
 
