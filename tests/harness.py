@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 from hypothesis import event as tally
-from reference import Row, Spec, covered, first_open_end, session_punctuation
+from reference import Row, Spec, covered, first_open_end, session_counts, session_punctuation
 from strategies import SCHEMA, Close, Event, Punct, Push, Sources
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LateTuple, Punctuation
@@ -247,8 +247,11 @@ def check_emission(obs: Observed, spec: Spec, expected: Sequence[Row]) -> None:
 
 
 def session_owed(obs: Observed, spec: Spec) -> list[int | None]:
-    """The output punctuation a session aggregate owes after each call: it moves only when the
-    query's progress does, to the reference's value over the tuples counted (on time) so far."""
+    """The output punctuation a session aggregate owes after each call (``drop``): it moves only
+    when the query's progress ``p`` does, to the reference's value over the tuples counted so
+    far, a later tuple counting from ``p - gap + 1`` on (:func:`reference.session_counts`)."""
+    rows = [row for row, _ in obs.arrivals]
+    counts = session_counts(spec, list(zip(rows, obs.arrival_query_progress, strict=True)))
     owed: list[int | None] = []
     last = NO_PROGRESS
     for call, progress in enumerate(obs.progress):
@@ -256,12 +259,8 @@ def session_owed(obs: Observed, spec: Spec) -> list[int | None]:
             owed.append(owed[-1] if owed else None)
             continue
         last = progress
-        counted = [
-            row
-            for (row, p), at in zip(obs.arrivals, obs.arrival_call, strict=True)
-            if at <= call and row["ts"] >= p
-        ]
-        owed.append(session_punctuation(spec, counted, progress, progress))
+        counted = [row for row, at, c in zip(rows, obs.arrival_call, counts, strict=True) if at <= call and c]
+        owed.append(session_punctuation(spec, counted, progress, progress - spec.window.gap + 1))
     return owed
 
 
@@ -318,7 +317,8 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
     """The rows and the late side stream of ``drop`` over every applied tuple: a tuple counts
     in each of its windows not yet emitted when it came (its query's progress then below the
     window's end) and is late once if it missed one; ``counts`` false: behind means late.
-    Tuple windows number rows as they arrive: no tuple is behind them."""
+    Tuple windows number rows as they arrive: no tuple is behind them. Sessions: a tuple counts
+    unless it would have joined a session emitted (:func:`reference.session_counts`)."""
     from reference import evaluate
 
     arrivals, query = obs.arrivals, obs.arrival_query_progress
@@ -332,6 +332,10 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
     if spec.window.kind == "rows":  # numbered as they come: late only once the stream ended
         late = [row for row, q in zip(tuples, query, strict=True) if q >= END_OF_STREAM]
         return evaluate(spec, [row for row, q in zip(tuples, query, strict=True) if q < END_OF_STREAM]), late
+    if spec.window.kind == "session":
+        judged = session_counts(spec, list(zip(tuples, query, strict=True)))
+        late = [row for row, c in zip(tuples, judged, strict=True) if not c]
+        return evaluate(spec, [row for row, c in zip(tuples, judged, strict=True) if c]), late
     expected = evaluate(spec, tuples, progress=progress, counts_in=lambda i, start, end: end > query[i])
     late = [
         row for row, q in zip(tuples, query, strict=True) if any(end <= q for _, end in extents(spec, row))

@@ -12,7 +12,8 @@ Python loops: slow, and obviously right. Inputs are the tuples a query sees, in 
 * tuple windows (row-num): the sliding definition over row numbers 0, 1, ... in arrival order;
   with PA, over the rank of each tuple within its partition (the partition's own row numbers).
 * session windows (SESSION gap): per group, its tuples sorted by ts, each joining the session of
-  the one before it when less than ``gap`` after it; ``[first ts, last ts + gap)``.
+  the one before it when less than ``gap`` after it; ``[first ts, last ts + gap)``. Which tuples
+  behind punctuation a session aggregate counts: :func:`session_counts`.
 """
 
 from __future__ import annotations
@@ -183,6 +184,28 @@ def sessions_of(gap: int, ts: Sequence[int]) -> list[tuple[int, int, list[int]]]
             out.append((ts[i], 0, [i]))
         last = ts[i]
     return [(start, ts[members[-1]] + gap, members) for start, _, members in out]
+
+
+def session_counts(spec: Spec, arrivals: Sequence[tuple[Row, int]], lateness: int = 0) -> list[bool]:
+    """Whether a session aggregate counts each tuple, given in arrival order with its query's
+    progress ``p`` then (DESIGN.md §2; ``lateness``: L under ``update``, else 0). Sessions
+    ending at or below ``p - L`` are gone (emitted and dropped, or out of retention): those of
+    the tuples counted before it. A tuple ``t`` counts iff its own session ``[t, t + gap)`` ends
+    above ``p - L`` and it is at or above the end of every gone session of its group (one it
+    would have joined). Before any progress every tuple counts."""
+    window = spec.window
+    counted: list[Row] = []
+    out: list[bool] = []
+    for row, p in arrivals:
+        t = row[window.attribute]
+        key = tuple(row[k] for k in spec.keys)
+        mine = [r[window.attribute] for r in counted if tuple(r[k] for k in spec.keys) == key]
+        gone = [end for _, end, _ in sessions_of(window.gap, mine) if end <= p - lateness]
+        counts = p <= -(2**63) or (t + window.gap > p - lateness and all(t >= end for end in gone))
+        out.append(counts)
+        if counts:
+            counted.append(row)
+    return out
 
 
 def _by_key(spec: Spec, tuples: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:

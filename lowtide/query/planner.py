@@ -457,6 +457,9 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             decode=decode,
         )
         ctx.add(agg, stage.op)
+        # Under drop the Inputs forward tuples behind punctuation and the aggregate judges them;
+        # under error its rule calls each late (whether one is depends on its state).
+        _judges_behind(stage, ctx, agg.late_mask)
     else:
         late_fields = tuple((f.physical, f.type) for f in scope.fields)
         key = _share_key(query, groups, group_types, ctx.policy)
