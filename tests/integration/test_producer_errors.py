@@ -191,7 +191,7 @@ def test_late_error_rejects_only_tuples_whose_window_is_gone(
         calls: list[Callable[[], Any]] = [lambda: producer.send(rows(["a"], [4]))]  # batch 2: late
         calls += [lambda: producer.send(rows(["a", "b"], [12, 15])), producer.flush]  # batch 3: on time
         raised = calls_raising(calls, LateTuple)
-        assert len(raised) == 1 and raised[0].startswith("batch 2 (row 1 of send #2) was rejected: "), raised
+        assert len(raised) == 1 and raised[0].startswith("batch 2 (row 4 of send #2) was rejected: "), raised
         assert "below its punctuation 11" in raised[0]
         assert info(client, stream)["tuples_ingested"] == 6
         result = producer.close()
