@@ -315,7 +315,7 @@ def counts_behind(sql: str, sources: Sources) -> bool:
     (DESIGN.md §2); plans that do not take each of them as late."""
     engine = make_engine(sources)
     lines = [line.split(". ", 1)[1] for line in engine.explain(sql).splitlines()]
-    return any(line.startswith("WID Aggregate") for line in lines)
+    return any(line.startswith(("WID Aggregate", "Paned-WID Aggregate")) for line in lines)
 
 
 def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Row], list[Row]]:
