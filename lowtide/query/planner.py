@@ -78,7 +78,6 @@ class Plan:
     share: Share | None = None  # the shareable slices this plan's Paned-WID reads
     joins_share: bool = False  # the share exists and is fed already
     reader: PanedWIDAggregate | None = None  # the Paned-WID reading slices, attached by start()
-    late_handler: Callable[[Batch], None] | None = None  # this query's late side stream
     time_unit: str = ""  # s|ms|us|ns: window bounds are epoch times in this unit; "": plain numbers
     early: Early | None = None  # EMIT EVERY: a final column, and partial rows when the engine's timer fires
 
@@ -467,7 +466,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         if _paned(window, calls, lateness, share is not None or _restoring(key, ctx, window)):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
-                stage, ctx, window, key, share, groups, group_types, aggs, internal, having
+                stage, ctx, window, key, share, groups, group_types, aggs, internal, having, late_fields
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
@@ -583,11 +582,13 @@ def _paned_aggregate(
     calls: tuple[AggregateCall, ...],
     internal: tuple[str, ...],
     having: Any,
+    late_fields: tuple[tuple[str, ColumnType], ...],
 ) -> tuple[PanedWIDAggregate, dict[str, Any]]:
     """Paned-WID: its window-level query over slices, those of ``share`` (an earlier query's,
     fed the same way) or its own, shareable under ``key``; returns it and the Plan's sharing
-    fields."""
-    own_input = ctx.inputs[0][1]
+    fields. Tuples behind punctuation travel to the slices, where each reader counts them in
+    its windows not yet emitted and sends those that missed an emitted one to its own late
+    side stream; a shared Input's late rule is any reader's (only ``drop`` shares)."""
     if share is None:
         width = pane_of(window).range
         if _restoring(key, ctx, window):  # the slices it read, fed by a query dropped since
@@ -600,16 +601,25 @@ def _paned_aggregate(
         ctx.plan_ops[:] = share.operators
         ctx.inputs[:] = [(share.input.stream, share.input)]
         slices = share.slices
-    reader = PanedWIDAggregate(window, slices, calls, internal, having, ctx.pool.decode, ctx.flush)
+    reader = PanedWIDAggregate(
+        window,
+        slices,
+        calls,
+        internal,
+        having,
+        ctx.pool.decode,
+        ctx.flush,
+        late_sink=lambda b: ctx.on_drop(b, late_fields),
+    )
     ctx.add(reader)
     if key is None or ctx.shares is None:
+        _judges_behind(stage, ctx, reader.late_mask)
         return reader, {"reader": reader}
-    handler = own_input.on_drop
     if share is None:
-        share = Share(key, own_input, slices, ctx.plan_ops[:-1], [handler])
-        own_input.on_drop = share.on_drop
-        return reader, {"share": share, "reader": reader, "late_handler": handler}
-    return reader, {"share": share, "joins_share": True, "reader": reader, "late_handler": handler}
+        _judges_behind(stage, ctx, slices.late_mask)
+        share = Share(key, ctx.inputs[0][1], slices, ctx.plan_ops[:-1])
+        return reader, {"share": share, "reader": reader}
+    return reader, {"share": share, "joins_share": True, "reader": reader}
 
 
 def _share_of(key: tuple[Any, ...] | None, ctx: Context, window: Any) -> Share | None:
