@@ -22,7 +22,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.dupelim import DupElim
 from lowtide.operators.fused_wid import FusedWIDAggregate, fusable
-from lowtide.operators.input import Input
+from lowtide.operators.input import Input, LateRule
 from lowtide.operators.meld import Meld
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
@@ -209,7 +209,14 @@ def _side_of(column: Column, left: Scope, right: Scope) -> int:
 # -- joins ------------------------------------------------------------------------------------
 def _join(query: Query, ctx: Context) -> Stage:
     items = query.from_
-    sides = [_from_item(item, ctx) for item in items]
+    sides: list[Stage] = []
+    side_inputs: list[list[tuple[str, Input]]] = []  # each side's streams and Inputs
+    for item in items:
+        first = len(ctx.inputs)
+        sides.append(_from_item(item, ctx))
+        side_inputs.append(ctx.inputs[first:])
+    # What Input.on_drop sends for a stream of the side: its columns (a union's all alike).
+    layouts = [tuple((f.physical, f.type) for f in s.scope.fields) for s in sides]
     prefixes = [_prefix(item) for item in items]
     if prefixes[0] == prefixes[1]:
         raise UnsupportedQuery("the two sides of a join need different names; add an alias")
@@ -235,9 +242,16 @@ def _join(query: Query, ctx: Context) -> Stage:
         JoinSide(prefix, tuple(f.physical for f in s.scope.fields), s.attributes[0], tuple(keys))
         for prefix, s, keys in zip(prefixes, sides, (left_keys, right_keys), strict=True)
     ]
-    op = ctx.add(OAJoin(join_sides[0], join_sides[1], window))
+    sinks = (lambda b: ctx.on_drop(b, layouts[0]), lambda b: ctx.on_drop(b, layouts[1]))
+    join = OAJoin(join_sides[0], join_sides[1], window, sinks)
+    op = ctx.add(join)
     sides[0].op.connect(op, 0)
     sides[1].op.connect(op, 1)
+    streams = [[stream for stream, _ in inputs] for inputs in side_inputs]
+    for side, inputs in enumerate(side_inputs):
+        rule = _join_late_rule(join, side, streams)
+        for _, input_op in inputs:
+            input_op.late_rule = rule
     fields = tuple(
         Field(f.name, f"{prefix}.{f.physical}", f.type, frozenset({prefix}))
         for prefix, s in zip(prefixes, sides, strict=True)
@@ -249,6 +263,20 @@ def _join(query: Query, ctx: Context) -> Stage:
     for predicate in residual:
         stage = _select(stage, predicate, ctx)
     return stage
+
+
+def _join_late_rule(join: OAJoin, side: int, streams: list[list[str]]) -> LateRule:
+    """The late rule of the Inputs feeding ``side`` of ``join`` (DESIGN.md §2): the join counts
+    their tuples behind punctuation and takes as late exactly :meth:`OAJoin.late_mask` at its input
+    bounds, each side's the minimum over its streams' progress (what a Meld of a union passes on).
+    It sees tuples before a pushed-down Select: it may call late one the Select drops."""
+    ts = join.sides[side].ts
+
+    def rule(batch: Batch, progress: Mapping[str, int]) -> npt.NDArray[np.bool_]:
+        bounds = [min(progress[s] for s in names) for names in streams]
+        return join.late_mask(side, np.asarray(batch.columns[ts], np.int64), bounds)
+
+    return rule
 
 
 def _prefix(item: FromItem) -> str:
@@ -557,8 +585,10 @@ def _judges_behind(
     the query's Inputs forward them, and ``late_at(batch, p)`` tells which of them the operator
     can no longer count once its input punctuation is ``p`` - the minimum over the query's
     streams (a Meld) - for ``error``. Only where the Inputs' columns reach it unchanged (Meld,
-    Select; not a join). It sees tuples before a Select: it may call late one the Select drops.
-    ``numbers_rows``: a tuple window, fed each batch whole and in order (see Input)."""
+    Select): after a join the join judges its Inputs (:func:`_join_late_rule`) and the pairs it
+    emits are in time for the aggregate. It sees tuples before a Select: it may call late one
+    the Select drops. ``numbers_rows``: a tuple window, fed each batch whole and in order (see
+    Input)."""
     if not isinstance(stage.op, Input | Select | Meld) or any(isinstance(op, OAJoin) for op in ctx.plan_ops):
         return
     streams = tuple(stream for stream, _ in ctx.inputs)
