@@ -456,6 +456,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     groups, aggs = tuple(group_physicals), tuple(calls)
     agg: Operator
     shared: dict[str, Any] = {}  # the Plan's sharing fields
+    late_fields = tuple((f.physical, f.type) for f in scope.fields)  # the layout of <query>.late
     if isinstance(window, SlideByTuple):
         agg = SlideByTupleAggregate(
             window.range,
@@ -471,7 +472,6 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         )
         ctx.add(agg, stage.op)
     elif isinstance(window, Session):
-        session_late = tuple((f.physical, f.type) for f in scope.fields)
         agg = SessionAggregate(
             window,
             groups,
@@ -480,7 +480,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             internal,
             having,
             allowed_lateness=lateness,
-            late_sink=lambda b: ctx.on_drop(b, session_late),
+            late_sink=lambda b: ctx.on_drop(b, late_fields),
             decode=decode,
         )
         ctx.add(agg, stage.op)
@@ -488,7 +488,6 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         # under error its rule calls each late (whether one is depends on its state).
         _judges_behind(stage, ctx, agg.late_mask)
     else:
-        late_fields = tuple((f.physical, f.type) for f in scope.fields)
         key = _share_key(query, groups, group_types, ctx.policy)
         share = _share_of(key, ctx, window)
         if _paned(window, calls, lateness, share is not None or _restoring(key, ctx, window)):

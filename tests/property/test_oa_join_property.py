@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,16 +21,13 @@ from harness import columns
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import Row
 from strategies import (
     TIMESTAMPS,
-    TS_HI,
-    Close,
     Event,
     Punct,
     Push,
     Sources,
-    arrival_order,
+    ahead_deliveries,
     deliveries,
     stream_sources,
 )
@@ -353,31 +349,6 @@ stream_rows = st.integers(0, 25).flatmap(
 )
 
 
-@st.composite
-def ahead_of_tuples(draw: Any, data: dict[str, list[Row]], sources: Sources) -> list[Event]:
-    """Like ``deliveries(honest=False)``, but each punctuation runs ahead of the tuples its source
-    still has by a small random amount: many tuples come behind it, in buckets still open too."""
-    queues: dict[tuple[str, str], list[Row]] = {(s, src): [] for s, names in sources.items() for src in names}
-    for stream, items in data.items():
-        for row in items:
-            queues[(stream, draw(st.sampled_from(sources[stream])))].append(row)
-    queues = {key: draw(arrival_order(q)) for key, q in queues.items()}
-    last = dict.fromkeys(queues, NO_PROGRESS)
-    events: list[Event] = []
-    while any(queues.values()):
-        key = draw(st.sampled_from([k for k, q in queues.items() if q]))
-        size = draw(st.integers(1, min(4, len(queues[key]))))
-        events.append(Push(*key, tuple(queues[key][:size])))
-        queues[key] = queues[key][size:]
-        for other in draw(st.lists(st.sampled_from(list(queues)), max_size=2)):
-            rest = queues[other]
-            ahead = min((r["ts"] for r in rest), default=TS_HI) + draw(st.integers(-3, 12))
-            if ahead > last[other]:
-                last[other] = ahead
-                events.append(Punct(*other, ahead))
-    return events + [Close(*key) for key in queues]
-
-
 @dataclass
 class EngineRun:
     arrivals: list[Arrival] = field(default_factory=list)  # applied batches, the progress when they came
@@ -463,7 +434,10 @@ def test_engine_join_behind_punctuation_drop_and_error(
         s: [{"id": 1000 * port + i, "k": k, "ts": ts} for i, (k, ts) in enumerate(data.draw(stream_rows))]
         for port, s in enumerate("AB")
     }
-    delivery = st.one_of(deliveries(streams, sources, honest=False), ahead_of_tuples(streams, sources))
+    delivery = st.one_of(
+        deliveries(streams, sources, honest=False),
+        ahead_deliveries(streams, sources, st.integers(-3, 12), max_batch=4),
+    )
     events = data.draw(delivery, label="events")
     run = run_join(sql, sources, events, late)
 

@@ -57,7 +57,7 @@ from strategies import (
     Punct,
     Push,
     Sources,
-    arrival_order,
+    ahead_deliveries,
     deliveries,
     rows,
     session_windows,
@@ -251,33 +251,6 @@ def test_update_revises_and_retracts_sessions(
 
 # -- punctuation ahead of the data ----------------------------------------------------------------
 @st.composite
-def ahead_deliveries(draw: Any, streams: dict[str, list[Row]], sources: Sources, gap: int) -> list[Event]:
-    """Every source sends its tuples in any order (sorted, disordered in a band, shuffled), in
-    batches of 1 to 6, the sources interleaving; after a batch some sources punctuate at the
-    smallest ts they will still send plus a lead of up to two gaps (never going back): so
-    punctuation runs ahead of some tuples by random amounts, about as far as sessions reach."""
-    queues: dict[tuple[str, str], list[Row]] = {(s, src): [] for s, names in sources.items() for src in names}
-    for stream, items in streams.items():
-        for row in items:
-            queues[(stream, draw(st.sampled_from(sources[stream])))].append(row)
-    queues = {key: draw(arrival_order(queue)) for key, queue in queues.items()}
-    punct = dict.fromkeys(queues, NO_PROGRESS)
-    events: list[Event] = []
-    while any(queues.values()):
-        key = draw(st.sampled_from([k for k, queue in queues.items() if queue]))
-        size = draw(st.integers(1, min(6, len(queues[key]))))
-        events.append(Push(*key, tuple(queues[key][:size])))
-        queues[key] = queues[key][size:]
-        for other in [key] * draw(st.integers(0, 1)) + draw(
-            st.lists(st.sampled_from(list(queues)), max_size=2)
-        ):
-            rest = [r["ts"] for r in queues[other]] or [max(punct[other], 40)]  # done: up to the top
-            punct[other] = max(punct[other], min(rest) + draw(st.integers(1, 2 * gap) | st.integers(-2, 0)))
-            events.append(Punct(*other, punct[other]))
-    return events + [Close(*key) for key in draw(st.permutations(list(queues)))]
-
-
-@st.composite
 def ahead_case(draw: Any, late: str) -> tuple[Spec, Sources, list[Event], int | None]:
     """A grouped session query (several groups) and a delivery with punctuation ahead."""
     gap = draw(st.integers(1, 12), label="gap")
@@ -291,7 +264,14 @@ def ahead_case(draw: Any, late: str) -> tuple[Spec, Sources, list[Event], int | 
     )
     streams = {s: draw(near, label=f"tuples {s}") for s in sources}
     lateness = draw(st.none() | st.integers(0, 15), label="lateness") if late == "update" else None
-    return spec, sources, draw(ahead_deliveries(streams, sources, gap), label="events"), lateness
+    return (
+        spec,
+        sources,
+        draw(
+            ahead_deliveries(streams, sources, st.integers(1, 2 * gap) | st.integers(-2, 0)), label="events"
+        ),
+        lateness,
+    )
 
 
 def why_late(spec: Spec, obs: Observed, allowed: int) -> str:

@@ -77,15 +77,18 @@ def _apply(engine: Engine, event: Event) -> None:
         engine.close_source(event.stream, event.source)
 
 
+# The first query keeps slices (a holistic one alone runs AdaptWID); later ones may read them.
+query_sets = st.builds(
+    lambda first, later: [first, *later],
+    st.tuples(windows, st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)),
+    st.lists(st.tuples(windows, aggregates), min_size=1, max_size=3),
+)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),
-    # The first query keeps slices (a holistic one alone runs AdaptWID); later ones may read them.
-    queries=st.builds(
-        lambda first, later: [first, *later],
-        st.tuples(windows, st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)),
-        st.lists(st.tuples(windows, aggregates), min_size=1, max_size=3),
-    ),
+    queries=query_sets,
     sources=stream_sources(1),
     data=st.data(),
 )
@@ -131,11 +134,7 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
 @settings(max_examples=150, deadline=None)
 @given(
     group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),
-    queries=st.builds(
-        lambda first, later: [first, *later],
-        st.tuples(windows, st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)),
-        st.lists(st.tuples(windows, aggregates), min_size=1, max_size=3),
-    ),
+    queries=query_sets,
     sources=stream_sources(1),
     data=st.data(),
 )
