@@ -234,9 +234,13 @@ def _join(query: Query, ctx: Context) -> Stage:
             pushed[used.pop()].append(conjunct)
         else:
             residual.append(conjunct)
+    wheres: list[list[Select]] = [[], []]  # each side's pushed-down WHERE
     for i, predicates in enumerate(pushed):
         for predicate in predicates:
             sides[i] = _select(sides[i], predicate, ctx)
+            where = sides[i].op
+            assert isinstance(where, Select)
+            wheres[i].append(where)
     window = _join_window(sides, items)
     join_sides = [
         JoinSide(prefix, tuple(f.physical for f in s.scope.fields), s.attributes[0], tuple(keys))
@@ -249,7 +253,7 @@ def _join(query: Query, ctx: Context) -> Stage:
     sides[1].op.connect(op, 1)
     streams = [[stream for stream, _ in inputs] for inputs in side_inputs]
     for side, inputs in enumerate(side_inputs):
-        rule = _join_late_rule(join, side, streams)
+        rule = _join_late_rule(join, side, streams, wheres[side])
         for _, input_op in inputs:
             input_op.late_rule = rule
     fields = tuple(
@@ -265,16 +269,19 @@ def _join(query: Query, ctx: Context) -> Stage:
     return stage
 
 
-def _join_late_rule(join: OAJoin, side: int, streams: list[list[str]]) -> LateRule:
+def _join_late_rule(join: OAJoin, side: int, streams: list[list[str]], wheres: list[Select]) -> LateRule:
     """The late rule of the Inputs feeding ``side`` of ``join`` (DESIGN.md §2): the join counts
     their tuples behind punctuation and takes as late exactly :meth:`OAJoin.late_mask` at its input
-    bounds, each side's the minimum over its streams' progress (what a Meld of a union passes on).
-    It sees tuples before a pushed-down Select: it may call late one the Select drops."""
+    bounds, each side's the minimum over its streams' progress (what a Meld of a union passes on),
+    among the tuples the side's pushed-down ``wheres`` keep."""
     ts = join.sides[side].ts
 
     def rule(batch: Batch, progress: Mapping[str, int]) -> npt.NDArray[np.bool_]:
         bounds = [min(progress[s] for s in names) for names in streams]
-        return join.late_mask(side, np.asarray(batch.columns[ts], np.int64), bounds)
+        late = join.late_mask(side, np.asarray(batch.columns[ts], np.int64), bounds)
+        for where in wheres if late.any() else ():
+            late &= where.passes(batch)
+        return late
 
     return rule
 
@@ -585,15 +592,17 @@ def _judges_behind(
     can no longer count once its input punctuation is ``p`` - the minimum over the query's
     streams (a Meld) - for ``error``. Only where the Inputs' columns reach it unchanged (Meld,
     Select): after a join the join judges its Inputs (:func:`_join_late_rule`) and the pairs it
-    emits are in time for the aggregate. It sees tuples before a Select: it may call late one
-    the Select drops. ``numbers_rows``: a tuple window, fed each batch whole and in order (see
+    emits are in time for the aggregate. A tuple the WHERE drops is late for no window.
+    ``numbers_rows``: a tuple window, fed each batch whole and in order (see
     Input)."""
     if not isinstance(stage.op, Input | Select | Meld) or any(isinstance(op, OAJoin) for op in ctx.plan_ops):
         return
     streams = tuple(stream for stream, _ in ctx.inputs)
+    where = stage.op if isinstance(stage.op, Select) else None
 
     def rule(batch: Batch, progress: Mapping[str, int]) -> npt.NDArray[np.bool_]:
-        return late_at(batch, min(progress[s] for s in streams))
+        late = late_at(batch, min(progress[s] for s in streams))
+        return late & where.passes(batch) if where is not None and late.any() else late
 
     for _, op in ctx.inputs:
         op.late_rule = rule

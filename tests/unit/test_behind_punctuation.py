@@ -86,3 +86,15 @@ def test_error_rejects_only_batches_late_for_the_query() -> None:
     engine.push("A", {"v": [12], "ts": [12]}, source="s")
     engine.punctuate("A", 20, source="s")
     assert [(r["window_start"], r["n"], r["s"]) for r in rows(engine)] == [(0, 2, 5), (10, 1, 12)]
+
+
+def test_error_ignores_a_late_tuple_the_where_drops() -> None:
+    """Late for the window, but filtered out before it: nothing of the query needed it."""
+    engine = transcript(
+        "SELECT count(*) AS n, sum(v) AS s [RANGE 10, WA ts] FROM A WHERE v > 3", 5, [7], 11, late="error"
+    )
+    engine.push("A", {"v": [2], "ts": [2]}, source="s")  # [0, 10) emitted, but v > 3 drops it
+    with pytest.raises(LateTuple):
+        engine.push("A", {"v": [4], "ts": [4]}, source="s")  # v > 3 keeps it: late
+    engine.punctuate("A", 20, source="s")
+    assert [(r["window_start"], r["n"], r["s"]) for r in rows(engine)] == [(0, 1, 7)]

@@ -312,3 +312,25 @@ def test_engine_union_side_is_behind_only_below_its_meld() -> None:
             [(1, 100)] if late == "error" else [(1, 100), (2, 100)]
         )
         assert late_rows == ([] if late == "error" else [2])
+
+
+def test_engine_error_ignores_a_late_tuple_its_side_where_drops() -> None:
+    """late='error' judges only the tuples a side's pushed-down WHERE keeps: one it drops is
+    late for nothing of the query."""
+    engine = Engine()
+    for name in ("A", "B"):
+        engine.create_stream(name, {"id": "int64", "k": "int32", "ts": "int64"}, sources=["s"])
+    q = engine.register_query(
+        "SELECT A.id AS a, B.id AS b FROM A [RANGE 2, WA ts], B [RANGE 2, WA ts] "
+        "WHERE A.k = B.k AND A.id < 5",
+        late="error",
+    )
+    engine.punctuate("A", 30, source="s")
+    engine.punctuate("B", 30, source="s")
+    engine.push("A", {"id": [7], "k": [0], "ts": [10]}, source="s")  # late, but A.id < 5 drops it
+    with pytest.raises(LateTuple):
+        engine.push("A", {"id": [1], "k": [0], "ts": [10]}, source="s")  # kept: late
+    engine.push("A", {"id": [2], "k": [0], "ts": [31]}, source="s")
+    engine.push("B", {"id": [100], "k": [0], "ts": [32]}, source="s")
+    rows = [r for t in engine.poll(q) if not isinstance(t, Punctuation) for r in t.to_pylist()]
+    assert [(r["a"], r["b"]) for r in rows] == [(2, 100)]
