@@ -16,8 +16,9 @@ Column = npt.NDArray[Any]
 class Batch:
     """Columns by name, all of length ``n``.
 
-    ``late`` marks tuples that arrived below their stream's published progress; they travel the
-    graph only for queries whose late policy is ``update`` (the aggregate revises its windows).
+    ``late`` marks tuples behind their stream's published progress: the query's window operator
+    counts them in its windows not yet emitted (DESIGN.md §2) or, under ``update``, revises its
+    windows.
     """
 
     columns: dict[str, Column]

@@ -430,8 +430,14 @@ class Engine:
         elif known.closed:
             raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
         late = [target.late_mask(batch) for batch in parts]
-        n_late = sum(int(mask.sum()) for mask in late)
-        if n_late and any(op.policy is LatePolicy.ERROR for op in target.subscribers):
+        strict = [op for op in target.subscribers if op.policy is LatePolicy.ERROR]
+        n_late = 0
+        if strict and any(mask.any() for mask in late):
+            # Behind punctuation is late only where a query can no longer count it (§2).
+            behind = [batch.select(mask) for batch, mask in zip(parts, late, strict=True)]
+            progress = {name: s.progress for name, s in self._streams.items()}
+            n_late = max(sum(op.late_count(b, progress) for b in behind) for op in strict)
+        if n_late:
             raise LateTuple(
                 f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "
                 "and a query reading it has late='error'"
@@ -512,7 +518,12 @@ class Engine:
         """Counters for metrics: per stream and per query operator."""
         return {
             "streams": {
-                s.name: {"ingested": s.tuples_ingested, "late": s.late_tuples, "low_watermark": s.progress}
+                s.name: {
+                    "ingested": s.tuples_ingested,
+                    "behind": s.late_tuples,
+                    "late": s.late_tuples,  # the name before issue 14: tuples behind punctuation
+                    "low_watermark": s.progress,
+                }
                 for s in self._streams.values()
             },
             "queries": {

@@ -4,8 +4,9 @@ Each source has its own punctuation (explicit or generated). The stream's progre
 minimum over its live sources - declared sources count from the start (so the stream waits for
 each of them), undeclared ones from the moment they first speak, closed ones as +inf, idle ones
 (silent for ``idle_timeout``) not at all until they speak again. Published progress never
-regresses; a tuple below it is late. Every change is checked before it is applied, so a rejected
-call changes nothing.
+regresses; a tuple below it is *behind* punctuation (counted here), passed to the queries as
+such: each query decides where it is late (DESIGN.md §2). Every change is checked before it is
+applied, so a rejected call changes nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Stream:
     subscribers: list[Input] = field(default_factory=list)
     sources: dict[str, Source] = field(default_factory=dict)
     tuples_ingested: int = 0
-    late_tuples: int = 0
+    late_tuples: int = 0  # tuples behind punctuation (the checkpoint's name)
     _next_heartbeat: float = 0.0
 
     def __post_init__(self) -> None:
@@ -128,7 +129,7 @@ class Stream:
         return admit(data, self.schema, pool)
 
     def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
-        """Which tuples are below the published progress."""
+        """Which tuples are behind punctuation: below the published progress."""
         return batch.columns[self.attribute] < self.progress
 
     def check_punctuation(self, source: str, value: int) -> None:
@@ -179,6 +180,9 @@ class Stream:
         on_time = batch if n_late == 0 else _rows(batch, ~late)
         late_batch = _rows(batch, late) if n_late else None
         for subscriber in self.subscribers:
+            if subscriber.numbers_rows and n_late and self.progress < END_OF_STREAM:
+                subscriber.process(batch)  # a tuple window: none is behind it, order matters
+                continue
             if on_time.n:
                 subscriber.process(on_time)
             if late_batch is not None:

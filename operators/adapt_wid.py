@@ -44,6 +44,8 @@ every window ``< q`` is complete: its non-empty groups - eager, lazy or in trans
 emitted once, at ``revision`` 0, in one batch per punctuation, then
 ``Punctuation(end(q), "window_end")``. State is bounded by the open windows: partials of eager
 groups, tuples of lazy ones, and per-group statistics of the groups with active tuples.
+Tuples behind punctuation (DESIGN.md §2) count in their windows from ``first_open`` on, as WID
+Aggregate counts them; those that missed an emitted window go to the late side stream once.
 Early results (``EMIT EVERY``, :meth:`AdaptWIDAggregate.emit_partials`): every open window's
 current rows - exactly what punctuation would emit for them now - with ``final = false``: the
 windows are those ``first_open`` and above, which the output punctuation does not cover. Only the
@@ -88,8 +90,8 @@ from lowtide.operators.state import (
     declare,
     fields,
 )
-from lowtide.operators.window_ids import touched_windows
-from lowtide.operators.windows import Sliding, Window
+from lowtide.operators.window_ids import admit_behind, touched_windows
+from lowtide.operators.windows import Sliding, Window, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 
@@ -134,18 +136,16 @@ def _arrive(gid: I64, vol: I64, mode: I8, high: float) -> tuple[I64, I64, I64]:
 
 
 @nb.njit(cache=True, nogil=True)
-def _admit(ws: I64, we: I64, first_open: int) -> tuple[bool, bool, int]:
-    """(some tuple starts below ``first_open``, some tuple has no open window, max wid_end)."""
-    below = outside = False
+def _admit(ws: I64, we: I64, first_open: int) -> tuple[bool, int]:
+    """(some tuple starts below ``first_open``, max wid_end)."""
+    below = False
     hw = we[0]
     for i in range(ws.shape[0]):
         if ws[i] < first_open:
             below = True
-            if we[i] <= first_open:
-                outside = True
         if we[i] > hw:
             hw = we[i]
-    return below, outside, hw
+    return below, hw
 
 
 @nb.njit(cache=True, nogil=True)
@@ -363,6 +363,7 @@ class AdaptWIDAggregate(Operator):
         high: float | None = None,
         low: float | None = None,
         hysteresis: float = 0.5,
+        late_sink: Callable[[Batch], None] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(window, Sliding):
@@ -371,6 +372,7 @@ class AdaptWIDAggregate(Operator):
         self.group_columns = group_columns
         self.calls = calls
         self.decode = decode
+        self.late_sink = late_sink
         self.results = ResultRows(window, group_columns, group_types, calls, columns, having, decode)
         self.hysteresis = hysteresis
         self.fixed = (high, low)
@@ -448,19 +450,22 @@ class AdaptWIDAggregate(Operator):
         self.low = low if low is not None else self.hysteresis * high
 
     # -- input ------------------------------------------------------------------------------
+    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
+        """Which tuples behind punctuation belong to a window emitted once the input
+        punctuation is ``punctuation`` (for ``error``)."""
+        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
+        return in_completed_window(self.window, values, punctuation)
+
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
         if batch.n == 0:
             return
         ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
-        below, outside, hw = _admit(ws, we, self.first_open)
-        if below:  # late tuples: their open windows only
-            ws = np.maximum(ws, self.first_open)
-            if outside:
-                inside = ws < we
-                batch, ws, we = batch.select(inside), ws[inside], we[inside]
-                if batch.n == 0:
-                    return
+        below, hw = _admit(ws, we, self.first_open)
+        if below:  # behind punctuation: their open windows only, late for the emitted ones
+            batch, ws, we = admit_behind(batch, ws, we, self.first_open, self.late_sink)
+            if batch.n == 0:
+                return
         self._hw_end = max(self._hw_end, int(hw))
         gid = self.groups.ids(key_matrix(batch, self.group_columns))
         self._grow_groups()

@@ -11,7 +11,10 @@ the unfused path (Bucket's sparse window ranges), with the same result.
 Punctuation contract: WID Aggregate's (this is one, fed directly). Stream punctuation ``p`` on
 the window attribute completes the windows ``< first_open(p)``: their non-empty groups are
 emitted once at ``revision`` 0, then ``Punctuation(end(first open window), "window_end")`` -
-exactly what Select -> Bucket -> WID Aggregate promise together. Early results (``EMIT
+exactly what Select -> Bucket -> WID Aggregate promise together. Tuples behind punctuation
+(``batch.late``, DESIGN.md §2) take Bucket's path and count in their windows not yet emitted, as
+WID Aggregate counts them; those that missed an emitted window go to the late side stream once
+(:func:`~lowtide.operators.window_ids.admit_behind`). Early results (``EMIT
 EVERY``) are WID Aggregate's too: the open windows' rows, ``final = false``, above that
 punctuation, no state changed.
 
@@ -39,7 +42,8 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.select import Predicate
 from lowtide.operators.state import NESTED, Keep, declare
 from lowtide.operators.wid_state import WIDState
-from lowtide.operators.windows import Sliding
+from lowtide.operators.window_ids import admit_behind
+from lowtide.operators.windows import Sliding, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
 
@@ -131,12 +135,14 @@ class FusedWIDAggregate(Operator):
         having: Having | None = None,
         decode: Callable[[I64], Any] | None = None,
         flush: SlowFlush | None = None,
+        late_sink: Callable[[Batch], None] | None = None,
     ) -> None:
         assert fusable(calls, group_types) and predicates
         super().__init__()
         self.window = window
         self.predicates = predicates
         self.group_columns = group_columns
+        self.late_sink = late_sink
         self.sum_columns = tuple(dict.fromkeys(c.column for c in calls if c.func is AggFunc.SUM and c.column))
         results = ResultRows(window, group_columns, group_types, calls, columns, having, decode)
         self.state = WIDState(self, results, flush)
@@ -171,7 +177,12 @@ class FusedWIDAggregate(Operator):
         ts = columns[window.attribute].astype(np.int64, copy=False)
         lo, hi = _ts_range(ts, rows)
         first, last = (lo - window.range) // window.slide + 1, hi // window.slide + 1
-        if last - first > _SPARSE * rows.shape[0] + 64:
+        if batch.late:  # behind punctuation: Bucket's path, from the first window not emitted
+            ws, we = window.wids(ts[rows])
+            kept, ws, we = admit_behind(batch.select(rows), ws, we, state.first_open, self.late_sink)
+            if kept.n:
+                state.add(kept, ws, we)
+        elif last - first > _SPARSE * rows.shape[0] + 64:
             # Far-apart tuples: Bucket's path allocates rows only for windows holding tuples.
             ws, we = window.wids(ts[rows])
             state.add(batch.select(rows), ws, we)
@@ -191,6 +202,12 @@ class FusedWIDAggregate(Operator):
                 _fused_count(ts, rows, gid, window.slide, window.range, first, row_of, count, touched)
             state.release([w for w in new if not touched[w - first]])  # windows between tuples, empty
         state.queue.flush_some(rows.shape[0])
+
+    def late_mask(self, batch: Batch, punctuation: int) -> B1:
+        """Which tuples behind punctuation (before the WHERE) belong to a window emitted once
+        the input punctuation is ``punctuation`` (for ``error``)."""
+        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
+        return in_completed_window(self.window, values, punctuation)
 
     def emit_partials(self) -> None:
         """Early results: the open windows' current rows, ``final = false``."""

@@ -1,17 +1,24 @@
 """Input: where a stream enters one query; applies the query's late policy.
 
-Tuples at or above the stream's published progress pass on unchanged. Late tuples (below it)
-follow the policy: ``drop`` hands them to the late side stream, ``update`` passes them on
-marked ``late`` (a downstream aggregate revises its windows), ``error`` never gets here (the
-engine rejects the whole batch first). Punctuation passes on unchanged: the stream's progress,
-the minimum over its live sources, never regressing. Its state: its counters. Placement: any
-split by row position; its rows pass on.
+Tuples at or above the stream's published progress pass on unchanged. Tuples *behind* it
+(DESIGN.md §2) pass on marked ``late`` when the query's window operator counts them (it has a
+``late_rule``, set by the planner; always under ``update``): that operator counts each in every
+window of it not yet emitted and treats only the rest as late for the query. Otherwise they are
+late here and follow the policy: ``drop`` hands them to the late side stream, ``error`` never
+gets here (the engine rejects the whole batch first, asking :meth:`Input.late_count`: the rule
+tells from the punctuation alone which tuples the window operator could no longer count, so the
+server's front answers it as the operator would).
+Punctuation passes on unchanged: the stream's progress, the minimum over its live sources, never
+regressing. Its state: its counters. Placement: any split by row position; its rows pass on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
@@ -19,6 +26,9 @@ from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, Keep, declare
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
+
+# Which tuples behind punctuation are late for a query, given every stream's published progress.
+LateRule: TypeAlias = Callable[[Batch, Mapping[str, int]], npt.NDArray[np.bool_]]
 
 
 class Input(Operator):
@@ -31,6 +41,23 @@ class Input(Operator):
         self.policy = policy
         self.on_drop = on_drop
         self.late_tuples = 0
+        # Which behind tuples the window operator can no longer count exactly (None: all).
+        self.late_rule: LateRule | None = None
+        # It feeds a tuple window, which numbers rows as they arrive: until the end of the
+        # stream no tuple is behind it, and a batch comes whole, in its order.
+        self.numbers_rows = False
+
+    @property
+    def counts_behind(self) -> bool:
+        """Whether tuples behind punctuation travel on for the window operator to judge."""
+        return self.late_rule is not None or self.policy is LatePolicy.UPDATE
+
+    def late_count(self, behind: Batch, progress: Mapping[str, int]) -> int:
+        """How many of the tuples ``behind`` punctuation are late for this query, the streams
+        having published ``progress`` (no state change)."""
+        if self.late_rule is None:
+            return behind.n
+        return int(self.late_rule(behind, progress).sum())
 
     def describe(self) -> str:
         return f"Input {self.stream}"
@@ -43,8 +70,9 @@ class Input(Operator):
         self.emit(batch)
 
     def process_late(self, batch: Batch) -> None:
+        """Tuples behind the stream's punctuation (see the module)."""
         self.late_tuples += batch.n
-        if self.policy is LatePolicy.UPDATE:
+        if self.counts_behind:
             self.emit(Batch(batch.columns, batch.n, late=True))
         else:
             self.on_drop(batch)

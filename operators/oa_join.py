@@ -9,7 +9,9 @@ their keys are equal and
 
 Every matching pair is emitted exactly once, whatever the arrival order, batch split,
 interleaving and (honest) punctuation: a tuple probes the tuples stored from the other input,
-then is stored itself if a future tuple of the other input can still match it.
+then is stored itself if a future tuple of the other input can still match it. With tuples behind
+punctuation, a pair is emitted at most once, and one that is not has its later tuple in the late
+side stream (see Behind punctuation).
 
 Bounds. ``b0``/``b1`` is the latest punctuation of the left/right input (``NO_PROGRESS`` at first);
 every future tuple of input i has ``ts >= b_i``. Call ``T0`` (``T1``) the smallest left (right) ``ts``
@@ -23,23 +25,42 @@ that a future right (left) tuple can still match:
 A new tuple of input i is stored only if ``ts >= T_i`` (ProcessTuple); a stored tuple of input i is
 purgeable once ``ts < T_i`` (ProcessPunctuation), and the purge is amortised (the storage is
 compacted when at least a quarter of it is purgeable): a purgeable tuple left in store can no
-longer match, because every candidate partner has ``ts >= b_{1-i}``.
+longer match, because every partner in time has ``ts >= b_{1-i}`` and one behind punctuation
+skips stored tuples below ``T_i``.
 
 Output punctuation (individual punctuation, one per input timestamp, ProducePunctuation). A
-future output row either carries a future tuple of input i (``ts >= b_i``) or a stored one that
-a future tuple of the other input matches (``ts >= T_i``). Hence after every input punctuation:
+future output row carries a future tuple of input i (``ts >= b_i``), a stored one that a future
+tuple of the other input matches (``ts >= T_i``), or a tuple behind punctuation, which forms
+pairs only at or above the output punctuation published (below). After every input punctuation:
 
-* on ``{left.prefix}.{left.ts}``:   ``min(b0, T0)`` = band ``min(b0, b1 - r0)``,
-  tumbling ``min(b0, floor(b1/d)*d)``;
-* on ``{right.prefix}.{right.ts}``: ``min(b1, T1)`` = band ``min(b1, b0 - r1)``,
-  tumbling ``min(b1, floor(b0/d)*d)``;
+* band, on ``{left.prefix}.{left.ts}``:   ``out0 = min(b0, T0) = min(b0, b1 - r0)``;
+  on ``{right.prefix}.{right.ts}``: ``out1 = min(b1, T1) = min(b1, b0 - r1)``;
+* tumbling, on both columns: ``out0 = out1 = min(floor(b0/d)*d, floor(b1/d)*d)``, the start of
+  the first bucket still open on either input (``<= min(b_i, T_i)``, at bucket granularity so
+  that a tuple behind punctuation in a bucket still open, whose partners are all held, is in time);
 
 each emitted only when it rises above the last value emitted for that column (never repeated,
 never regressing, never ``NO_PROGRESS``). ``NO_PROGRESS`` and ``END_OF_STREAM`` saturate as -inf and
 +inf (``NO_PROGRESS - r = NO_PROGRESS``, ``floor(END_OF_STREAM/d)*d = END_OF_STREAM``), and finite
 results are clamped into the int64 domain; so when both inputs have ended both outputs are
 ``END_OF_STREAM``, and when the other input has ended nothing more is stored and its partner
-store is emptied.
+store is emptied. ``T_i`` and ``out_i`` are functions of ``(b0, b1)`` alone (monotone, so the last
+value published is the current one).
+
+Behind punctuation (DESIGN.md §2). A tuple ``x`` of input i with ``x.ts < b_i`` (``batch.late``
+from the query's Input; any tuple below ``b_i`` is taken alike) may no longer meet partners below
+``T_j`` (j the other input): they may be purged already, or were never stored. So it meets only
+stored partners with ``ts >= T_j`` (purgeable ones not yet compacted must not match: results do
+not depend on when compaction ran), and only if ``x.ts >= out_i`` (else a pair would fall below
+the punctuation published on its column). It is *late for the query* iff its partner range
+reaches below ``T_j`` - band: left ``x.ts - r1 < T1``, right ``x.ts - r0 < T0``, which holds for
+every behind tuple; tumbling: its bucket start ``floor(x.ts/d)*d < T_j``, i.e. its bucket is no
+longer open - or ``x.ts < out_i``, which implies the former (band: ``out_i <= b_i``; tumbling:
+``out_i <= floor(b_i/d)*d = T_j``). A late tuple goes to its input's late sink (the query's
+``<query>.late``, in its stream's columns) once; if ``x.ts >= out_i`` it still forms its pairs
+with the partners held (a tuple may so be split, like one a sliding window counts in its open
+windows). It is stored by the usual rule (``ts >= T_i``). :meth:`OAJoin.late_mask` is this test
+as a function of ``(b0, b1)``: the planner's late rule for ``late='error'``.
 
 Implementation. Each input keeps columnar storage (numpy arrays with amortised doubling) and a
 chained hash index: ``heads[hash & mask]`` is the first row of a slot, ``next[row]`` the next row
@@ -58,7 +79,7 @@ input by its equality keys, one worker without keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -76,6 +97,7 @@ from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+LateSink = Callable[[Batch], None]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 _MIN_SLOTS = 1024
@@ -214,6 +236,41 @@ def _floor_to(b: int, d: int) -> int:
     if b <= NO_PROGRESS or b >= END_OF_STREAM:
         return b
     return max((b // d) * d, NO_PROGRESS)
+
+
+def threshold_of(window: Band | Tumbling, side: int, bounds: Sequence[int]) -> int:
+    """``T_side`` for the input bounds ``(b0, b1)``: the smallest ts of input ``side`` that a
+    future tuple of the other input can match."""
+    other = bounds[1 - side]
+    if isinstance(window, Tumbling):
+        return _floor_to(other, window.d)
+    return _minus(other, window.r0 if side == 0 else window.r1)
+
+
+def output_bound_of(window: Band | Tumbling, side: int, bounds: Sequence[int]) -> int:
+    """``out_side``: the output punctuation on input ``side``'s ts column for ``(b0, b1)``."""
+    own = _floor_to(bounds[side], window.d) if isinstance(window, Tumbling) else bounds[side]
+    return min(own, threshold_of(window, side, bounds))
+
+
+def partner_range(window: Band | Tumbling, side: int, ts: I64) -> tuple[I64, I64]:
+    """The ts range ``[lo, hi]`` of the other input's tuples that tuples ``ts`` of input ``side``
+    can match: band ``[ts - below, ts + above]`` (saturating), tumbling the bucket from its start
+    (the bucket itself is hashed as a key)."""
+    if isinstance(window, Tumbling):
+        return (ts // window.d) * window.d, np.full(ts.size, END_OF_STREAM, np.int64)
+    below, above = (window.r1, window.r0) if side == 0 else (window.r0, window.r1)
+    return np.maximum(ts, NO_PROGRESS + below) - below, np.minimum(ts, END_OF_STREAM - above) + above
+
+
+def late_mask_of(window: Band | Tumbling, side: int, ts: I64, bounds: Sequence[int]) -> npt.NDArray[np.bool_]:
+    """Which tuples ``ts`` of input ``side`` are late for the query at input bounds ``(b0, b1)``:
+    their partner range reaches below ``T_other`` (partners maybe gone). That covers the tuples
+    below ``out_side`` too (no pair of theirs may be emitted): ``ts < out_side`` puts a band
+    tuple behind ``b_side``, a tumbling one in a bucket below ``T_other``. False for every tuple
+    at or above ``b_side``."""
+    lo, _ = partner_range(window, side, ts)
+    return lo < threshold_of(window, 1 - side, bounds)
 
 
 class _Store:
@@ -364,14 +421,21 @@ class OAJoin(Operator):
 
     Output rows: ``{left.prefix}.{c}`` for ``c`` in ``left.columns``, then ``{right.prefix}.{c}`` for
     ``c`` in ``right.columns``. Output punctuation: individual punctuation on
-    ``{left.prefix}.{left.ts}`` (``min(b0, T0)``) and ``{right.prefix}.{right.ts}`` (``min(b1, T1)``).
+    ``{left.prefix}.{left.ts}`` (``out0``) and ``{right.prefix}.{right.ts}`` (``out1``).
+    ``late_sinks``: per input, where its tuples late for the query go (None: nowhere).
     """
 
     label = "OA-Join"
     # _need sizes the reused probe buffers (their content is scratch).
     STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _stores=EACH, _bounds=INTS, _need=INT)
 
-    def __init__(self, left: JoinSide, right: JoinSide, window: Band | Tumbling) -> None:
+    def __init__(
+        self,
+        left: JoinSide,
+        right: JoinSide,
+        window: Band | Tumbling,
+        late_sinks: tuple[LateSink | None, LateSink | None] = (None, None),
+    ) -> None:
         super().__init__()
         if len(left.keys) != len(right.keys):
             raise ValueError("OA-Join needs as many left keys as right keys")
@@ -384,6 +448,7 @@ class OAJoin(Operator):
             raise ValueError(f"duplicate output columns in {names}")
         self.sides = (left, right)
         self.window = window
+        self.late_sinks = late_sinks
         n_keys = len(left.keys) + (1 if isinstance(window, Tumbling) else 0)
         self._stores = (_Store(n_keys, left.columns), _Store(n_keys, right.columns))
         self._bounds = [NO_PROGRESS, NO_PROGRESS]  # b0, b1
@@ -393,10 +458,12 @@ class OAJoin(Operator):
 
     def threshold(self, side: int) -> int:
         """``T_side``: smallest ts of input ``side`` that a future tuple of the other can match."""
-        other = self._bounds[1 - side]
-        if isinstance(self.window, Tumbling):
-            return _floor_to(other, self.window.d)
-        return _minus(other, self.window.r0 if side == 0 else self.window.r1)
+        return threshold_of(self.window, side, self._bounds)
+
+    def late_mask(self, side: int, ts: I64, bounds: Sequence[int]) -> npt.NDArray[np.bool_]:
+        """Which tuples ``ts`` of input ``side`` this join takes as late once its input bounds are
+        ``bounds`` = ``(b0, b1)`` (see the module): a function of punctuation alone."""
+        return late_mask_of(self.window, side, ts, bounds)
 
     def process(self, batch: Batch, port: int = 0) -> None:
         m = batch.n
@@ -411,18 +478,23 @@ class OAJoin(Operator):
         window = self.window
         if isinstance(window, Tumbling):
             keys[:, -1] = ts // window.d
-            lo = np.full(m, NO_PROGRESS, np.int64)
-            hi = np.full(m, END_OF_STREAM, np.int64)
-        else:  # saturating ts - below, ts + above
-            below, above = (window.r1, window.r0) if port == 0 else (window.r0, window.r1)
-            lo = np.maximum(ts, NO_PROGRESS + below) - below
-            hi = np.minimum(ts, END_OF_STREAM - above) + above
+        lo, hi = partner_range(window, port, ts)
+        late = None
+        if int(ts.min()) < self._bounds[port]:  # behind punctuation (see the module)
+            late = self.late_mask(port, ts, self._bounds)
+            # Partners below T_other may be purged already: none counts, compacted or not.
+            lo = np.maximum(lo, self.threshold(1 - port))
+            muted = ts < output_bound_of(window, port, self._bounds)
+            lo[muted], hi[muted] = END_OF_STREAM, NO_PROGRESS  # its pairs would be below out_port
         hashes = hash_rows(keys)
         other = self._stores[1 - port]
         if other.n:
             rows, stored = self._probe(hashes, keys, lo, hi, other)
             if rows.size:
                 self._emit_pairs(batch, rows, other, stored, port)
+        sink = self.late_sinks[port]
+        if late is not None and sink is not None and late.any():
+            sink(batch.select(late))
         threshold = self.threshold(port)
         if threshold >= END_OF_STREAM:
             return
@@ -461,7 +533,7 @@ class OAJoin(Operator):
         self._bounds[port] = value
         self._stores[1 - port].purge(self.threshold(1 - port))
         for side in (0, 1):
-            bound = min(self._bounds[side], self.threshold(side))
+            bound = output_bound_of(self.window, side, self._bounds)
             if bound > NO_PROGRESS:
                 s = self.sides[side]
                 self.emit_progress(bound, f"{s.prefix}.{s.ts}")

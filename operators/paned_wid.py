@@ -24,6 +24,21 @@ punctuation - combined from their slices as at emission, with ``final = false``;
 read changes. Its :meth:`keep_from` tells the slices
 which it still needs: those of its open windows and of its running window.
 
+Invariant: every window not yet emitted is the combination of its slices' current contents, and
+the running window holds the sum of its slices' current contents, so whatever a slice takes
+before its last window is emitted counts exactly; queued results of emitted windows are in
+scratch rows of their own and never change.
+
+Behind punctuation (DESIGN.md §2). A tuple below its stream's punctuation (``batch.late``)
+reaches the slices like any other; :meth:`PanedWIDAggregate.judge_behind` tells them whether it
+counts here - it does in each of its windows from the first not emitted on, as if it had come in
+time - and sends it once to this query's late side stream if it missed an emitted window (a
+sliding window may do both). The slice takes it when some reader counts it, and this reader's
+running window takes it too if it has summed the slice already
+(:meth:`PanedWIDAggregate.absorb`), so the windows emitted later are exact and no row of revision
+0 ever comes below an output punctuation already published. Its windows end on slice edges, so
+under ``error`` :meth:`PanedWIDAggregate.late_mask` tells the same from the punctuation alone.
+
 It reads the slices' group table and accumulators; its own are a
 :class:`~lowtide.operators.result_queue.ResultQueue` of the results of complete windows, each
 window's cells in a scratch row of the slices until they are out. Placement: the slices', by
@@ -53,10 +68,11 @@ from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.state import INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import Cells, nonempty_cells
 from lowtide.operators.window_ids import touched_windows
-from lowtide.operators.windows import Sliding
+from lowtide.operators.windows import Sliding, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 
 # Windows emitted together at most: a burst (the end of the stream) reuses this many scratch rows.
 EMIT_CHUNK = 64
@@ -90,6 +106,7 @@ class PanedWIDAggregate(Operator):
         having: Having | None = None,
         decode: Callable[[I64], Any] | None = None,
         flush: SlowFlush | None = None,
+        late_sink: Callable[[Batch], None] | None = None,
     ) -> None:
         if window.range % slices.width or window.slide % slices.width:
             raise ValueError(f"slices of {slices.width} do not tile windows of {window.describe()}")
@@ -97,6 +114,7 @@ class PanedWIDAggregate(Operator):
         self.window = window
         self.slices = slices
         self.calls = calls
+        self.late_sink = late_sink  # this query's late side stream
         self.results = ResultRows(
             window, slices.group_columns, slices.group_types, calls, columns, having, decode
         )
@@ -106,8 +124,8 @@ class PanedWIDAggregate(Operator):
         self.panes_per_slide = window.slide // self.pane
         own = CellState(calls)  # names the accumulators this query reads from the shared slices
         names = tuple(own.arrays)
-        self._invertible = own.invertible(names)
-        self._combined = tuple(name for name in names if name not in self._invertible)
+        self.invertible = own.invertible(names)  # kept in the running window
+        self._combined = tuple(name for name in names if name not in self.invertible)
         self.summaries = tuple(sorted({c.column for c in calls if c.func.holistic and c.column}))
         self.first_open = NO_PROGRESS  # slices below it are complete
         self._next_window = NO_PROGRESS  # windows below this one were emitted
@@ -147,6 +165,42 @@ class PanedWIDAggregate(Operator):
 
     def process(self, batch: Batch, port: int = 0) -> None:
         raise TypeError("Paned-WID reads its shared slices: tuples go to them")
+
+    # -- tuples behind punctuation (DESIGN.md §2) -----------------------------------------------
+    def late_mask(self, batch: Batch, punctuation: int) -> Mask:
+        """Which tuples (behind punctuation, as they enter the query) belong to a window this
+        query has emitted once its input punctuation is ``punctuation`` (for ``error``): those
+        :meth:`judge_behind` sends to the late side stream. Its windows end on slice edges, so
+        the slices' punctuation ``p // width`` completes exactly the windows ending at or before ``p``."""
+        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
+        return in_completed_window(self.window, values, punctuation)
+
+    def judge_behind(self, batch: Batch) -> Mask:
+        """Which tuples behind punctuation count in a window of this query not yet emitted;
+        those that missed an emitted one go to its late side stream, once (a sliding window
+        may count them in its open windows too)."""
+        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
+        ws, we = self.window.wids(values)
+        inside = ws < we
+        missed = inside & (ws < self._next_window)
+        if self.late_sink is not None and missed.any():
+            self.late_sink(batch.select(missed))
+        return inside & (we > self._next_window)
+
+    def running_holds(self, slices: I64) -> Mask:
+        """Which of the ``slices`` the running window has summed already."""
+        if self._running_window is None:
+            return np.zeros(slices.shape[0], np.bool_)
+        first = self._running_window * self.panes_per_slide
+        return (slices >= first) & (slices < first + self.panes_per_window)
+
+    def absorb(self, added: Mapping[str, I64], width: int) -> None:
+        """Add to the running window what tuples behind punctuation ``added`` to slices it has
+        summed already (:meth:`running_holds`): it subtracts a slice's whole content when the
+        slice leaves, and the windows it slides to that hold the slice count them."""
+        arrays, running = self.slices.cells.arrays, self._running_row()
+        for name in self.invertible:
+            arrays[name][running, :width] += added[name]
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != "wid" or punctuation.value <= self.first_open:
@@ -237,7 +291,7 @@ class PanedWIDAggregate(Operator):
         for w, row in zip(chunk, scratch, strict=True):
             if prefix is None:
                 self._slide_running(w, panes, pane_rows, width)
-                cells.copy_row(row, self._running_row(), width, self._invertible)
+                cells.copy_row(row, self._running_row(), width, self.invertible)
             if self._combined:
                 lo, hi = self._panes_of(w, panes)
                 cells.combine_rows(row, pane_rows[lo:hi], width, self._combined)
@@ -248,7 +302,7 @@ class PanedWIDAggregate(Operator):
     def _prefix_sums(self, pane_rows: I64, width: int) -> dict[str, I64]:
         """Per invertible accumulator, the sums of the first ``i`` live slices (row ``i``)."""
         prefix = {}
-        for name in self._invertible:
+        for name in self.invertible:
             array = self.slices.cells.arrays[name]
             prefix[name] = np.zeros((pane_rows.shape[0] + 1, width), array.dtype)
             np.cumsum(array[pane_rows, :width], axis=0, out=prefix[name][1:])
@@ -297,20 +351,20 @@ class PanedWIDAggregate(Operator):
     def _slide_running(self, w: int, panes: I64, pane_rows: I64, width: int) -> None:
         """Move the running window to ``w``: add the slices that enter, subtract those that
         leave; from scratch when none is shared (the first window, or after a gap)."""
-        if not self._invertible:
+        if not self.invertible:
             return
         running, last = self._running_row(), self._running_window
         step = (w - last) * self.panes_per_slide if last is not None else self.panes_per_window
         lo, hi = self._panes_of(w, panes)
         cells = self.slices.cells
         if step >= self.panes_per_window:
-            for name in self._invertible:
+            for name in self.invertible:
                 cells.arrays[name][running, :width] = 0
-            cells.shift_row(running, pane_rows[lo:hi], pane_rows[:0], width, self._invertible)
+            cells.shift_row(running, pane_rows[lo:hi], pane_rows[:0], width, self.invertible)
         else:
             assert last is not None
             old_lo, old_hi = self._panes_of(last, panes)
-            cells.shift_row(running, pane_rows[old_hi:hi], pane_rows[old_lo:lo], width, self._invertible)
+            cells.shift_row(running, pane_rows[old_hi:hi], pane_rows[old_lo:lo], width, self.invertible)
         self._running_window = w
 
 

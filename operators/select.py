@@ -133,6 +133,13 @@ class Select(Operator):
         if self._batches % RERANK == 0:
             self._rerank()
 
+    def passes(self, batch: Batch) -> npt.NDArray[np.bool_]:
+        """Which tuples of ``batch`` the WHERE keeps (no state change, no measurement)."""
+        keep = np.ones(batch.n, np.bool_)
+        for conjunct in self.conjuncts:
+            keep &= np.broadcast_to(np.asarray(conjunct.predicate(batch.columns), dtype=np.bool_), (batch.n,))
+        return keep
+
     def _evaluate(
         self, conjunct: Conjunct, rows: Mapping[str, npt.NDArray[Any]], n: int
     ) -> npt.NDArray[np.bool_]:

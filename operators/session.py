@@ -11,27 +11,38 @@ value logs of holistic aggregates, as every window keeps them).
 
 Punctuation contract. Input punctuation ``p`` on the window attribute completes every session
 with ``window_end <= p``: no tuple at or above ``p`` is within ``gap`` of it, so none can extend
-or merge it. Such sessions are emitted then, once, at revision 0, and their state is purged.
-Then ``Punctuation(q, "window_end")`` is emitted with
+or merge it. Such sessions are emitted then, once, at revision 0. A session is held until the
+*horizon* ``p - L`` reaches its end (``L``: the allowed lateness under ``late = update``, else 0:
+emitted and purged at once), then purged; ``gone[g]`` keeps the largest end purged of each group
+``g``. Then ``Punctuation(q, "window_end")`` is emitted with
 
-    q = min(window_end of every session held and never shown,  floor(p) + gap)
+    q = min(window_end of every session held and never shown,  floor + gap) = p - L + 1
 
-where ``floor(p)`` is the smallest value a tuple arriving later may still have and be counted:
-``p``, or ``p - L`` under ``late = update`` with allowed lateness ``L``. Invariant (what makes
-``q`` truthful): a session only grows, so an open one never ends below its current end; a
-session a later tuple ``t >= floor(p)`` starts or joins ends at ``t + gap`` or later. So no row
-of revision 0 emitted after ``q`` has ``window_end < q``; ``q`` never goes back. At the end of
-the stream every session is emitted and ``q`` is END_OF_STREAM. Batches emit nothing, except
-under ``update`` (below): output punctuation moves with input punctuation only.
+where ``floor = p - L - gap + 1`` is the smallest value a tuple may have and still count (below).
+Invariant (what makes ``q`` truthful): a session only grows, so one held never ends below its
+current end, which is above the horizon (else it was purged); a session a counted tuple
+``t >= floor`` starts or joins ends at ``t + gap >= floor + gap`` or later. So no row of revision
+0 emitted after ``q`` has ``window_end < q``; ``q`` rises with ``p``. At the end of the stream
+every session is emitted and ``q`` is END_OF_STREAM. Batches emit nothing, except under
+``update`` (below): output punctuation moves with input punctuation only.
 
-Late tuples (below the stream's punctuation): ``drop`` and ``error`` keep them from the operator.
-Under ``update`` with allowed lateness ``L`` (0 when not given) a tuple counts iff its value is
-at least ``p - L`` (the watermark rule of Spark; Flink's allowed lateness), and a session stays
-held until ``p >= window_end + L``; together they guarantee that a tuple that counts finds every
-session it is within ``gap`` of, so the sessions stay exact. A tuple below ``p - L`` goes to the
-late side stream. A counted late tuple that changes a complete session re-emits it at once with
-``revision`` + 1 (a new complete session comes out at revision 0); a session it reopens (its
-new end above ``p``) is re-emitted when punctuation completes it again. When sessions merge, the
+Behind punctuation (DESIGN.md §2). A tuple ``t`` of group ``g`` counts iff (a) its own session
+``[t, t + gap)`` ends past the horizon (``t >= floor``) and (b) ``t >= gone[g]``. A purged session
+``[s, e)`` has ``e <= p - L`` and ``s <= e - gap < t``, so ``t`` would join it iff ``t < e``: (b)
+says exactly that ``t`` touches no purged session, so the sessions stay those of every tuple
+counted, in any order. A counted tuple is placed as if it had come in time: it joins, starts or
+merges held sessions (under ``drop`` those all end past ``p``: nothing emitted changes). Every
+other tuple is late for the query and goes to the late side stream, once. Under ``error`` the
+query's Inputs reject every batch holding a tuple behind punctuation: whether one is late
+depends on ``gone``, which a rule of punctuation alone (:meth:`SessionAggregate.late_mask`, what
+the server's front evaluates) cannot know.
+
+Late policy ``update`` (allowed lateness ``L``, 0 when not given; Flink's allowed lateness): a
+session stays held, after it was emitted, until ``p >= window_end + L``; a tuple counts by (a)
+and (b) (Spark's watermark rule, ``t >= p - L``, counts fewer). A counted tuple that changes a
+complete session re-emits it at once with ``revision`` + 1 (a new complete session comes out at
+revision 0); a session it reopens (its new end above ``p``) is re-emitted when punctuation
+completes it again. When sessions merge, the
 survivor is the earliest one ever shown (else the earliest): its next row is its next revision,
 whose ``[window_start, window_end)`` holds every earlier revision's. Each other merged session
 that was shown is withdrawn at once by a row with ``retracted = true``: its bounds and revision +
@@ -42,8 +53,9 @@ Placement: by the group columns (a session is one group's); one worker without G
 the whole stream is one group (Flink's ``windowAll`` and Spark's ungrouped ``session_window`` do
 the same). Early results (``EMIT EVERY``): the open sessions' current rows with ``final = false``.
 
-A snapshot holds the group table, the session table and the accumulators, and the input
-punctuation.
+A snapshot holds the group table, the session table (``gone`` with it) and the accumulators, and
+the input punctuation. When the group table is compacted (key churn), a group without sessions
+is forgotten once its ``gone`` is at or below the floor: (a) then implies (b).
 """
 
 from __future__ import annotations
@@ -105,7 +117,8 @@ class SessionAggregate(Operator):
         decode: Callable[[I64], Any] | None = None,
     ) -> None:
         """``columns``: the output columns in order (``retracted`` among them under ``update``);
-        ``allowed_lateness`` None: late tuples never reach it (drop, error)."""
+        ``allowed_lateness``: ``L`` under ``update``, None under drop and error (no revisions;
+        sessions purged as they are emitted)."""
         super().__init__()
         self.window = window
         self.group_columns = group_columns
@@ -140,9 +153,25 @@ class SessionAggregate(Operator):
     def state_bytes(self) -> int:
         return self.table.nbytes() + self.cells.nbytes() + self.groups.nbytes()
 
-    def _floor(self) -> int:
-        """The smallest value a tuple may have and still be counted exactly."""
+    def _horizon(self) -> int:
+        """``p - L``: sessions ending at or below it are purged (emitted ones, or under
+        ``update`` emitted ones kept ``L`` longer)."""
         return max(NO_PROGRESS, self.progress_in - (self.allowed_lateness or 0))
+
+    def _floor(self) -> int:
+        """The smallest value a tuple may have and still be counted: its own session ends past
+        the horizon (module docstring, (a))."""
+        return max(NO_PROGRESS, self._horizon() - self.window.gap + 1)
+
+    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
+        """Which tuples behind punctuation (as they enter the query) are late once the input
+        punctuation is ``punctuation``, as a rule of punctuation alone (``late = error``): all of
+        them. Whether this operator can count one depends on the sessions it purged (``gone``,
+        its state), which the server's front, judging batches before any worker sees them, does
+        not have; so under ``error`` a batch with any tuple behind punctuation is rejected, as
+        before issue 14. Under ``drop`` the rule only makes the Inputs forward such tuples:
+        :meth:`process` decides."""
+        return np.ones(batch.n, np.bool_)
 
     # -- input ------------------------------------------------------------------------------
     def process(self, batch: Batch, port: int = 0) -> None:
@@ -150,31 +179,34 @@ class SessionAggregate(Operator):
         if batch.n == 0:
             return
         ts = batch.columns[self.window.attribute].astype(np.int64, copy=False)
-        floor = self._floor()
-        if floor > NO_PROGRESS:
-            counted = ts >= floor
-            if not counted.all():
-                if self.late_sink is not None:
-                    self.late_sink(batch.select(~counted))
-                batch, ts = batch.select(counted), ts[counted]
-                if batch.n == 0:
-                    return
         table = self.table
         gid = self.groups.ids(key_matrix(batch, self.group_columns))
         table.fit(len(self.groups))
-        slot, gone, into = table.add(gid, ts)
+        p = self.progress_in
+        if p > NO_PROGRESS:
+            behind = ts < p  # only these can be late: gone <= p - L <= p
+            if behind.any():
+                late = behind & ((ts < self._floor()) | (ts < table.gone[gid]))
+                if late.any():
+                    if self.late_sink is not None:
+                        self.late_sink(batch.select(late))
+                    counted = ~late
+                    batch, ts, gid = batch.select(counted), ts[counted], gid[counted]
+                    if batch.n == 0:
+                        return
+        slot, merged, into = table.add(gid, ts)
         self.cells.ensure(1, table.used)
-        if gone.shape[0]:
+        if merged.shape[0]:
             if self.retracts:
-                self._retract(gone, into)
-            self.cells.fold_cells(0, into, gone)
-            table.release(gone)
+                self._retract(merged, into)
+            self.cells.fold_cells(0, into, merged)
+            table.release(merged)
         self.cells.update(batch, *_one_window(batch.n), 0, _ROW, slot)
-        if self.allowed_lateness is not None and self.progress_in > NO_PROGRESS:
-            behind = ts < self.progress_in  # only these can touch a complete session
+        if self.allowed_lateness is not None and p > NO_PROGRESS:
+            behind = ts < p  # only these can touch a complete session
             if behind.any():
                 touched = np.unique(slot[behind])
-                self._emit(touched[table.end[touched] <= self.progress_in])
+                self._emit(touched[table.end[touched] <= p])
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != self.window.attribute or punctuation.value <= self.progress_in:
@@ -182,25 +214,26 @@ class SessionAggregate(Operator):
         p = self.progress_in = punctuation.value
         table = self.table
         self._emit(table.due(p))
-        cutoff = END_OF_STREAM if p >= END_OF_STREAM else self._floor()
-        purged, lowest = table.purge(cutoff)
+        purged = table.purge(END_OF_STREAM if p >= END_OF_STREAM else self._horizon())
         if purged.shape[0]:
             self.cells.clear_cells(0, purged)
             table.release(purged)
             self._compact()
         if p >= END_OF_STREAM:
             self.emit_progress(END_OF_STREAM)
-        else:
-            self.emit_progress(min(lowest, self._floor() + self.window.gap, END_OF_STREAM - 1))
+        else:  # = min(ends held never shown, floor + gap): every session held ends past the horizon
+            self.emit_progress(min(self._horizon() + 1, END_OF_STREAM - 1))
 
     def _compact(self) -> None:
-        """Forget groups without a session once they are at least half of many groups."""
+        """Forget the groups without a session, once they are at least half of many groups,
+        unless their ``gone`` can still make a tuple late (above the floor)."""
         width = len(self.groups)
         if width < COMPACT_GROUPS:
             return
-        live = self.table.head[:width] >= 0
+        table = self.table
+        live = (table.head[:width] >= 0) | (table.gone[:width] > self._floor())
         if live.sum() * 2 <= width:
-            self.table.regroup(self.groups.compact(live))
+            table.regroup(self.groups.compact(live))
 
     # -- emission ---------------------------------------------------------------------------
     def emit_partials(self) -> None:

@@ -15,6 +15,12 @@ the table's capacity (int64; ``dirty`` bool):
   last evaluated for emission; ``shown_start[s]``, ``shown_end[s]``: the bounds last emitted (a
   session merged away is retracted with them).
 
+Per group ``g`` (arrays as long as ``head``): ``gone[g]``, the largest ``end`` of the group's
+sessions purged so far (NO_PROGRESS: none). Purges take the prefix of a list ending at or below a
+rising cutoff: a value ``t`` with ``t + gap`` above the cutoff would join a purged session
+``[s, e)`` (``s - gap < t < e``, and ``s <= e - gap < t``) iff ``t < e``, so one iff
+``t < gone[g]`` (Session Aggregate takes such a tuple as late).
+
 Free slots are a stack (``free[:n_free]``); ``used`` slots were ever handed out; the capacity
 doubles when a batch needs more (the kernel stops, the table grows, the kernel resumes), so it
 follows the sessions held, not the batch size. A tuple joins
@@ -35,7 +41,7 @@ import numpy.typing as npt
 
 from lowtide.errors import CorruptState
 from lowtide.operators.state import ARRAY, INT, Keep, State, Stateful, declare
-from lowtide.punctuation.model import END_OF_STREAM
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 
 I64 = npt.NDArray[np.int64]
 B1 = npt.NDArray[np.bool_]
@@ -163,12 +169,12 @@ def resolve_moves(slot: I64, gone: I64, moved: I64) -> I64:
 
 
 @nb.njit(cache=True, nogil=True)
-def purge(cutoff: int, used: int, head: I64, nxt: I64, sgid: I64, end: I64, rev: I64) -> tuple[I64, int]:
+def purge(cutoff: int, used: int, head: I64, nxt: I64, sgid: I64, end: I64, gone: I64) -> I64:
     """Take every session with ``end <= cutoff`` out of its group's list (a prefix of it: lists
-    are sorted by ``end``) and mark its slot free (``sgid`` -1; the caller pushes the slots).
+    are sorted by ``end``), mark its slot free (``sgid`` -1; the caller pushes the slots) and
+    raise its group's ``gone`` to its ``end``.
 
-    Returns (the slots taken out, in slot order; the smallest ``end`` of a session left that was
-    never shown, END_OF_STREAM if none). Mutates head, sgid. O(used).
+    Returns the slots taken out, in slot order. Mutates head, sgid, gone. O(used).
     """
     out = np.empty(used, np.int64)
     k = 0
@@ -182,13 +188,10 @@ def purge(cutoff: int, used: int, head: I64, nxt: I64, sgid: I64, end: I64, rev:
             h = head[g]
             while h >= 0 and end[h] <= cutoff:
                 sgid[h] = -1
+                gone[g] = max(gone[g], end[h])
                 h = nxt[h]
             head[g] = h
-    lowest: int = _END
-    for s in range(used):
-        if sgid[s] >= 0 and rev[s] < 0 and end[s] < lowest:
-            lowest = int(end[s])
-    return out[:k], lowest
+    return out[:k]
 
 
 class SessionTable(Stateful):
@@ -196,6 +199,7 @@ class SessionTable(Stateful):
 
     STATE: ClassVar[Mapping[str, Keep]] = declare(
         head=ARRAY,
+        gone=ARRAY,
         nxt=ARRAY,
         sgid=ARRAY,
         start=ARRAY,
@@ -213,6 +217,7 @@ class SessionTable(Stateful):
     def __init__(self, gap: int) -> None:
         self.gap = gap
         self.head = np.full(0, -1, np.int64)
+        self.gone = np.full(0, NO_PROGRESS, np.int64)
         self.nxt = np.full(0, -1, np.int64)
         self.sgid = np.full(0, -1, np.int64)
         self.start = np.zeros(0, np.int64)
@@ -235,12 +240,14 @@ class SessionTable(Stateful):
         return self.used - self.n_free
 
     def nbytes(self) -> int:
-        return int(sum(getattr(self, name).nbytes for name in (*self._SLOTS, "head", "moved")))
+        return int(sum(getattr(self, name).nbytes for name in (*self._SLOTS, "head", "gone", "moved")))
 
     def fit(self, groups: int) -> None:
         """Room for ``groups`` groups (amortised doubling)."""
         if groups > self.head.shape[0]:
-            self.head = _grown(self.head, max(groups, 2 * self.head.shape[0], 64), -1)
+            size = max(groups, 2 * self.head.shape[0], 64)
+            self.head = _grown(self.head, size, -1)
+            self.gone = _grown(self.gone, size, NO_PROGRESS)
 
     def _grow(self) -> None:
         """Twice the slots (at least 8): the table grows with the sessions held, not the batch."""
@@ -266,11 +273,11 @@ class SessionTable(Stateful):
                 return slot, gone[:m], resolve_moves(slot, gone[:m], self.moved)
             self._grow()
 
-    def purge(self, cutoff: int) -> tuple[I64, int]:
-        """Take out the sessions ending at or before ``cutoff``; their slots and the smallest end
-        of a session left never shown (:func:`purge`). Free the slots with :meth:`release`."""
-        slots, lowest = purge(cutoff, self.used, self.head, self.nxt, self.sgid, self.end, self.rev)
-        return slots, int(lowest)
+    def purge(self, cutoff: int) -> I64:
+        """Take out the sessions ending at or before ``cutoff`` (:func:`purge`), returning their
+        slots; free them with :meth:`release`."""
+        slots: I64 = purge(cutoff, self.used, self.head, self.nxt, self.sgid, self.end, self.gone)
+        return slots
 
     def release(self, slots: I64) -> None:
         """Slots of sessions gone (merged away or purged) back to the free stack."""
@@ -292,19 +299,24 @@ class SessionTable(Stateful):
         return np.flatnonzero((self.sgid[:used] >= 0) & (self.end[:used] > progress))
 
     def regroup(self, remap: I64) -> None:
-        """Group ids renumbered (the group table compacted; -1: a group with no session)."""
+        """Group ids renumbered (the group table compacted; -1: a group forgotten, which has no
+        session)."""
         live = self.sgid[: self.used] >= 0
         self.sgid[: self.used][live] = remap[self.sgid[: self.used][live]]
         kept = np.flatnonzero(remap >= 0)
         head = np.full(self.head.shape[0], -1, np.int64)
         head[remap[kept]] = self.head[kept]
-        self.head = head
+        gone = np.full(self.gone.shape[0], NO_PROGRESS, np.int64)
+        gone[remap[kept]] = self.gone[kept]
+        self.head, self.gone = head, gone
 
     def restore(self, state: State) -> None:
         super().restore(state)
         sizes = {getattr(self, name).shape for name in self._SLOTS}
         if len(sizes) != 1 or not 0 <= self.n_free <= self.used <= self.capacity:
             raise CorruptState("state of the session table has slot arrays of unequal sizes")
+        if self.gone.shape != self.head.shape:
+            raise CorruptState("state of the session table has group arrays of unequal sizes")
         self.moved = np.full(self.capacity, -1, np.int64)
 
 

@@ -19,6 +19,15 @@ first and emits its complete windows; then the slices no reader needs any more -
 reader's first open window and running window - are dropped. State is bounded by the slices of
 the open windows of the widest reader, plus one slide. Placement: by the group columns.
 
+Behind punctuation (DESIGN.md §2). A tuple below its stream's punctuation (``batch.late``) is
+late or not per query, not for the slices: each reader judges it in its own windows - it counts
+in those not yet emitted, and goes to that reader's late side stream once if it missed an
+emitted one. Its slice takes it when some reader counts it - then some reader still needs the
+slice: the slice is held, or made again in the newest generation, which every reader reads - and
+every reader's running window that has summed the slice takes it too. A tuple no reader counts
+is counted nowhere. The Input of shared slices forwards tuples behind punctuation for that
+(its late rule is any reader's: slices are shared only under ``drop``).
+
 A snapshot holds the group table, the accumulators (slices, readers' running windows and
 scratch rows alike) and which slice of which generation has which row; the readers are not in
 it: each query planned again joins anew, and its own snapshot holds what it read.
@@ -48,6 +57,7 @@ if TYPE_CHECKING:
     from lowtide.operators.paned_wid import PanedWIDAggregate
 
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 
 
 class SharedSlices(Operator):
@@ -135,8 +145,22 @@ class SharedSlices(Operator):
         return cached
 
     # -- input ----------------------------------------------------------------------------------
+    def late_mask(self, batch: Batch, punctuation: int) -> Mask:
+        """Which tuples (behind punctuation) missed a window some reader has emitted once the
+        input punctuation is ``punctuation``: late for that reader's query."""
+        late = np.zeros(batch.n, np.bool_)
+        for reader in self.readers:
+            late |= reader.late_mask(batch, punctuation)
+        return late
+
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
+        if batch.late:
+            counted = np.zeros(batch.n, np.bool_)
+            for reader in self.readers:  # each sends those late for its query to its side stream
+                counted |= reader.judge_behind(batch)
+            if not counted.all():
+                batch = batch.select(counted)  # in no reader's open window: counted nowhere
         if batch.n == 0:
             return
         ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
@@ -151,9 +175,32 @@ class SharedSlices(Operator):
         row_of = np.full(int(touched[-1]) - base + 1, -1, dtype=np.int64)
         row_of[touched - base] = [rows[s] for s in touched.tolist()]
         self.cells.ensure(self._rows_used, len(self.groups))
-        self.cells.update(batch, ws, we, base, row_of, gid)
+        if batch.late:
+            self._update_behind(batch, ws, we, base, row_of, gid, touched)
+        else:
+            self.cells.update(batch, ws, we, base, row_of, gid)
         for reader in self.readers:
             reader.queue.flush_some(batch.n)
+
+    def _update_behind(
+        self, batch: Batch, ws: I64, we: I64, base: int, row_of: I64, gid: I64, touched: I64
+    ) -> None:
+        """Tuples behind punctuation into their slices, and into every reader's running window
+        that has summed their slice already: what it subtracts when the slice leaves is the
+        slice's content then, tuples behind punctuation included."""
+        holding = [(reader, reader.running_holds(touched)) for reader in self.readers]
+        holding = [(reader, held) for reader, held in holding if held.any()]
+        arrays, width = self.cells.arrays, len(self.groups)
+        rows = row_of[touched - base]
+        names = {name for reader, _ in holding for name in reader.invertible}
+        before = {name: arrays[name][rows, :width].copy() for name in names}
+        self.cells.update(batch, ws, we, base, row_of, gid)
+        for reader, held in holding:
+            added = {
+                name: (arrays[name][rows[held], :width] - before[name][held]).sum(axis=0)
+                for name in reader.invertible
+            }
+            reader.absorb(added, width)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != "wid" or punctuation.value <= self.first_open:

@@ -12,6 +12,12 @@ emitted, so state is bounded by the open windows. Under the late policy ``update
 state stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
 corrected row with ``revision`` + 1 (a group new to an emitted window comes out late, at
 ``revision`` 0); tuples later than that go to the late side stream.
+Behind punctuation (DESIGN.md §2): a tuple below its stream's punctuation (``batch.late``) counts
+in every window of it from the first not emitted on, as if it had come in time; only the windows
+already emitted see it late (:func:`~lowtide.operators.window_ids.admit_behind`: once in the
+late side stream; a landmark counts it in its first open slide, which every later prefix holds),
+so no row of revision 0 ever comes below an output punctuation already published. Under
+``update`` the windows retained take it as revisions; only forgotten ones see it late.
 Early results (``EMIT EVERY``): :meth:`WIDAggregate.emit_partials` emits the current rows of
 the open windows - ``first_open`` and above, which the output punctuation ``end(first_open)`` does
 not cover - with ``final = false`` and changes no state; the row punctuation releases (and each
@@ -46,8 +52,8 @@ from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.state import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import WIDState
-from lowtide.operators.window_ids import expand_ranges
-from lowtide.operators.windows import Landmark, Rows, Sliding, Window
+from lowtide.operators.window_ids import admit_behind, expand_ranges
+from lowtide.operators.windows import Landmark, Rows, Sliding, Window, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 
@@ -123,7 +129,8 @@ class WIDAggregate(Operator):
             return
         ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
         if batch.late:
-            batch, ws, we = self._admit_late(batch, ws, we)
+            # Behind punctuation: emitted windows (under update: forgotten ones) missed it.
+            batch, ws, we = admit_behind(batch, ws, we, self._floor(), self.late_sink, self.landmark)
             if batch.n == 0:
                 return
         if self.partitioned:
@@ -140,18 +147,21 @@ class WIDAggregate(Operator):
         if self.partitioned:
             self._map_groups(batch.columns["partition"], gid)
             self._emit_partitions()
-        if batch.late:
+        if batch.late and self.allowed_lateness:
             self._revise(ws, np.minimum(we, self.state.first_open), gid)
 
-    def _admit_late(self, batch: Batch, ws: I64, we: I64) -> tuple[Batch, I64, I64]:
-        """Clip late tuples to the windows still retained; the rest go to the late side stream."""
-        ws = np.maximum(ws, self.retained_from)
-        alive = ws < we
-        if not alive.all():
-            if self.late_sink is not None:
-                self.late_sink(batch.select(~alive))
-            batch, ws, we = batch.select(alive), ws[alive], we[alive]
-        return batch.with_columns({"wid_start": ws}), ws, we
+    def _floor(self) -> int:
+        """The first window a tuple behind punctuation still counts in: the first not emitted,
+        or under allowed lateness the first retained (emitted ones take it as a revision)."""
+        return self.retained_from if self.allowed_lateness else self.state.first_open
+
+    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
+        """Which tuples (behind punctuation, as they enter the query) belong to a window this
+        aggregate has emitted once its input punctuation is ``punctuation`` (for ``error``)."""
+        values = batch.columns[self.window.attribute] if not isinstance(self.window, Rows) else None
+        if values is None:
+            return np.zeros(batch.n, np.bool_)
+        return in_completed_window(self.window, values.astype(np.int64, copy=False), punctuation)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute == "wid_retain":

@@ -4,14 +4,19 @@ A tuple tagged by :class:`~lowtide.operators.bucket.Bucket` belongs to the windo
 ``[wid_start, wid_end)``. The aggregates (WID, AdaptWID, the shared slices and their readers) find
 the rows of state a batch needs with :func:`touched_windows`, and revisions of late tuples walk
 every pair with :func:`expand_ranges`. Both take int64 arrays of one length and never loop over
-tuples in Python.
+tuples in Python. Tuples behind punctuation enter through :func:`admit_behind` (DESIGN.md §2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba as nb
 import numpy as np
 import numpy.typing as npt
+
+from lowtide.batch import Batch
+from lowtide.punctuation.model import END_OF_STREAM
 
 I64 = npt.NDArray[np.int64]
 
@@ -65,4 +70,26 @@ def expand_ranges(ws: I64, we: I64) -> tuple[I64, I64]:
     return ws[index] + (np.arange(index.shape[0], dtype=np.int64) - first[index]), index
 
 
-__all__ = ["expand_ranges", "touched_windows"]
+def admit_behind(
+    batch: Batch, ws: I64, we: I64, floor: int, late: Callable[[Batch], None] | None, landmark: bool = False
+) -> tuple[Batch, I64, I64]:
+    """Tuples behind punctuation count in their windows from ``floor`` (the first not emitted)
+    on, as if they had come in time; those that missed a window below it are late for the query
+    and go to ``late`` once (a sliding window may count them still). A landmark's later windows
+    all hold a tuple: one that missed its own slide counts in the slide ``floor``. Returns the
+    tuples still counted (``wid_start``/``wid_end`` set to their clipped ranges) and the ranges."""
+    missed = ws < floor
+    if not missed.any():
+        return batch, ws, we
+    if late is not None:
+        late(batch.select(missed))
+    ws = np.maximum(ws, floor)
+    if landmark and floor < END_OF_STREAM:  # at the end of the stream every window is gone
+        we = np.maximum(we, floor + 1)
+    alive = ws < we
+    if not alive.all():
+        batch, ws, we = batch.select(alive), ws[alive], we[alive]
+    return batch.with_columns({"wid_start": ws, "wid_end": we}), ws, we
+
+
+__all__ = ["admit_behind", "expand_ranges", "touched_windows"]

@@ -133,3 +133,13 @@ class Session:
 
 
 Window = Sliding | Landmark | Rows
+
+
+def in_completed_window(window: Window, values: I64, punctuation: int) -> npt.NDArray[np.bool_]:
+    """Which values belong to some window that ``punctuation`` already completed: a window
+    operator has emitted it, so a tuple behind punctuation is late for it (DESIGN.md §2). Tuple
+    windows number rows as they arrive: no row is behind them until the end of the stream."""
+    if isinstance(window, Rows):
+        return np.full(values.shape[0], punctuation >= END_OF_STREAM, np.bool_)
+    start, end = window.wids(values)
+    return (start < end) & (start < window.first_open(punctuation))

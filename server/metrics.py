@@ -27,11 +27,15 @@ Observed by the server as things happen (histograms in seconds, counters):
 Read from the snapshot at scrape time:
 
 ``lowtide_ingested_tuples_total{stream}``             counter: tuples accepted on the stream
-``lowtide_late_tuples_total{stream}``                 counter: tuples that arrived below the
-                                                      stream's published progress
+``lowtide_behind_punctuation_tuples_total{stream}``   counter: tuples that arrived below the
+                                                      stream's published progress (behind
+                                                      punctuation: DESIGN.md §2; not all late)
+``lowtide_late_tuples_total{stream}``                 counter: the same count, under its name
+                                                      from before behind and late were told apart
 ``lowtide_low_watermark{stream}``                     gauge: the stream's progress (punctuation),
                                                       in its progressing attribute's units
-``lowtide_query_late_tuples_total{query}``            counter: late tuples the query dropped
+``lowtide_query_late_tuples_total{query}``            counter: late tuples the query dropped:
+                                                      those it could not count in some window
 ``lowtide_query_low_watermark{query}``                gauge: the query's output punctuation
 ``lowtide_open_windows{query}``                       gauge: windows holding state
 ``lowtide_state_bytes{query}``                        gauge: bytes of window state
@@ -48,7 +52,7 @@ as ``lowtide query explain`` numbers them.
 Snapshot shape (plain dicts and tuples; see :func:`snapshot_from_engine_stats` for the in-process
 engine's ``Engine.stats()``)::
 
-    {"streams": {name: {"low_watermark": int, "ingested": int, "late": int}},
+    {"streams": {name: {"low_watermark": int, "ingested": int, "behind": int, "late": int}},
      "queries": {name: {"low_watermark": int, "late": int, "open_windows": int, "state_bytes": int,
                         "operators": [(index, label, tuples_in, tuples_out), ...]}}}
 
@@ -148,6 +152,11 @@ class SnapshotCollector(Collector):
             "Tuples that arrived below the stream's published progress.",
             labels=["stream"],
         )
+        behind = CounterMetricFamily(
+            PREFIX + "behind_punctuation_tuples",
+            "Tuples that arrived below the stream's published progress (counted where still open).",
+            labels=["stream"],
+        )
         watermark = GaugeMetricFamily(
             PREFIX + "low_watermark",
             "Current low watermark (punctuation) per stream, in its progressing attribute's units; "
@@ -157,6 +166,7 @@ class SnapshotCollector(Collector):
         for name, stream in sorted(snapshot.get("streams", {}).items()):
             ingested.add_metric([name], stream["ingested"])
             late.add_metric([name], stream["late"])
+            behind.add_metric([name], stream.get("behind", stream["late"]))
             value = watermark_value(int(stream["low_watermark"]))
             if value is not None:
                 watermark.add_metric([name], value)
@@ -198,6 +208,7 @@ class SnapshotCollector(Collector):
                 tuples_out.add_metric([name, operator], n_out)
         return [
             ingested,
+            behind,
             late,
             watermark,
             query_late,
@@ -330,6 +341,7 @@ def snapshot_from_engine_stats(stats: Mapping[str, Any]) -> Snapshot:
             name: {
                 "low_watermark": int(s["low_watermark"]),
                 "ingested": int(s["ingested"]),
+                "behind": int(s.get("behind", s["late"])),
                 "late": int(s["late"]),
             }
             for name, s in streams.items()

@@ -163,10 +163,12 @@ class FrontEngine(Engine):
             self.workers.post(worker, msg.Register(running.name, spec))
         if feeder is not None:
             return feeder[1]  # the feeding query's dispatch sends the tuples once for all readers
-        dispatches: list[tuple[str, Input]] = [
-            (stream, Dispatch(self, remote, index, stream, running.policy))
-            for index, (stream, _) in enumerate(plan.inputs)
-        ]
+        dispatches: list[tuple[str, Input]] = []
+        for index, (stream, planned) in enumerate(plan.inputs):
+            dispatch = Dispatch(self, remote, index, stream, running.policy)
+            dispatch.late_rule = planned.late_rule  # late='error' is judged here, as the workers would
+            dispatch.numbers_rows = planned.numbers_rows
+            dispatches.append((stream, dispatch))
         if plan.share is not None:
             self._feeders[id(plan.share)] = (remote, dispatches)
         return dispatches

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 from hypothesis import event as tally
-from reference import Row, Spec, covered, first_open_end, session_punctuation
+from reference import Row, Spec, covered, first_open_end, session_counts, session_punctuation
 from strategies import SCHEMA, Close, Event, Punct, Push, Sources
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LateTuple, Punctuation
@@ -95,6 +95,9 @@ class Observed:
     arrival_call: list[int] = field(default_factory=list)  # the call that applied each tuple
     late: list[Row] = field(default_factory=list)  # the query's late side stream
     rejected: int = 0  # batches refused with LateTuple
+    rejected_batches: list[tuple[tuple[Row, ...], int]] = field(
+        default_factory=list
+    )  # and the query's progress
     stats: dict[str, Any] = field(default_factory=dict)  # engine.stats() at the end
 
 
@@ -126,24 +129,27 @@ def run(
         if isinstance(event, Push):
             progress = model.progress[event.stream]
             is_late = [r["ts"] < progress for r in event.rows]
+            rejected = False
             if late == "error" and any(is_late):
+                # Behind punctuation, yet late only where the query cannot count them (§2).
                 try:
                     engine.push(event.stream, columns(event.rows), source=event.source)
                 except LateTuple as exc:
                     assert "\n" not in str(exc)
                     obs.rejected += 1
-                else:
-                    raise AssertionError("a batch with late tuples was accepted under late='error'")
+                    obs.rejected_batches.append((event.rows, min(model.progress.values())))
+                    rejected = True
             else:
                 engine.push(event.stream, columns(event.rows), source=event.source)
+            if not rejected:
                 model.raise_to(event.stream, event.source, NO_PROGRESS)  # joins the minimum
-                for row, was_late in zip(event.rows, is_late, strict=True):
+                for row in event.rows:
                     obs.arrivals.append((row, progress))
                     obs.arrival_query_progress.append(min(model.progress.values()))
                     obs.arrival_call.append(call)
-                    if not was_late or late == "update":
-                        part = tuple(row[p] for p in partition)
-                        seen[part] = seen.get(part, 0) + 1
+                    # Tuple windows number every row they get: none is behind them (§2).
+                    part = tuple(row[p] for p in partition)
+                    seen[part] = seen.get(part, 0) + 1
         elif isinstance(event, Punct):
             engine.punctuate(event.stream, event.value, source=event.source)
             model.raise_to(event.stream, event.source, event.value)
@@ -241,8 +247,11 @@ def check_emission(obs: Observed, spec: Spec, expected: Sequence[Row]) -> None:
 
 
 def session_owed(obs: Observed, spec: Spec) -> list[int | None]:
-    """The output punctuation a session aggregate owes after each call: it moves only when the
-    query's progress does, to the reference's value over the tuples counted (on time) so far."""
+    """The output punctuation a session aggregate owes after each call (``drop``): it moves only
+    when the query's progress ``p`` does, to the reference's value over the tuples counted so
+    far, a later tuple counting from ``p - gap + 1`` on (:func:`reference.session_counts`)."""
+    rows = [row for row, _ in obs.arrivals]
+    counts = session_counts(spec, list(zip(rows, obs.arrival_query_progress, strict=True)))
     owed: list[int | None] = []
     last = NO_PROGRESS
     for call, progress in enumerate(obs.progress):
@@ -250,12 +259,8 @@ def session_owed(obs: Observed, spec: Spec) -> list[int | None]:
             owed.append(owed[-1] if owed else None)
             continue
         last = progress
-        counted = [
-            row
-            for (row, p), at in zip(obs.arrivals, obs.arrival_call, strict=True)
-            if at <= call and row["ts"] >= p
-        ]
-        owed.append(session_punctuation(spec, counted, progress, progress))
+        counted = [row for row, at, c in zip(rows, obs.arrival_call, counts, strict=True) if at <= call and c]
+        owed.append(session_punctuation(spec, counted, progress, progress - spec.window.gap + 1))
     return owed
 
 
@@ -283,16 +288,73 @@ def check_query(
     obs = run(spec, sql, sources, events, partition=partition, declared=declared)
     on_time = [row for row, p in obs.arrivals if row["ts"] >= p]  # all of them when sources are declared
     tally(f"tuples: {min(len(on_time) // 10 * 10, 40)}+, rows out: {min(len(obs.rows) // 20 * 20, 60)}+")
-    expected = evaluate(spec, on_time, progress=max_finite(obs.progress))
+    if len(on_time) == len(obs.arrivals):
+        expected = evaluate(spec, on_time, progress=max_finite(obs.progress))
+        late: list[Row] = []
+    else:  # an undeclared source joined behind punctuation: late only for emitted windows (§2)
+        expected, late = behind_expectation(spec, obs, counts_behind(sql, sources))
     assert_rows_equal(obs.rows, expected, spec)
     check_emission(obs, spec, expected)
-    check_late(obs, [row for row, p in obs.arrivals if row["ts"] < p])
+    check_late(obs, late)
     assert not declared or obs.late == []
     return obs
 
 
 def ident(row: Row) -> tuple[Any, ...]:
     return (row["k1"], row["k2"], row["v"], row["f"], row["ts"])
+
+
+def counts_behind(sql: str, sources: Sources) -> bool:
+    """Whether the query's plan counts tuples behind punctuation in its open windows
+    (DESIGN.md §2): its Inputs pass them on to the window operator, which decides where they
+    are late; the other plans (no window, slide-by-tuple) take each of them as late."""
+    engine = make_engine(sources)
+    name = engine.register_query(sql, name="probe")
+    return all(op.late_rule is not None for _, op in engine._queries[name].plan.inputs)
+
+
+def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Row], list[Row]]:
+    """The rows and the late side stream of ``drop`` over every applied tuple: a tuple counts
+    in each of its windows not yet emitted when it came (its query's progress then below the
+    window's end) and is late once if it missed one; ``counts`` false: behind means late.
+    Tuple windows number rows as they arrive: no tuple is behind them. Sessions: a tuple counts
+    unless it would have joined a session emitted (:func:`reference.session_counts`)."""
+    from reference import evaluate
+
+    arrivals, query = obs.arrivals, obs.arrival_query_progress
+    if not counts:
+        on_time = [row for row, p in arrivals if row["ts"] >= p]
+        return evaluate(spec, on_time, progress=max_finite(obs.progress)), [
+            row for row, p in arrivals if row["ts"] < p
+        ]
+    tuples = [row for row, _ in arrivals]
+    progress = max_finite(obs.progress)
+    if spec.window.kind == "rows":  # numbered as they come: late only once the stream ended
+        late = [row for row, q in zip(tuples, query, strict=True) if q >= END_OF_STREAM]
+        return evaluate(spec, [row for row, q in zip(tuples, query, strict=True) if q < END_OF_STREAM]), late
+    if spec.window.kind == "session":
+        judged = session_counts(spec, list(zip(tuples, query, strict=True)))
+        late = [row for row, c in zip(tuples, judged, strict=True) if not c]
+        return evaluate(spec, [row for row, c in zip(tuples, judged, strict=True) if c]), late
+    expected = evaluate(spec, tuples, progress=progress, counts_in=lambda i, start, end: end > query[i])
+    late = [
+        row for row, q in zip(tuples, query, strict=True) if any(end <= q for _, end in extents(spec, row))
+    ]
+    return expected, late
+
+
+def extents(spec: Spec, row: Row) -> list[tuple[int, int]]:
+    """The time windows ``[start, end)`` holding ``row``, tried one by one (a landmark's:
+    its own slide's, the first; the later ones end later)."""
+    window = spec.window
+    ts = row[window.attribute]
+    if window.kind == "landmark":
+        first = ts // window.slide
+        return [(first * window.slide, (first + 1) * window.slide)]
+    assert window.range is not None
+    candidates = range((ts - window.range) // window.slide - 1, ts // window.slide + 2)
+    spans = [(w * window.slide, w * window.slide + window.range) for w in candidates]
+    return [(start, end) for start, end in spans if start <= ts < end]
 
 
 def check_late(obs: Observed, late: Sequence[Row]) -> None:

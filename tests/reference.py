@@ -12,7 +12,8 @@ Python loops: slow, and obviously right. Inputs are the tuples a query sees, in 
 * tuple windows (row-num): the sliding definition over row numbers 0, 1, ... in arrival order;
   with PA, over the rank of each tuple within its partition (the partition's own row numbers).
 * session windows (SESSION gap): per group, its tuples sorted by ts, each joining the session of
-  the one before it when less than ``gap`` after it; ``[first ts, last ts + gap)``.
+  the one before it when less than ``gap`` after it; ``[first ts, last ts + gap)``. Which tuples
+  behind punctuation a session aggregate counts: :func:`session_counts`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 
 Row = dict[str, Any]
 END_OF_STREAM = 2**63 - 1
+NO_PROGRESS = -(2**63)
 CountsIn = Callable[[int, int, int], bool]  # (tuple index, window start, window end) -> does it count
 
 
@@ -143,18 +145,31 @@ def _sliding_windows(
 
 
 def _landmark_windows(
-    window: Window, ts: Sequence[int], progress: int | None
+    window: Window, ts: Sequence[int], progress: int | None, counts_in: CountsIn | None = None
 ) -> list[tuple[int, int, list[int]]]:
+    """``counts_in``: tuple ``i`` counts from the first window ``w >= its slide`` it is told to
+    (later ones all hold it); ``f`` is the earliest window any tuple counts in."""
     if not ts:
         return []
-    first = _floor_div(min(ts), window.slide)
-    last = _floor_div(max(ts), window.slide)
+    slides: list[int | None] = [_floor_div(t, window.slide) for t in ts]
+    if counts_in is not None:
+        for i, w in enumerate(slides):
+            if not counts_in(i, NO_PROGRESS, END_OF_STREAM):
+                slides[i] = None  # it counts in no window at all
+                continue
+            while not counts_in(i, w * window.slide, (w + 1) * window.slide):
+                w += 1
+            slides[i] = w
+    counted = [s for s in slides if s is not None]
+    if not counted:
+        return []
+    first, last = min(counted), max(counted)
     if progress is not None:
         last = max(last, _floor_div(progress, window.slide) - 1)
     out = []
     for w in range(first, last + 1):
         end = (w + 1) * window.slide
-        out.append((first * window.slide, end, [i for i, t in enumerate(ts) if t < end]))
+        out.append((first * window.slide, end, [i for i, s in enumerate(slides) if s is not None and s <= w]))
     return out
 
 
@@ -169,6 +184,28 @@ def sessions_of(gap: int, ts: Sequence[int]) -> list[tuple[int, int, list[int]]]
             out.append((ts[i], 0, [i]))
         last = ts[i]
     return [(start, ts[members[-1]] + gap, members) for start, _, members in out]
+
+
+def session_counts(spec: Spec, arrivals: Sequence[tuple[Row, int]], lateness: int = 0) -> list[bool]:
+    """Whether a session aggregate counts each tuple, given in arrival order with its query's
+    progress ``p`` then (DESIGN.md §2; ``lateness``: L under ``update``, else 0). Sessions
+    ending at or below ``p - L`` are gone (emitted and dropped, or out of retention): those of
+    the tuples counted before it. A tuple ``t`` counts iff its own session ``[t, t + gap)`` ends
+    above ``p - L`` and it is at or above the end of every gone session of its group (one it
+    would have joined). Before any progress every tuple counts."""
+    window = spec.window
+    counted: list[Row] = []
+    out: list[bool] = []
+    for row, p in arrivals:
+        t = row[window.attribute]
+        key = tuple(row[k] for k in spec.keys)
+        mine = [r[window.attribute] for r in counted if tuple(r[k] for k in spec.keys) == key]
+        gone = [end for _, end, _ in sessions_of(window.gap, mine) if end <= p - lateness]
+        counts = p <= -(2**63) or (t + window.gap > p - lateness and all(t >= end for end in gone))
+        out.append(counts)
+        if counts:
+            counted.append(row)
+    return out
 
 
 def _by_key(spec: Spec, tuples: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:
@@ -218,8 +255,9 @@ def evaluate(
     """Expected result rows (revision 0) of ``spec`` over ``tuples`` in arrival order.
 
     ``progress``: for landmark windows, the largest finite punctuation the query saw (windows are
-    emitted up to it); ignored by the other windows. ``counts_in``: for sliding windows, whether
-    tuple ``i`` counts in the window ``[start, end)`` it falls in (late tuples under ``update``).
+    emitted up to it); ignored by the other windows. ``counts_in``: for sliding and landmark windows,
+    whether tuple ``i`` counts in the window ``[start, end)`` it falls in (tuples behind
+    punctuation, late tuples under ``update``).
     """
     window = spec.window
     rows: list[Row] = []
@@ -227,7 +265,8 @@ def evaluate(
         for start, end, members in _sliding_windows(window, [t[window.attribute] for t in tuples], counts_in):
             rows += _group(spec, [tuples[i] for i in members], start, end)
     elif window.kind == "landmark":
-        for start, end, members in _landmark_windows(window, [t[window.attribute] for t in tuples], progress):
+        landmarks = _landmark_windows(window, [t[window.attribute] for t in tuples], progress, counts_in)
+        for start, end, members in landmarks:
             rows += _group(spec, [tuples[i] for i in members], start, end)
     elif window.kind == "session":
         for members in _by_key(spec, tuples).values():

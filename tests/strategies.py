@@ -82,6 +82,36 @@ def arrival_order(draw: Any, queue: list[Row]) -> list[Row]:
 
 
 @st.composite
+def ahead_deliveries(
+    draw: Any, data: dict[str, list[Row]], sources: Sources, lead: st.SearchStrategy[int], max_batch: int = 6
+) -> list[Event]:
+    """Every source sends its tuples in any order (sorted, disordered in a band, shuffled), in
+    batches of 1 to ``max_batch``, the sources interleaving; after a batch some sources punctuate
+    at the smallest ts they will still send plus a lead drawn from ``lead`` (never going back):
+    punctuation runs ahead of some tuples by random amounts, so they arrive behind it."""
+    queues: dict[tuple[str, str], list[Row]] = {(s, src): [] for s, names in sources.items() for src in names}
+    for stream, items in data.items():
+        for row in items:
+            queues[(stream, draw(st.sampled_from(sources[stream])))].append(row)
+    queues = {key: draw(arrival_order(queue)) for key, queue in queues.items()}
+    punct = dict.fromkeys(queues, NO_PROGRESS)
+    events: list[Event] = []
+    while any(queues.values()):
+        key = draw(st.sampled_from([k for k, queue in queues.items() if queue]))
+        size = draw(st.integers(1, min(max_batch, len(queues[key]))))
+        events.append(Push(*key, tuple(queues[key][:size])))
+        queues[key] = queues[key][size:]
+        for other in [key] * draw(st.integers(0, 1)) + draw(
+            st.lists(st.sampled_from(list(queues)), max_size=2)
+        ):
+            value = min((r["ts"] for r in queues[other]), default=TS_HI) + draw(lead)
+            if value > punct[other]:
+                punct[other] = value
+                events.append(Punct(*other, value))
+    return events + [Close(*key) for key in draw(st.permutations(list(queues)))]
+
+
+@st.composite
 def deliveries(
     draw: Any, data: dict[str, list[Row]], sources: Sources, honest: bool = True, max_batch: int = 6
 ) -> list[Event]:

@@ -7,9 +7,12 @@ below it, equalities across sides become join keys, the rest filter its output.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.errors import NotFound, UnsupportedQuery
@@ -19,7 +22,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.dupelim import DupElim
 from lowtide.operators.fused_wid import FusedWIDAggregate, fusable
-from lowtide.operators.input import Input
+from lowtide.operators.input import Input, LateRule
 from lowtide.operators.meld import Meld
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
@@ -30,7 +33,7 @@ from lowtide.operators.session import RETRACTED, SessionAggregate
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Landmark, Session, Sliding
+from lowtide.operators.windows import Landmark, Rows, Session, Sliding
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
     BinaryOp,
@@ -75,7 +78,6 @@ class Plan:
     share: Share | None = None  # the shareable slices this plan's Paned-WID reads
     joins_share: bool = False  # the share exists and is fed already
     reader: PanedWIDAggregate | None = None  # the Paned-WID reading slices, attached by start()
-    late_handler: Callable[[Batch], None] | None = None  # this query's late side stream
     time_unit: str = ""  # s|ms|us|ns: window bounds are epoch times in this unit; "": plain numbers
     early: Early | None = None  # EMIT EVERY: a final column, and partial rows when the engine's timer fires
 
@@ -207,7 +209,14 @@ def _side_of(column: Column, left: Scope, right: Scope) -> int:
 # -- joins ------------------------------------------------------------------------------------
 def _join(query: Query, ctx: Context) -> Stage:
     items = query.from_
-    sides = [_from_item(item, ctx) for item in items]
+    sides: list[Stage] = []
+    side_inputs: list[list[tuple[str, Input]]] = []  # each side's streams and Inputs
+    for item in items:
+        first = len(ctx.inputs)
+        sides.append(_from_item(item, ctx))
+        side_inputs.append(ctx.inputs[first:])
+    # What Input.on_drop sends for a stream of the side: its columns (a union's all alike).
+    layouts = [tuple((f.physical, f.type) for f in s.scope.fields) for s in sides]
     prefixes = [_prefix(item) for item in items]
     if prefixes[0] == prefixes[1]:
         raise UnsupportedQuery("the two sides of a join need different names; add an alias")
@@ -225,17 +234,28 @@ def _join(query: Query, ctx: Context) -> Stage:
             pushed[used.pop()].append(conjunct)
         else:
             residual.append(conjunct)
+    wheres: list[list[Select]] = [[], []]  # each side's pushed-down WHERE
     for i, predicates in enumerate(pushed):
         for predicate in predicates:
             sides[i] = _select(sides[i], predicate, ctx)
+            where = sides[i].op
+            assert isinstance(where, Select)
+            wheres[i].append(where)
     window = _join_window(sides, items)
     join_sides = [
         JoinSide(prefix, tuple(f.physical for f in s.scope.fields), s.attributes[0], tuple(keys))
         for prefix, s, keys in zip(prefixes, sides, (left_keys, right_keys), strict=True)
     ]
-    op = ctx.add(OAJoin(join_sides[0], join_sides[1], window))
+    sinks = (lambda b: ctx.on_drop(b, layouts[0]), lambda b: ctx.on_drop(b, layouts[1]))
+    join = OAJoin(join_sides[0], join_sides[1], window, sinks)
+    op = ctx.add(join)
     sides[0].op.connect(op, 0)
     sides[1].op.connect(op, 1)
+    streams = [[stream for stream, _ in inputs] for inputs in side_inputs]
+    for side, inputs in enumerate(side_inputs):
+        rule = _join_late_rule(join, side, streams, wheres[side])
+        for _, input_op in inputs:
+            input_op.late_rule = rule
     fields = tuple(
         Field(f.name, f"{prefix}.{f.physical}", f.type, frozenset({prefix}))
         for prefix, s in zip(prefixes, sides, strict=True)
@@ -247,6 +267,23 @@ def _join(query: Query, ctx: Context) -> Stage:
     for predicate in residual:
         stage = _select(stage, predicate, ctx)
     return stage
+
+
+def _join_late_rule(join: OAJoin, side: int, streams: list[list[str]], wheres: list[Select]) -> LateRule:
+    """The late rule of the Inputs feeding ``side`` of ``join`` (DESIGN.md §2): the join counts
+    their tuples behind punctuation and takes as late exactly :meth:`OAJoin.late_mask` at its input
+    bounds, each side's the minimum over its streams' progress (what a Meld of a union passes on),
+    among the tuples the side's pushed-down ``wheres`` keep."""
+    ts = join.sides[side].ts
+
+    def rule(batch: Batch, progress: Mapping[str, int]) -> npt.NDArray[np.bool_]:
+        bounds = [min(progress[s] for s in names) for names in streams]
+        late = join.late_mask(side, np.asarray(batch.columns[ts], np.int64), bounds)
+        for where in wheres if late.any() else ():
+            late &= where.passes(batch)
+        return late
+
+    return rule
 
 
 def _prefix(item: FromItem) -> str:
@@ -454,18 +491,31 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             decode=decode,
         )
         ctx.add(agg, stage.op)
+        # Under drop the Inputs forward tuples behind punctuation and the aggregate judges them;
+        # under error its rule calls each late (whether one is depends on its state).
+        _judges_behind(stage, ctx, agg.late_mask)
     else:
         key = _share_key(query, groups, group_types, ctx.policy)
         share = _share_of(key, ctx, window)
         if _paned(window, calls, lateness, share is not None or _restoring(key, ctx, window)):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
-                stage, ctx, window, key, share, groups, group_types, aggs, internal, having
+                stage, ctx, window, key, share, groups, group_types, aggs, internal, having, late_fields
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
-            agg = AdaptWIDAggregate(window, groups, group_types, aggs, internal, having, decode)
+            agg = AdaptWIDAggregate(
+                window,
+                groups,
+                group_types,
+                aggs,
+                internal,
+                having,
+                decode,
+                late_sink=lambda b: ctx.on_drop(b, late_fields),
+            )
             ctx.add(agg, bucket)
+            _judges_behind(stage, ctx, agg.late_mask)
         elif (
             isinstance(stage.op, Select)  # the gain is the filtered copy it saves
             and isinstance(window, Sliding)
@@ -483,8 +533,10 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 having,
                 decode,
                 ctx.flush,
+                late_sink=lambda b: ctx.on_drop(b, late_fields),
             )
             ctx.add(agg, upstream)
+            _judges_behind(stage, ctx, agg.late_mask)
         else:
             bucket = ctx.add(Bucket(window, lateness), stage.op)
             agg = WIDAggregate(
@@ -501,6 +553,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
             )
             ctx.add(agg, bucket)
+            _judges_behind(stage, ctx, agg.late_mask, numbers_rows=isinstance(window, Rows))
         if isinstance(window, Sliding) and isinstance(stage.op, Input | Meld | Select):
             for stream, _ in ctx.inputs:
                 slides[stream] = min(slides.get(stream, window.slide), window.slide)
@@ -528,6 +581,34 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     )
 
 
+def _judges_behind(
+    stage: Stage,
+    ctx: Context,
+    late_at: Callable[[Batch, int], npt.NDArray[np.bool_]],
+    numbers_rows: bool = False,
+) -> None:
+    """Let the window operator fed by ``stage`` count tuples behind punctuation (DESIGN.md §2):
+    the query's Inputs forward them, and ``late_at(batch, p)`` tells which of them the operator
+    can no longer count once its input punctuation is ``p`` - the minimum over the query's
+    streams (a Meld) - for ``error``. Only where the Inputs' columns reach it unchanged (Meld,
+    Select): after a join the join judges its Inputs (:func:`_join_late_rule`) and the pairs it
+    emits are in time for the aggregate. A tuple the WHERE drops is late for no window.
+    ``numbers_rows``: a tuple window, fed each batch whole and in order (see
+    Input)."""
+    if not isinstance(stage.op, Input | Select | Meld) or any(isinstance(op, OAJoin) for op in ctx.plan_ops):
+        return
+    streams = tuple(stream for stream, _ in ctx.inputs)
+    where = stage.op if isinstance(stage.op, Select) else None
+
+    def rule(batch: Batch, progress: Mapping[str, int]) -> npt.NDArray[np.bool_]:
+        late = late_at(batch, min(progress[s] for s in streams))
+        return late & where.passes(batch) if where is not None and late.any() else late
+
+    for _, op in ctx.inputs:
+        op.late_rule = rule
+        op.numbers_rows = numbers_rows
+
+
 def _paned_aggregate(
     stage: Stage,
     ctx: Context,
@@ -539,11 +620,13 @@ def _paned_aggregate(
     calls: tuple[AggregateCall, ...],
     internal: tuple[str, ...],
     having: Any,
+    late_fields: tuple[tuple[str, ColumnType], ...],
 ) -> tuple[PanedWIDAggregate, dict[str, Any]]:
     """Paned-WID: its window-level query over slices, those of ``share`` (an earlier query's,
     fed the same way) or its own, shareable under ``key``; returns it and the Plan's sharing
-    fields."""
-    own_input = ctx.inputs[0][1]
+    fields. Tuples behind punctuation travel to the slices, where each reader counts them in
+    its windows not yet emitted and sends those that missed an emitted one to its own late
+    side stream; a shared Input's late rule is any reader's (only ``drop`` shares)."""
     if share is None:
         width = pane_of(window).range
         if _restoring(key, ctx, window):  # the slices it read, fed by a query dropped since
@@ -556,16 +639,25 @@ def _paned_aggregate(
         ctx.plan_ops[:] = share.operators
         ctx.inputs[:] = [(share.input.stream, share.input)]
         slices = share.slices
-    reader = PanedWIDAggregate(window, slices, calls, internal, having, ctx.pool.decode, ctx.flush)
+    reader = PanedWIDAggregate(
+        window,
+        slices,
+        calls,
+        internal,
+        having,
+        ctx.pool.decode,
+        ctx.flush,
+        late_sink=lambda b: ctx.on_drop(b, late_fields),
+    )
     ctx.add(reader)
     if key is None or ctx.shares is None:
+        _judges_behind(stage, ctx, reader.late_mask)
         return reader, {"reader": reader}
-    handler = own_input.on_drop
     if share is None:
-        share = Share(key, own_input, slices, ctx.plan_ops[:-1], [handler])
-        own_input.on_drop = share.on_drop
-        return reader, {"share": share, "reader": reader, "late_handler": handler}
-    return reader, {"share": share, "joins_share": True, "reader": reader, "late_handler": handler}
+        _judges_behind(stage, ctx, slices.late_mask)
+        share = Share(key, ctx.inputs[0][1], slices, ctx.plan_ops[:-1])
+        return reader, {"share": share, "reader": reader}
+    return reader, {"share": share, "joins_share": True, "reader": reader}
 
 
 def _share_of(key: tuple[Any, ...] | None, ctx: Context, window: Any) -> Share | None:

@@ -4,7 +4,10 @@ Two Paned-WID queries can read the same :class:`~lowtide.operators.shared_slices
 when their tuples reach it the same way - the same stream, the same WHERE, the same GROUP BY,
 the same late policy (``drop``) - and the slice width divides both panes. The engine keeps a
 :class:`Shares` registry; the planner looks a query up in it and either joins a share or starts
-one (``explain`` shows which, and how many queries read the slices).
+one (``explain`` shows which, and how many queries read the slices). A tuple behind punctuation
+is late or not per query: the share's Input forwards it to the slices, whose readers each count it
+in their windows not yet emitted and send it to their own query's late side stream if it missed
+an emitted one (:mod:`lowtide.operators.shared_slices`).
 
 A share is named across processes by :func:`share_key` (its slice width and a digest of what
 feeds it), under which a checkpoint keeps its state. A query planned again after a restore reads
@@ -16,11 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lowtide.batch import Batch
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
@@ -38,12 +40,6 @@ class Share:
     input: Input
     slices: SharedSlices
     operators: list[Operator]
-    late_handlers: list[Callable[[Batch], None]] = field(default_factory=list)
-
-    def on_drop(self, batch: Batch) -> None:
-        """A late tuple is late for every query reading the slices: each gets it on its side stream."""
-        for handler in self.late_handlers:
-            handler(batch)
 
 
 def share_key(share: Share) -> str:
@@ -90,9 +86,7 @@ class Shares:
         share = plan.share
         if share is None:
             return False
-        assert plan.late_handler is not None
         if plan.joins_share:
-            share.late_handlers.append(plan.late_handler)
             return True
         self.add(share)
         return False
@@ -102,9 +96,8 @@ class Shares:
         share = plan.share
         if share is None:
             return
-        assert plan.reader is not None and plan.late_handler is not None
+        assert plan.reader is not None
         plan.reader.detach()
-        share.late_handlers.remove(plan.late_handler)
         if not share.slices.readers:
             self.remove(share)
 

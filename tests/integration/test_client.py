@@ -374,6 +374,25 @@ def test_late_side_stream(target: str, fresh: Callable[[str], str]) -> None:
         assert stream_info(client, stream)["late_tuples"] == 1
 
 
+def test_behind_punctuation_counts_in_open_windows(target: str, fresh: Callable[[str], str]) -> None:
+    """Beam's transcript through the server (DESIGN.md §2): punctuation 5, then 2, 3, 7, 8,
+    then 11: the workers count all four in [0, 10), nothing is late."""
+    stream = fresh("S")
+    with Client(target, timeout=10) as client:
+        client.create_stream(stream, SCHEMA)
+        query = client.register_query(count_sql(stream))
+        results = Collector(client, query, from_oldest=True)
+        with client.producer(stream) as producer:
+            producer.punctuate(5)
+            producer.send({"k": ["a"] * 4, "len": [1] * 4, "ts": [2, 3, 7, 8]})
+            producer.punctuate(11)
+        got = results.until(punctuation_at_least(20))  # [0, 10) complete: the first open is [10, 20)
+        results.close()
+        assert counts(got) == Counter({(0, "a"): 4})
+        assert stream_info(client, stream)["late_tuples"] == 2  # behind punctuation, counted per stream
+        assert next(q for q in client.list_queries() if q["name"] == query)["late_tuples"] == 0
+
+
 # -- asyncio ---------------------------------------------------------------------------------------
 def test_async_client(target: str, fresh: Callable[[str], str]) -> None:
     stream, name = fresh("S"), fresh("q")

@@ -173,6 +173,32 @@ def test_a_server_rejection_names_its_batch_and_later_sends_apply_once(
         assert counts_until(client, query, END_OF_STREAM) == want
 
 
+def test_late_error_rejects_only_tuples_whose_window_is_gone(
+    target: str, fresh: Callable[[str], str]
+) -> None:
+    """DESIGN.md §2 through the server: the front judges ``late='error'`` as the workers count.
+    Punctuation 5, then 2, 3, 7, 8: behind it, yet [0, 10) is open - applied. Punctuation 11,
+    then 4: [0, 10) was emitted - rejected, named, and nothing else lost."""
+    stream = fresh("S")
+    with Client(target, timeout=10) as client:
+        client.create_stream(stream, SCHEMA)
+        query = client.register_query(count_sql(stream), late="error")
+        producer = client.producer(stream, linger_ms=0)
+        producer.punctuate(5)
+        producer.send(rows(["a"] * 4, [2, 3, 7, 8]))  # batch 1
+        producer.punctuate(11)
+        producer.flush()
+        calls: list[Callable[[], Any]] = [lambda: producer.send(rows(["a"], [4]))]  # batch 2: late
+        calls += [lambda: producer.send(rows(["a", "b"], [12, 15])), producer.flush]  # batch 3: on time
+        raised = calls_raising(calls, LateTuple)
+        assert len(raised) == 1 and raised[0].startswith("batch 2 (row 4 of send #2) was rejected: "), raised
+        assert "below its punctuation 11" in raised[0]
+        assert info(client, stream)["tuples_ingested"] == 6
+        result = producer.close()
+        assert (result.tuples, result.batches) == (6, 2)
+        assert counts_until(client, query, END_OF_STREAM) == expected(["a"] * 5 + ["b"], [2, 3, 7, 8, 12, 15])
+
+
 def test_a_rejected_batch_with_an_id_and_replays_after_it(target: str, fresh: Callable[[str], str]) -> None:
     """Batches in parts after the rejected one are sent again whole; a replayed id stays applied once."""
     stream = fresh("S")

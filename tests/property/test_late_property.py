@@ -1,8 +1,10 @@
 """Late tuples (below their stream's published progress at arrival) under each late policy.
 
-(h) ``drop``: not in results, counted, readable from ``<query>.late``; ``update`` with allowed
+(h) ``drop``: counted in the windows not yet emitted (behind punctuation is not late, DESIGN.md
+§2), late for the rest: counted, readable from ``<query>.late``; ``update`` with allowed
 lateness L: a late tuple still counts in the windows whose end + L > progress, emitted windows
-re-emit their corrected rows with revision + 1; ``error``: the batch is rejected whole with
+re-emit their corrected rows with revision + 1, and it is in the side stream once if it missed a
+window forgotten already; ``error``: the batch is rejected whole with
 ``LateTuple`` and the results are those of the accepted batches.
 """
 
@@ -11,7 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import Observed, check_emission, check_late, key_of, max_finite, run
+from harness import (
+    Observed,
+    behind_expectation,
+    check_emission,
+    check_late,
+    counts_behind,
+    extents,
+    key_of,
+    run,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Row, Spec, Window, assert_rows_equal, evaluate
@@ -45,20 +56,31 @@ def test_drop_keeps_late_tuples_out_of_results_and_in_the_side_stream(
     spec: Spec, sources: Any, data: Any
 ) -> None:
     obs = late_run(spec, sources, data, "drop")
-    on_time = [row for row, p in obs.arrivals if row["ts"] >= p]
-    late = [row for row, p in obs.arrivals if row["ts"] < p]
-    expected = evaluate(spec, on_time, progress=max_finite(obs.progress))
+    behind = [row for row, p in obs.arrivals if row["ts"] < p]
+    # Behind punctuation is late only for windows already emitted (tests/property/test_behind_property.py).
+    expected, late = behind_expectation(spec, obs, counts_behind(sql_of(spec, list(sources)), sources))
     assert_rows_equal(obs.rows, expected, spec)
     check_emission(obs, spec, expected)
     check_late(obs, late)
-    assert sum(s["late"] for s in obs.stats["streams"].values()) == len(late)
+    assert sum(s["behind"] for s in obs.stats["streams"].values()) == len(behind)
 
 
 @settings(max_examples=150, deadline=None)
 @given(spec=specs(time_windows, having=False), sources=stream_sources(1), data=st.data())
 def test_error_rejects_late_batches_whole(spec: Spec, sources: Any, data: Any) -> None:
     obs = late_run(spec, sources, data, "error")
-    assert all(row["ts"] >= p for row, p in obs.arrivals)  # every applied tuple was on time
+    if counts_behind(sql_of(spec, list(sources)), sources):
+        # Applied: on time, or behind with every window still open; rejected: one was late.
+        assert all(
+            all(end > q for _, end in extents(spec, row))
+            for row, q in zip([row for row, _ in obs.arrivals], obs.arrival_query_progress, strict=True)
+        )
+        assert all(
+            any(any(end <= q for _, end in extents(spec, r)) for r in rows)
+            for rows, q in obs.rejected_batches
+        )
+    else:
+        assert all(row["ts"] >= p for row, p in obs.arrivals)  # every applied tuple was on time
     expected = evaluate(spec, [row for row, _ in obs.arrivals])
     assert_rows_equal(obs.rows, expected, spec)
     check_emission(obs, spec, expected)
@@ -74,7 +96,8 @@ def windows_of(window: Window, ts: int) -> list[tuple[int, int]]:
 
 
 def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
-    """Each cell's revisions count up from 0; its last one equals the reference; too late: side stream."""
+    """Each cell's revisions count up from 0; its last one equals the reference; a tuple that
+    missed a window forgotten already (end + L <= progress): once in the side stream."""
     arrivals, query = obs.arrivals, obs.arrival_query_progress  # the query's progress decides retention
     expected = evaluate(
         spec, [row for row, _ in arrivals], counts_in=lambda i, start, end: end + allowed > query[i]
@@ -90,7 +113,7 @@ def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     too_late = [
         row
         for (row, p), q in zip(arrivals, query, strict=True)
-        if row["ts"] < p and all(end + allowed <= q for _, end in windows_of(spec.window, row["ts"]))
+        if row["ts"] < p and any(end + allowed <= q for _, end in windows_of(spec.window, row["ts"]))
     ]
     check_late(obs, [row for row in too_late if windows_of(spec.window, row["ts"])])
 

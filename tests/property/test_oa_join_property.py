@@ -1,12 +1,38 @@
-"""OA-Join against a nested-loop join under random order, splits, interleaving and punctuation."""
+"""OA-Join against a nested-loop join under random order, splits, interleaving and punctuation.
+
+Behind punctuation (DESIGN.md §2, issue 14): punctuation runs ahead of the tuples by random
+amounts on both inputs; the pairs then equal a replay of the arrivals under the join's rule (a
+tuple behind punctuation meets the partners at or above ``T_other`` if it lies at or above the
+output punctuation of its column; it is late iff its partner range reaches below ``T_other`` or
+it lies below that punctuation), no pair comes below an output punctuation published, every pair
+not emitted has its later tuple in the late stream, and ``late='error'`` (through the Engine)
+rejects exactly the batches holding a tuple late by that rule.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
+
 import numpy as np
 import numpy.typing as npt
+import pytest
+from harness import columns
+from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import (
+    TIMESTAMPS,
+    Event,
+    Punct,
+    Push,
+    Sources,
+    ahead_deliveries,
+    deliveries,
+    stream_sources,
+)
 
+from lowtide import Engine, LateTuple
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
@@ -55,6 +81,12 @@ def matches(window: Band | Tumbling, left: Tup, right: Tup, n_keys: int) -> bool
 
 tuples = st.lists(
     st.tuples(st.integers(-20, 40), st.integers(0, 2), st.integers(0, 1)), min_size=0, max_size=40
+)
+# A length drawn uniformly first: st.lists alone leaves most examples nearly empty.
+many_tuples = st.integers(0, 30).flatmap(
+    lambda n: st.lists(
+        st.tuples(st.integers(-20, 40), st.integers(0, 2), st.integers(0, 1)), min_size=n, max_size=n
+    )
 )
 windows = st.one_of(
     st.builds(Band, st.integers(0, 8), st.integers(0, 8)),
@@ -175,3 +207,254 @@ def test_oa_join_large_batches_equal_nested_loop(
     li, ri = np.nonzero(ok)
     assert checker.pairs() == sorted(pair_codes(left["id"][li], right["id"][ri]).tolist())
     assert join.open_windows() == 0
+
+
+# -- behind punctuation ----------------------------------------------------------------------------------
+Held = tuple[int, int, tuple[int, ...]]  # id, ts, keys
+Arrival = tuple[int, list[Held], tuple[int, int]]  # port, its tuples, (b0, b1) when they came
+
+
+def ref_threshold(window: Band | Tumbling, side: int, bounds: tuple[int, int]) -> int:
+    """``T_side``: the smallest ts of input ``side`` a tuple of the other at or above its bound meets."""
+    other = bounds[1 - side]
+    if other in (NO_PROGRESS, END_OF_STREAM):
+        return other
+    if isinstance(window, Tumbling):
+        return other // window.d * window.d
+    return other - (window.r0 if side == 0 else window.r1)
+
+
+def ref_out(window: Band | Tumbling, side: int, bounds: tuple[int, int]) -> int:
+    """The output punctuation on input ``side``'s ts column."""
+    own = bounds[side]
+    if isinstance(window, Tumbling) and own not in (NO_PROGRESS, END_OF_STREAM):
+        own = own // window.d * window.d
+    return min(own, ref_threshold(window, side, bounds))
+
+
+def ref_meets(window: Band | Tumbling, left: Held, right: Held) -> bool:
+    if left[2] != right[2]:
+        return False
+    if isinstance(window, Band):
+        return left[1] - window.r1 <= right[1] <= left[1] + window.r0
+    return left[1] // window.d == right[1] // window.d
+
+
+def ref_late(window: Band | Tumbling, port: int, ts: int, bounds: tuple[int, int]) -> bool:
+    """The rule: the partner range reaches below ``T_other``, or ``ts`` is below ``out_port``."""
+    if isinstance(window, Tumbling):
+        lowest = ts // window.d * window.d
+    else:
+        lowest = ts - (window.r1 if port == 0 else window.r0)
+    return lowest < ref_threshold(window, 1 - port, bounds) or ts < ref_out(window, port, bounds)
+
+
+def replay(window: Band | Tumbling, arrivals: list[Arrival]) -> tuple[list[tuple[int, int]], list[int]]:
+    """The (left id, right id) pairs and the late ids, tuple by tuple from the punctuation at arrival."""
+    held: tuple[list[Held], list[Held]] = ([], [])
+    pairs: list[tuple[int, int]] = []
+    late: list[int] = []
+    for port, batch, bounds in arrivals:
+        floor, out = ref_threshold(window, 1 - port, bounds), ref_out(window, port, bounds)
+        for x in batch:
+            if ref_late(window, port, x[1], bounds):
+                late.append(x[0])
+            if x[1] < out:
+                continue
+            for y in held[1 - port]:
+                left, right = (x, y) if port == 0 else (y, x)
+                if y[1] >= floor and ref_meets(window, left, right):
+                    pairs.append((left[0], right[0]))
+        held[port].extend(batch)
+    return sorted(pairs), late
+
+
+def check_nothing_lost(
+    window: Band | Tumbling, arrivals: list[Arrival], pairs: list[tuple[int, int]], late: list[int]
+) -> None:
+    """Every matching pair not emitted has its later tuple in the late stream."""
+    when = {x[0]: i for i, (_, batch, _) in enumerate(arrivals) for x in batch}  # id -> its batch
+    sides: tuple[list[Held], list[Held]] = ([], [])
+    for port, batch, _ in arrivals:
+        sides[port].extend(batch)
+    emitted, late_ids = set(pairs), set(late)
+    for left in sides[0]:
+        for right in sides[1]:
+            if ref_meets(window, left, right) and (left[0], right[0]) not in emitted:
+                later = left if when[left[0]] > when[right[0]] else right
+                assert later[0] in late_ids, (left, right)
+
+
+@settings(max_examples=300, deadline=None)
+@given(left=many_tuples, right=many_tuples, window=windows, n_keys=st.integers(0, 2), data=st.data())
+def test_oa_join_behind_punctuation_equals_replay_of_the_rule(
+    left: list[Tup], right: list[Tup], window: Band | Tumbling, n_keys: int, data: st.DataObject
+) -> None:
+    keys = ("a", "b")[:n_keys]
+    late: tuple[list[int], list[int]] = ([], [])
+    sinks = (lambda b: late[0].extend(b["id"].tolist()), lambda b: late[1].extend(b["id"].tolist()))
+    sides = [JoinSide(COLUMNS[p], ("id", "t", *keys), "t", keys) for p in (0, 1)]
+    join = OAJoin(sides[0], sides[1], window, sinks)
+    checker = Checker()
+    join.connect(checker)
+    inputs = (left, right)
+    pos = [0, 0]
+    bound = [NO_PROGRESS, NO_PROGRESS]
+    arrivals: list[Arrival] = []
+
+    def punctuate(port: int) -> None:  # ahead of the tuples still to come by a random amount
+        rest = [r[0] for r in inputs[port][pos[port] :]]
+        ahead = (min(rest) if rest else 40) + data.draw(st.integers(-3, 20))
+        ended = data.draw(st.integers(0, 15)) == 0  # an input may even end before its last tuples
+        bound[port] = END_OF_STREAM if ended else max(bound[port], ahead)
+        join.punctuate(Punctuation(bound[port], "t"), port)
+        for p in (0, 1):  # the output punctuation published is out_p of the bounds
+            assert checker.last[f"S{p}.t"] == ref_out(window, p, (bound[0], bound[1]))
+
+    while pos[0] < len(left) or pos[1] < len(right):
+        port = data.draw(st.sampled_from([p for p in (0, 1) if pos[p] < len(inputs[p])]))
+        size = data.draw(st.integers(1, len(inputs[port]) - pos[port]))
+        chunk = inputs[port][pos[port] : pos[port] + size]
+        ids = np.arange(pos[port], pos[port] + size, dtype=np.int64) + 1000 * port
+        cols = {"id": ids, "t": np.array([r[0] for r in chunk], np.int64)}
+        cols["a"] = np.array([r[1] for r in chunk], np.int64)
+        cols["b"] = np.array([r[2] for r in chunk], np.int64)
+        join.process(Batch(cols, size, late=any(r[0] < bound[port] for r in chunk)), port)
+        held = [(int(i), r[0], r[1 : 1 + n_keys]) for i, r in zip(ids, chunk, strict=True)]
+        arrivals.append((port, held, (bound[0], bound[1])))
+        pos[port] += size
+        for p in data.draw(st.lists(st.sampled_from([0, 1]), max_size=2)):
+            if bound[p] < END_OF_STREAM:
+                punctuate(p)
+    for port in data.draw(st.permutations([0, 1])):
+        if bound[port] < END_OF_STREAM:
+            bound[port] = END_OF_STREAM
+            join.punctuate(Punctuation(END_OF_STREAM, "t"), port)
+
+    pairs, late_ids = replay(window, arrivals)
+    behind = [x for port, batch, b in arrivals for x in batch if x[1] < b[port]]
+    tally(f"behind: {min(len(behind) // 5 * 5, 20)}+, late: {min(len(late_ids) // 5 * 5, 20)}+")
+    assert checker.pairs() == sorted(i * 2**20 + j for i, j in pairs)  # each once, none below out
+    assert sorted(late[0] + late[1]) == sorted(late_ids)
+    assert all(i < 1000 for i in late[0]) and all(i >= 1000 for i in late[1])
+    check_nothing_lost(window, arrivals, pairs, late_ids)
+    assert checker.last == {"S0.t": END_OF_STREAM, "S1.t": END_OF_STREAM}
+    assert join.open_windows() == 0
+
+
+# -- through the Engine: late='drop' and late='error' ----------------------------------------------------
+JOIN_SCHEMA = {"id": "int64", "k": "int32", "ts": "int64"}
+stream_rows = st.integers(0, 25).flatmap(
+    lambda n: st.lists(st.tuples(st.integers(0, 2), TIMESTAMPS), min_size=n, max_size=n)
+)
+
+
+@dataclass
+class EngineRun:
+    arrivals: list[Arrival] = field(default_factory=list)  # applied batches, the progress when they came
+    rejected: list[Arrival] = field(default_factory=list)  # batches refused with LateTuple
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)  # (window_start, n) of the aggregate
+    late: list[int] = field(default_factory=list)  # ids in <query>.late
+
+
+def run_join(sql: str, sources: Sources, events: list[Event], late: str) -> EngineRun:
+    """Each batch with the streams' progress before it; no row below an output punctuation."""
+    engine = Engine()
+    for stream, names in sources.items():
+        engine.create_stream(stream, JOIN_SCHEMA, sources=list(names))
+    engine.register_query(sql, name="q", late=late)
+    out = EngineRun()
+    published: dict[str, int] = {}
+    for event in events:
+        if isinstance(event, Push):
+            port = "AB".index(event.stream)
+            bounds = (engine.low_watermark("A"), engine.low_watermark("B"))
+            held = [(r["id"], r["ts"], (r["k"],)) for r in event.rows]
+            try:
+                engine.push(event.stream, columns(event.rows, JOIN_SCHEMA), source=event.source)
+                out.arrivals.append((port, held, bounds))
+            except LateTuple:
+                assert late == "error"
+                out.rejected.append((port, held, bounds))
+        elif isinstance(event, Punct):
+            engine.punctuate(event.stream, event.value, source=event.source)
+        else:
+            engine.close_source(event.stream, event.source)
+        for item in engine.poll("q"):
+            if isinstance(item, Punctuation):
+                assert item.value > published.get(item.attribute, NO_PROGRESS)
+                published[item.attribute] = item.value
+                continue
+            for row in item.to_pylist():
+                for name, value in published.items():  # truthful: nothing below what was published
+                    assert row[name] >= value, (row, name, value)
+                if "n" in row:
+                    assert row["revision"] == 0
+                    out.windows.append((row["window_start"], row["n"]))
+                else:
+                    out.pairs.append((row["a"], row["b"]))
+    out.late = [row["id"] for t in engine.poll("q.late") for row in t.to_pylist()]
+    assert engine.stats()["queries"]["q"]["late"] == len(out.late)
+    return out
+
+
+join_queries = st.one_of(
+    st.builds(
+        lambda r0, r1: (
+            Band(r0, r1),
+            "SELECT A.id AS a, B.id AS b, A.ts AS ats, B.ts AS bts "
+            f"FROM A [RANGE {r0}, WA ts], B [RANGE {r1}, WA ts] WHERE A.k = B.k",
+        ),
+        st.integers(1, 8),
+        st.integers(1, 8),
+    ),
+    st.builds(
+        lambda d: (
+            Tumbling(d),
+            "SELECT A.id AS a, B.id AS b, A.ts AS ats, B.ts AS bts "
+            f"FROM A, B [RANGE TUMBLING {d}, WA ts] WHERE B.k = A.k",
+        ),
+        st.integers(1, 40),  # wide buckets: behind tuples in a bucket still open
+    ),
+)
+SLIDE = 5  # the aggregate over the join: tumbling windows of SLIDE on A.ts
+
+
+@pytest.mark.parametrize("late", ["drop", "error"])
+@settings(max_examples=120, deadline=None)
+@given(query=join_queries, aggregate=st.booleans(), sources=stream_sources(2, max_sources=2), data=st.data())
+def test_engine_join_behind_punctuation_drop_and_error(
+    late: str, query: tuple[Band | Tumbling, str], aggregate: bool, sources: Sources, data: st.DataObject
+) -> None:
+    window, sql = query
+    if aggregate:  # Q7-2: the pairs the join emits are in time for the aggregate
+        sql = f"SELECT count(*) AS n [RANGE {SLIDE}, SLIDE {SLIDE}, WA A.ts] FROM" + sql.split("FROM", 1)[1]
+    streams = {
+        s: [{"id": 1000 * port + i, "k": k, "ts": ts} for i, (k, ts) in enumerate(data.draw(stream_rows))]
+        for port, s in enumerate("AB")
+    }
+    delivery = st.one_of(
+        deliveries(streams, sources, honest=False),
+        ahead_deliveries(streams, sources, st.integers(-3, 12), max_batch=4),
+    )
+    events = data.draw(delivery, label="events")
+    run = run_join(sql, sources, events, late)
+
+    pairs, late_ids = replay(window, run.arrivals)
+    behind = [x for port, batch, b in run.arrivals for x in batch if x[1] < b[port]]
+    tally(f"{late}: behind {min(len(behind), 3)}+, rejected {min(len(run.rejected), 3)}+")
+    if late == "error":  # rejected: exactly the batches holding a tuple late by the rule
+        assert all(not any(ref_late(window, p, x[1], b) for x in batch) for p, batch, b in run.arrivals)
+        assert all(any(ref_late(window, p, x[1], b) for x in batch) for p, batch, b in run.rejected)
+        assert late_ids == [] and run.late == []
+    else:
+        assert run.rejected == []
+        assert sorted(run.late) == sorted(late_ids)
+        check_nothing_lost(window, run.arrivals, pairs, late_ids)
+    if aggregate:
+        ts = {x[0]: x[1] for _, batch, _ in run.arrivals for x in batch}
+        counts = Counter(ts[a] // SLIDE * SLIDE for a, _ in pairs)
+        assert sorted(run.windows) == sorted(counts.items())
+    else:
+        assert sorted(run.pairs) == pairs

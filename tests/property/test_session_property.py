@@ -7,10 +7,15 @@
     punctuation placement;
 (c)-(f) each session once at revision 0, never before punctuation reaches its ``window_end`` and
     always once it does; output punctuation exactly ``min(ends of the sessions not complete,
-    p + gap)`` after each punctuation ``p``, rising, END_OF_STREAM at the end;
-(g) late tuples: ``drop`` keeps them in the side stream; ``update`` (allowed lateness L) counts a
-    tuple iff ts >= p - L at its arrival, and its revisions and retractions, replayed as a
-    changelog, end at the reference over the tuples counted;
+    p - L + 1)`` after each punctuation ``p`` (every session held ends above ``p - L``), rising,
+    END_OF_STREAM at the end;
+(g) tuples behind punctuation (DESIGN.md §2): a tuple counts iff its own session ``[t, t + gap)``
+    ends above ``p - L`` and it is at or above the end of every session of its group gone by
+    then (:func:`reference.session_counts`; L: allowed lateness under ``update``, 0 under
+    ``drop``); the others, and only they, are in the late side stream, once. ``update``: the
+    revisions and retractions, replayed as a changelog, end at the reference over the tuples
+    counted, and hold every complete session after each call; ``error``: a batch is rejected
+    iff it holds a tuple behind punctuation;
 (h) the session table's kernel, batch by batch, holds the reference's sessions of every group.
 
 A timeline (gap 10, one group)::
@@ -19,7 +24,7 @@ A timeline (gap 10, one group)::
            [----x----x---)                           session [0, 15)
                           [-x--x---------)           session [17, 30)
                                           [-x------) session [40, 50)
-    a late 12 (when kept) merges the first two: [0, 30), the later one retracted if it was shown.
+    a late 12 (when counted) merges the first two: [0, 30), the later one retracted if it was shown.
 """
 
 from __future__ import annotations
@@ -30,18 +35,31 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from harness import Observed, check_late, check_query, make_engine, run
+from harness import (
+    Model,
+    Observed,
+    behind_expectation,
+    check_emission,
+    check_late,
+    check_query,
+    key_of,
+    make_engine,
+    run,
+)
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import Agg, Row, Spec, Window, assert_rows_equal, evaluate, sessions_of
+from reference import Agg, Row, Spec, Window, assert_rows_equal, evaluate, session_counts, sessions_of
 from strategies import (
+    AGGREGATES,
     Close,
     Event,
     Punct,
     Push,
     Sources,
+    ahead_deliveries,
     deliveries,
+    rows,
     session_windows,
     specs,
     sql_of,
@@ -135,45 +153,48 @@ def punctuate_all(draw: Any, sources: Sources, events: list[Event]) -> list[Even
 
 @settings(max_examples=60, deadline=None)
 @given(spec=sessions, sources=stream_sources(2), data=st.data())
-def test_drop_keeps_late_tuples_out_of_sessions(spec: Spec, sources: Any, data: Any) -> None:
+def test_drop_counts_behind_tuples_whose_sessions_are_not_gone(spec: Spec, sources: Any, data: Any) -> None:
     obs = late_run(spec, sources, data, "drop")
-    on_time = [row for row, p in obs.arrivals if row["ts"] >= p]
-    assert_rows_equal(obs.rows, evaluate(spec, on_time), spec)
-    check_late(obs, [row for row, p in obs.arrivals if row["ts"] < p])
+    expected, late = behind_expectation(spec, obs, counts=True)
+    assert_rows_equal(obs.rows, expected, spec)
+    check_emission(obs, spec, expected)
+    check_late(obs, late)
 
 
 def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     """Replay the rows as a changelog per group: a row at revision 0 adds a session overlapping
     none shown; a revision replaces the one shown session it overlaps (and holds), at the revision
     before; a retraction removes the session shown with its bounds, at the revision before. Every
-    row not retracted is complete when it comes out. What is left equals the reference."""
-    counted, too_late = [], []
-    for (row, _), query in zip(obs.arrivals, obs.arrival_query_progress, strict=True):
-        (counted if row["ts"] >= max(NO_PROGRESS, query - allowed) else too_late).append(row)
+    row not retracted is complete when it comes out. After each call every complete session of
+    the tuples counted so far is shown as the reference has it; at the end what is shown equals
+    the reference."""
+    arrived = [row for row, _ in obs.arrivals]
+    judged = session_counts(spec, list(zip(arrived, obs.arrival_query_progress, strict=True)), allowed)
+    counted = [row for row, c in zip(arrived, judged, strict=True) if c]
     shown: dict[tuple[Any, ...], dict[tuple[int, int], Row]] = {}
     bound = NO_PROGRESS  # the output punctuation so far
-    rows, values = iter(zip(obs.rows, obs.row_call, strict=True)), iter(obs.punctuation)
+    items: list[tuple[int, Row | int]] = []  # (call, row or output punctuation) in emission order
+    emitted = iter(zip(obs.row_call, obs.rows, strict=True))
+    values = iter(zip(obs.punct_call, obs.punctuation, strict=True))
     for kind in obs.kinds:
-        if kind == "punct":
-            bound = next(values)
-            continue
-        row, call = next(rows)
-        extent = (row["window_start"], row["window_end"])
-        group = shown.setdefault(tuple(row[k] for k in spec.keys), {})
-        if row["retracted"]:
-            assert extent in group and group.pop(extent)["revision"] == row["revision"] - 1, row
-            continue
-        assert row["window_end"] <= obs.progress[call], (row, obs.progress[call])
-        overlapped = [e for e in group if e[0] < extent[1] and extent[0] < e[1]]
-        if row["revision"] == 0:
-            assert not overlapped, (row, group)
-            assert row["window_end"] >= bound, f"{row} after output punctuation {bound}"
-        else:
-            assert len(overlapped) == 1, (row, group)
-            (old,) = overlapped
-            assert extent[0] <= old[0] and old[1] <= extent[1], (row, old)
-            assert group.pop(old)["revision"] == row["revision"] - 1, row
-        group[extent] = row
+        items.append(next(values) if kind == "punct" else next(emitted))
+    items.reverse()
+    for call, progress in enumerate(obs.progress):
+        while items and items[-1][0] == call:
+            item = items.pop()[1]
+            if isinstance(item, int):
+                bound = item
+                continue
+            replay(spec, shown, item, progress, bound)
+        so_far = [
+            row for row, c, at in zip(arrived, judged, obs.arrival_call, strict=True) if c and at <= call
+        ]
+        complete = [row for row in evaluate(spec, so_far) if row["window_end"] <= progress]
+        found = [
+            shown.get(tuple(row[k] for k in spec.keys), {}).get(key_of(row, spec)[:2]) for row in complete
+        ]
+        assert None not in found, f"a complete session is not shown after call {call}"
+        assert_rows_equal([row for row in found if row is not None], complete, spec)
     assert_rows_equal(
         [row for group in shown.values() for row in group.values()], evaluate(spec, counted), spec
     )
@@ -181,7 +202,30 @@ def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     tally(f"revisions: {revised}, retractions: {retracted}")
     assert all(a < b for a, b in zip(obs.punctuation, obs.punctuation[1:], strict=False))
     assert obs.punctuation and obs.punctuation[-1] == END_OF_STREAM
-    check_late(obs, too_late)
+    check_late(obs, [row for row, c in zip(arrived, judged, strict=True) if not c])
+
+
+def replay(
+    spec: Spec, shown: dict[tuple[Any, ...], dict[tuple[int, int], Row]], row: Row, progress: int, bound: int
+) -> None:
+    """One changelog row (see :func:`check_update`), the query's progress then ``progress`` and
+    the output punctuation so far ``bound``."""
+    extent = (row["window_start"], row["window_end"])
+    group = shown.setdefault(tuple(row[k] for k in spec.keys), {})
+    if row["retracted"]:
+        assert extent in group and group.pop(extent)["revision"] == row["revision"] - 1, row
+        return
+    assert row["window_end"] <= progress, (row, progress)
+    overlapped = [e for e in group if e[0] < extent[1] and extent[0] < e[1]]
+    if row["revision"] == 0:
+        assert not overlapped, (row, group)
+        assert row["window_end"] >= bound, f"{row} after output punctuation {bound}"
+    else:
+        assert len(overlapped) == 1, (row, group)
+        (old,) = overlapped
+        assert extent[0] <= old[0] and old[1] <= extent[1], (row, old)
+        assert group.pop(old)["revision"] == row["revision"] - 1, row
+    group[extent] = row
 
 
 @settings(max_examples=100, deadline=None)
@@ -203,6 +247,92 @@ def test_update_revises_and_retracts_sessions(
     else:
         spec = Spec(spec.window, group_by, spec.aggs)
     check_update(spec, late_run(spec, sources, data, "update", lateness, merging), lateness or 0)
+
+
+# -- punctuation ahead of the data ----------------------------------------------------------------
+@st.composite
+def ahead_case(draw: Any, late: str) -> tuple[Spec, Sources, list[Event], int | None]:
+    """A grouped session query (several groups) and a delivery with punctuation ahead."""
+    gap = draw(st.integers(1, 12), label="gap")
+    group_by = draw(st.sampled_from([("k1",), ("k2",), ("k1", "k2"), ("b",)]), label="group by")
+    chosen = draw(st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=3), label="aggregates")
+    aggs = tuple(Agg(a.func, a.column, f"a{i}", a.param) for i, a in enumerate(chosen))
+    spec = Spec(Window("session", 0, gap=gap), group_by, aggs)
+    sources = draw(st.sampled_from([1, 1, 2]).flatmap(lambda n: stream_sources(n, 2)), label="sources")
+    near = st.integers(3, 25).flatmap(  # dense enough for sessions to grow and merge
+        lambda n: st.lists(rows(st.integers(0, 40)), min_size=n, max_size=n)
+    )
+    streams = {s: draw(near, label=f"tuples {s}") for s in sources}
+    lateness = draw(st.none() | st.integers(0, 15), label="lateness") if late == "update" else None
+    return (
+        spec,
+        sources,
+        draw(
+            ahead_deliveries(streams, sources, st.integers(1, 2 * gap) | st.integers(-2, 0)), label="events"
+        ),
+        lateness,
+    )
+
+
+def why_late(spec: Spec, obs: Observed, allowed: int) -> str:
+    """For the statistics: how many tuples came behind the query's punctuation, how many of those
+    counted, and how many were late by (b) alone (a session gone, their own ending in time)."""
+    progress = obs.arrival_query_progress
+    arrived = [row for row, _ in obs.arrivals]
+    judged = session_counts(spec, list(zip(arrived, progress, strict=True)), allowed)
+    behind = [c for row, c, p in zip(arrived, judged, progress, strict=True) if row["ts"] < p]
+    by_b = [
+        row
+        for row, c, p in zip(arrived, judged, progress, strict=True)
+        if not c and row["ts"] + spec.window.gap > p - allowed
+    ]
+    counted = sum(behind)
+    return f"behind: {min(len(behind), 5)}+, counted: {min(counted, 3)}+, by (b): {min(len(by_b), 2)}+"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    case=st.sampled_from(["drop", "update"]).flatmap(lambda late: st.tuples(st.just(late), ahead_case(late)))
+)
+def test_behind_tuples_count_unless_a_session_of_theirs_is_gone(case: Any) -> None:
+    """Drop: the rows, the emission and the late side stream are those of the reference judging
+    each tuple when it came; update: the changelog replays to it, within the allowed lateness."""
+    late, (spec, sources, events, lateness) = case
+    obs = run(spec, sql_of(spec, list(sources)), sources, events, late, lateness)
+    tally(f"{late}: {why_late(spec, obs, lateness or 0)}")
+    if late == "update":
+        check_update(spec, obs, lateness or 0)
+        return
+    expected, missed = behind_expectation(spec, obs, counts=True)
+    assert_rows_equal(obs.rows, expected, spec)
+    check_emission(obs, spec, expected)
+    check_late(obs, missed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=ahead_case("error"))
+def test_error_rejects_every_batch_behind_punctuation(case: Any) -> None:
+    """Under ``error`` a rule of punctuation alone cannot see the sessions gone: a batch is
+    rejected iff it holds a tuple behind its stream's punctuation; the others are counted."""
+    spec, sources, events, _ = case
+    obs = run(spec, sql_of(spec, list(sources)), sources, events, "error")
+    model, accepted, rejected = Model(sources), [], 0
+    for event in events:
+        if isinstance(event, Push):
+            if any(row["ts"] < model.progress[event.stream] for row in event.rows):
+                rejected += 1
+            else:
+                accepted += event.rows
+        elif isinstance(event, Punct):
+            model.raise_to(event.stream, event.source, event.value)
+        else:
+            model.raise_to(event.stream, event.source, END_OF_STREAM)
+    assert obs.rejected == rejected and [row for row, _ in obs.arrivals] == accepted
+    tally(f"rejected: {min(rejected, 3)}+")
+    expected = evaluate(spec, accepted)
+    assert_rows_equal(obs.rows, expected, spec)
+    check_emission(obs, spec, expected)
+    assert obs.late == []
 
 
 # -- the session table's kernel, on its own --------------------------------------------------------
@@ -236,11 +366,14 @@ def test_session_table_holds_the_reference_sessions(gap: int, values: Any, cuts:
             seen += len(listed)
         assert seen == table.live() == int((table.sgid[: table.used] >= 0).sum())
     cutoff = 20
-    purged, lowest = table.purge(cutoff)
+    before = {g: [end for _, end, _ in sessions_of(gap, [t for k, t in values if k == g])] for g in range(4)}
+    table.fit(4)
+    purged = table.purge(cutoff)
     assert (table.end[purged] <= cutoff).all()
     left = table.sgid[: table.used] >= 0
     assert not (left & (table.end[: table.used] <= cutoff)).any()
-    assert lowest == min(table.end[: table.used][left], default=END_OF_STREAM)
+    for g, ends in before.items():  # the largest end purged of each group
+        assert table.gone[g] == max((end for end in ends if end <= cutoff), default=NO_PROGRESS)
 
 
 # -- examples ------------------------------------------------------------------------------------
@@ -272,7 +405,7 @@ def test_timeline_of_the_docstring() -> None:
     engine.punctuate("A", 15, source="s")
     rows, punctuation = polled_rows(engine, q)
     assert [(r["window_start"], r["window_end"], r["n"], r["last"]) for r in rows] == [(0, 15, 2, 5)]
-    assert punctuation == [25]  # a tuple at 15 would end at 25; [17, 30) and [40, 50) are open
+    assert punctuation == [16]  # a new group's tuple at 15 - 10 + 1 still counts: it would end at 16
     engine.close_source("A", "s")
     rows, punctuation = polled_rows(engine, q)
     assert sorted((r["window_start"], r["window_end"], r["n"]) for r in rows) == [(17, 30, 2), (40, 50, 1)]
@@ -293,7 +426,7 @@ def test_a_late_tuple_merges_shown_sessions_under_update() -> None:
         (0, 10, 1, 0),
         (17, 27, 1, 0),
     ]
-    assert punctuation == [15]  # a tuple at 30 - 25 = 5 still counts: it would end at 15
+    assert punctuation == [6]  # a tuple at 30 - 25 - 10 + 1 still counts: it would end at 6
     engine.push("A", {"k": ["x"], "v": [8], "ts": [9]}, source="s")  # late, counted: merges both
     rows, _ = polled_rows(engine, q)
     assert [
@@ -310,8 +443,40 @@ def test_a_late_tuple_merges_shown_sessions_under_update() -> None:
         (0, 35, 4, 27, 2),
         (40, 50, 1, 4, 0),
     ]
-    engine.push("A", {"k": ["x"], "v": [1], "ts": [20]}, source="s")  # below 50 - 25: too late
-    assert [r["ts"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()] == [20]
+    engine.push("A", {"k": ["x"], "v": [1], "ts": [20]}, source="s")  # 20 + 10 > 50 - 25: counted
+    rows, _ = polled_rows(engine, q)
+    assert [(r["window_start"], r["window_end"], r["n"], r["s"], r["revision"]) for r in rows] == [
+        (0, 35, 5, 28, 3)
+    ]
+    engine.punctuate("A", 61, source="s")  # [0, 35) is gone: 35 <= 61 - 25
+    assert polled_rows(engine, q) == ([], [37])
+    engine.push("A", {"k": ["x", "x"], "v": [1, 1], "ts": [30, 36]}, source="s")
+    rows, _ = polled_rows(engine, q)  # 30 would have joined [0, 35): late; 36 joins [40, 50)
+    assert [(r["window_start"], r["window_end"], r["n"], r["s"], r["revision"]) for r in rows] == [
+        (36, 50, 2, 5, 1)
+    ]
+    assert [r["ts"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()] == [30]
+
+
+def test_behind_tuples_count_unless_a_session_of_theirs_was_emitted() -> None:
+    engine = engine_with_a()
+    q = engine.register_query("SELECT k, count(*) AS n [SESSION 10, WA ts] FROM A GROUP BY k")
+    engine.push("A", {"k": ["x"] * 5, "v": [0] * 5, "ts": [40, 20, 5, 17, 0]}, source="s")
+    engine.punctuate("A", 15, source="s")
+    rows, punctuation = polled_rows(engine, q)
+    assert [(r["window_start"], r["window_end"], r["k"]) for r in rows] == [(0, 15, "x")]
+    assert punctuation == [16]
+    # Behind 15: x 12 would have joined [0, 15), emitted: late; y 8 starts [8, 18), open: counted;
+    # y 3 would make [3, 13), complete already: late.
+    engine.push("A", {"k": ["x", "y", "y"], "v": [0] * 3, "ts": [12, 8, 3]}, source="s")
+    engine.punctuate("A", 18, source="s")
+    rows, punctuation = polled_rows(engine, q)
+    assert [(r["window_start"], r["window_end"], r["k"], r["n"]) for r in rows] == [(8, 18, "y", 1)]
+    assert punctuation == [19]
+    engine.close_source("A", "s")
+    rows, _ = polled_rows(engine, q)
+    assert sorted((r["window_start"], r["window_end"], r["n"]) for r in rows) == [(17, 30, 2), (40, 50, 1)]
+    assert sorted(r["ts"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()) == [3, 12]
 
 
 def test_explain_placement_and_columns() -> None:
@@ -373,3 +538,31 @@ def test_early_results_of_open_sessions() -> None:
     engine.close_source("A", "s")
     rows, _ = polled_rows(engine, q)
     assert [(r["window_start"], r["window_end"], r["n"], r["final"]) for r in rows] == [(30, 45, 2, True)]
+
+
+def test_compacted_groups_keep_what_is_gone_while_it_matters() -> None:
+    """Past 4096 groups the group table forgets groups without a session, but not one whose gone
+    session can still make a tuple late (its end above the counting floor)."""
+    engine = engine_with_a()
+    q = engine.register_query("SELECT k, count(*) AS n [SESSION 10, WA ts] FROM A GROUP BY k")
+    keys = [f"g{i}" for i in range(5_000)]
+    ts = [0 if i < 3_000 else 20 for i in range(5_000)]
+    engine.push("A", {"k": keys, "v": [0] * 5_000, "ts": ts}, source="s")
+    engine.punctuate("A", 12, source="s")  # [0, 10) gone for g0..g2999: gone 10 > floor 3, kept
+    op = engine._queries[q].plan.operators[-1]
+    assert len(op.groups) == 5_000
+    engine.push("A", {"k": ["g5"], "v": [0], "ts": [5]}, source="s")  # would have joined [0, 10)
+    engine.punctuate("A", 31, source="s")  # [20, 30) gone for the rest: floor 22 forgets g0..g2999
+    assert len(op.groups) == 2_000
+    engine.poll(q)
+    # g4000: 25 would have joined [20, 30), emitted: late; g10 and g4001 have nothing gone that
+    # matters: counted.
+    engine.push("A", {"k": ["g4000", "g10", "g4001"], "v": [0] * 3, "ts": [25, 25, 30]}, source="s")
+    engine.close_source("A", "s")
+    rows, _ = polled_rows(engine, q)
+    assert sorted((r["k"], r["window_start"], r["window_end"]) for r in rows) == [
+        ("g10", 25, 35),
+        ("g4001", 30, 40),
+    ]
+    late = [(r["k"], r["ts"]) for t in engine.poll(f"{q}.late") for r in t.to_pylist()]
+    assert late == [("g5", 5), ("g4000", 25)]

@@ -7,13 +7,28 @@ brute-force reference in test_windows_property). After every call each query mus
 the same rows and the same punctuation in both: a query registered later counts only the tuples
 that arrived after it, whatever the queries before it have seen, and its windows come out when
 punctuation covers them, not before, not later.
+
+With punctuation running ahead of some tuples, each query sharing the slices counts a tuple
+behind punctuation in its own windows not yet emitted and nowhere else, and its late stream holds
+exactly the tuples that missed one of its own emitted windows (DESIGN.md §2).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from harness import columns, polled
+from harness import (
+    Model,
+    Observed,
+    behind_expectation,
+    check_emission,
+    columns,
+    counts_behind,
+    ident,
+    make_engine,
+    polled,
+)
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +48,7 @@ from strategies import (
     tuples,
 )
 
-from lowtide import Engine
+from lowtide import END_OF_STREAM, Engine
 from lowtide.query.sharing import Shares
 
 windows = st.builds(
@@ -62,15 +77,18 @@ def _apply(engine: Engine, event: Event) -> None:
         engine.close_source(event.stream, event.source)
 
 
+# The first query keeps slices (a holistic one alone runs AdaptWID); later ones may read them.
+query_sets = st.builds(
+    lambda first, later: [first, *later],
+    st.tuples(windows, st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)),
+    st.lists(st.tuples(windows, aggregates), min_size=1, max_size=3),
+)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),
-    # The first query keeps slices (a holistic one alone runs AdaptWID); later ones may read them.
-    queries=st.builds(
-        lambda first, later: [first, *later],
-        st.tuples(windows, st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)),
-        st.lists(st.tuples(windows, aggregates), min_size=1, max_size=3),
-    ),
+    queries=query_sets,
     sources=stream_sources(1),
     data=st.data(),
 )
@@ -111,3 +129,73 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
     tally(f"slices shared: {sharing}, a reader in a later generation: {later_generation}")
     holistic = any(r is not None and r.summaries and r.slices.readers[0] is not r for r in readers)
     tally(f"a holistic query merging per-slice summaries of shared slices: {holistic}")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),
+    queries=query_sets,
+    sources=stream_sources(1),
+    data=st.data(),
+)
+def test_behind_tuples_count_per_query_in_shared_slices(
+    group_by: Any, queries: Any, sources: Any, data: Any
+) -> None:
+    """Punctuation runs ahead of some tuples (DESIGN.md §2): each query reading the shared
+    slices counts a tuple behind it in its own windows not yet emitted, and only a tuple that
+    missed one of its own emitted windows is in its late stream, once; its rows equal the
+    reference over the tuples that arrived after it was registered."""
+    rows = data.draw(tuples(max_size=40), label="tuples")
+    events = data.draw(deliveries({"A": rows}, sources, honest=False), label="events")
+    specs = [
+        Spec(window, group_by, tuple(Agg(a.func, a.column, f"a{i}", a.param) for i, a in enumerate(aggs)))
+        for window, aggs in queries
+    ]
+    starts = [0, *sorted(data.draw(st.integers(0, len(events) - 1), label="start") for _ in specs[1:])]
+    drop_at = data.draw(st.none() | st.integers(1, len(events)), label="drop query 0 at")
+    engine = make_engine(sources)
+    model = Model(sources)
+    obs = {i: Observed() for i in range(len(specs))}
+    counts: dict[int, bool] = {}
+    behind = 0
+    for call, event in enumerate(events):
+        for i in (i for i, start in enumerate(starts) if start == call):
+            sql = sql_of(specs[i], ["A"])
+            engine.register_query(sql, name=f"q{i}")
+            counts[i] = engine._queries[f"q{i}"].plan.reader is not None or counts_behind(sql, sources)
+        if call == drop_at:  # the query whose Input feeds the slices: the others read on
+            engine.drop_query("q0")
+            del counts[0]
+        _apply(engine, event)
+        if isinstance(event, Push):
+            progress = model.progress["A"]
+            behind += sum(row["ts"] < progress for row in event.rows)
+            for i in counts:
+                obs[i].arrivals += [(row, progress) for row in event.rows]
+                obs[i].arrival_query_progress += [progress] * len(event.rows)
+        elif isinstance(event, Punct):
+            model.raise_to("A", event.source, event.value)
+        elif isinstance(event, Close):
+            model.raise_to("A", event.source, END_OF_STREAM)
+        for i in counts:
+            got, punctuation = polled(engine, f"q{i}")
+            obs[i].rows += got
+            obs[i].row_call += [len(obs[i].progress)] * len(got)
+            obs[i].kinds += ["row"] * len(got) + ["punct"] * len(punctuation)
+            obs[i].punct_call += [len(obs[i].progress)] * len(punctuation)
+            obs[i].punctuation += punctuation
+            obs[i].progress.append(model.progress["A"])
+            obs[i].seen.append({})
+    stats = engine.stats()["queries"]
+    for i in counts:
+        spec = specs[i]
+        expected, late = behind_expectation(spec, obs[i], counts[i])
+        assert_rows_equal(obs[i].rows, expected, spec)
+        check_emission(obs[i], spec, expected)
+        got_late = [row for item in engine.poll(f"q{i}.late") for row in item.to_pylist()]
+        assert Counter(map(ident, got_late)) == Counter(map(ident, late)), i
+        assert stats[f"q{i}"]["late"] == len(late)
+    readers = [engine._queries[f"q{i}"].plan.reader for i in counts]
+    shared = len({id(r.slices) for r in readers if r is not None}) < len(readers)
+    tally(f"slices shared: {shared}, tuples behind punctuation: {min(behind // 5 * 5, 15)}+")
+    tally(f"query 0 dropped: {0 not in counts}")

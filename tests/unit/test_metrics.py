@@ -307,6 +307,7 @@ def test_snapshot_from_a_real_engine(metrics: ServerMetrics) -> None:
     # The query's result stream is reported as the query, not as another stream.
     assert series(samples, "lowtide_ingested_tuples_total") == {(("stream", "Main"),): 4}
     assert series(samples, "lowtide_late_tuples_total") == {(("stream", "Main"),): 1}
+    assert series(samples, "lowtide_behind_punctuation_tuples_total") == {(("stream", "Main"),): 1}
     assert series(samples, "lowtide_low_watermark") == {(("stream", "Main"),): 10_000}
     assert series(samples, "lowtide_query_late_tuples_total") == {(("query", "q1"),): 1}
     assert series(samples, "lowtide_query_low_watermark") == {(("query", "q1"),): 20_000}
@@ -314,7 +315,8 @@ def test_snapshot_from_a_real_engine(metrics: ServerMetrics) -> None:
     assert series(samples, "lowtide_state_bytes")[(("query", "q1"),)] > 0
     operators_in = series(samples, "lowtide_operator_tuples_in_total")
     assert operators_in[(("operator", "0:Input"), ("query", "q1"))] == 3
-    assert operators_in[(("operator", "2:WID Aggregate"), ("query", "q1"))] == 3
+    # The behind tuple reaches the aggregate, which finds its one window emitted: late.
+    assert operators_in[(("operator", "2:WID Aggregate"), ("query", "q1"))] == 4
     operators_out = series(samples, "lowtide_operator_tuples_out_total")
     assert operators_out[(("operator", "2:WID Aggregate"), ("query", "q1"))] == 2
 

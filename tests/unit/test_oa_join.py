@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import pytest
 from harness import Recorder
 
+from lowtide import Engine, LateTuple
 from lowtide.batch import Batch
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
@@ -158,16 +160,18 @@ def test_band_output_punctuation_saturates_near_domain_ends() -> None:
 
 
 def test_tumbling_output_punctuation_and_negative_bounds() -> None:
+    """Both columns: the start of the first bucket still open on either input."""
     join, sink = make(Tumbling(10))
     join.punctuate(Punctuation(-15, "ts"), 0)
-    join.punctuate(Punctuation(-1, "ts"), 1)  # left: min(-15, floor(-1/10)*10 = -10) = -15
-    assert puncts(sink) == [("S0.ts", -15), ("S1.ts", -20)]
+    join.punctuate(Punctuation(-1, "ts"), 1)  # min(floor(-15/10)*10 = -20, floor(-1/10)*10 = -10)
+    assert puncts(sink) == [("S0.ts", -20), ("S1.ts", -20)]
     sink.clear()
-    join.punctuate(Punctuation(37, "ts"), 0)
-    assert puncts(sink) == [("S0.ts", -10), ("S1.ts", -1)]
+    join.punctuate(Punctuation(37, "ts"), 0)  # min(30, -10)
+    assert puncts(sink) == [("S0.ts", -10), ("S1.ts", -10)]
     sink.clear()
-    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)
-    assert puncts(sink) == [("S0.ts", 37), ("S1.ts", 30)]
+    join.punctuate(Punctuation(39, "ts"), 0)  # same bucket: nothing new
+    join.punctuate(Punctuation(END_OF_STREAM, "ts"), 1)  # right over: the left's open bucket, 30
+    assert puncts(sink) == [("S0.ts", 30), ("S1.ts", 30)]
     sink.clear()
     join.punctuate(Punctuation(END_OF_STREAM, "ts"), 0)
     assert puncts(sink) == [("S0.ts", END_OF_STREAM), ("S1.ts", END_OF_STREAM)]
@@ -222,3 +226,111 @@ def test_describe_and_validation() -> None:
         OAJoin(left, right, Tumbling(0))
     with pytest.raises(ValueError):
         OAJoin(left, JoinSide("S0", ("ts",), "ts", ("destIP",)), Band(1, 1))
+
+
+def make_with_late(window: Band | Tumbling) -> tuple[OAJoin, Recorder, list[list[int]]]:
+    late: list[list[int]] = [[], []]
+    sinks = (lambda b: late[0].extend(b["id"].tolist()), lambda b: late[1].extend(b["id"].tolist()))
+    join = OAJoin(side("S0"), side("S1"), window, sinks)
+    sink = Recorder()
+    join.connect(sink)
+    return join, sink, late
+
+
+def test_band_behind_tuple_meets_held_partners_and_is_late_once() -> None:
+    join, sink, late = make_with_late(Band(r0=3, r1=2))
+    join.process(batch(id=[10, 11, 12], ts=[40, 47, 49], k=[0, 0, 0]), 1)
+    join.punctuate(Punctuation(50, "ts"), 0)  # T1 = 48: right 40 and 47 purgeable
+    join.punctuate(Punctuation(45, "ts"), 1)  # out0 = min(50, 45 - 3) = 42
+    # left 47 behind 50 needs right ts in [45, 50]: 47 may be gone (below T1), so it is late,
+    # yet it meets 49, which is held; left 41 is below out0 = 42: late, no pair at all
+    join.process(batch(id=[1, 2], ts=[47, 41], k=[0, 0]), 0)
+    assert pairs(sink, "S0.id", "S1.id") == [(1, 12)]
+    assert late == [[1, 2], []]
+    assert join.late_mask(0, np.array([47, 41, 50]), (50, 45)).tolist() == [True, True, False]
+
+
+def test_band_results_do_not_depend_on_compaction() -> None:
+    for rest, compacted in ((9, False), (0, True)):  # under a quarter purgeable, or most of it
+        join, sink, late = make_with_late(Band(r0=0, r1=5))
+        ts = [5, 7, 8] + [rest] * 9
+        join.process(batch(id=range(12), ts=ts, k=[0] * 12), 1)
+        join.punctuate(Punctuation(12, "ts"), 0)  # T1 = 7: right 5 (and 0) purgeable
+        assert join.open_windows() == (2 if compacted else 12)  # 7, 8 held either way
+        join.process(batch(id=[1], ts=[8], k=[0]), 0)  # behind: needs right [3, 8]; 5 may be gone
+        assert pairs(sink, "S1.ts") == [(7,), (8,)]
+        assert late == [[1], []]
+
+
+def test_tumbling_behind_tuple_in_an_open_bucket_is_in_time() -> None:
+    join, sink, late = make_with_late(Tumbling(10))
+    join.process(batch(id=[10, 11], ts=[31, 22], k=[0, 0]), 1)
+    join.punctuate(Punctuation(36, "ts"), 0)
+    join.punctuate(Punctuation(33, "ts"), 1)  # both in bucket 3: punctuation 30 on both columns
+    assert puncts(sink) == [("S0.ts", 30), ("S1.ts", 30)]
+    join.process(batch(id=[1, 2], ts=[30, 25], k=[0, 0]), 0)  # behind 36; 30's bucket is open
+    assert pairs(sink, "S0.id", "S1.id") == [(1, 10)]
+    assert late == [[2], []]  # 25: bucket 2 is gone (partner 22 maybe purged)
+    assert join.open_windows() == 2  # right 31 and left 30 (stored: a right 33..39 may come)
+
+
+def test_tumbling_late_tuple_still_meets_partners_of_its_bucket_to_come() -> None:
+    join, sink, late = make_with_late(Tumbling(10))
+    join.process(batch(id=[10], ts=[11], k=[0]), 1)  # stored while b0 is NO_PROGRESS
+    join.punctuate(Punctuation(35, "ts"), 0)  # T1 = 30: right 11 purgeable
+    join.punctuate(Punctuation(5, "ts"), 1)  # out = min(30, 0) = 0; T0 = 0
+    join.process(batch(id=[1], ts=[15], k=[0]), 0)  # bucket 1 < 3: late; stored (15 >= T0)
+    assert late == [[1], []] and pairs(sink, "S0.id", "S1.id") == []
+    join.process(batch(id=[11], ts=[12], k=[0]), 1)  # in time: meets the stored late tuple
+    assert pairs(sink, "S0.id", "S1.id") == [(1, 11)]
+    assert late == [[1], []]
+
+
+def test_engine_union_side_is_behind_only_below_its_meld() -> None:
+    """A side that is a UNION has bound min over its streams: a tuple behind its own stream yet
+    not behind that minimum is in time for the join (late='error' accepts it, drop pairs it)."""
+    for late in ("error", "drop"):
+        engine = Engine()
+        for name in ("A", "C", "B"):
+            engine.create_stream(name, {"id": "int64", "k": "int32", "ts": "int64"}, sources=["s"])
+        q = engine.register_query(
+            "SELECT x.id AS a, B.id AS b FROM (A UNION C) AS x [RANGE 2, WA ts], B [RANGE 2, WA ts] "
+            "WHERE x.k = B.k",
+            late=late,
+        )
+        engine.push("B", {"id": [100], "k": [0], "ts": [20]}, source="s")
+        engine.punctuate("A", 30, source="s")
+        engine.punctuate("C", 19, source="s")  # x's bound: 19
+        engine.punctuate("B", 10, source="s")
+        engine.push("A", {"id": [1], "k": [0], "ts": [21]}, source="s")  # behind A (30), not x (19)
+        with pytest.raises(LateTuple) if late == "error" else nullcontext():
+            engine.push("C", {"id": [2], "k": [0], "ts": [18]}, source="s")  # behind x: late
+        rows = [r for t in engine.poll(q) if not isinstance(t, Punctuation) for r in t.to_pylist()]
+        late_rows = [r["id"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()]
+        # 18 still meets B 20 (held: T1 = 19 - 2 = 17) under drop, and is late once
+        assert sorted((r["a"], r["b"]) for r in rows) == (
+            [(1, 100)] if late == "error" else [(1, 100), (2, 100)]
+        )
+        assert late_rows == ([] if late == "error" else [2])
+
+
+def test_engine_error_ignores_a_late_tuple_its_side_where_drops() -> None:
+    """late='error' judges only the tuples a side's pushed-down WHERE keeps: one it drops is
+    late for nothing of the query."""
+    engine = Engine()
+    for name in ("A", "B"):
+        engine.create_stream(name, {"id": "int64", "k": "int32", "ts": "int64"}, sources=["s"])
+    q = engine.register_query(
+        "SELECT A.id AS a, B.id AS b FROM A [RANGE 2, WA ts], B [RANGE 2, WA ts] "
+        "WHERE A.k = B.k AND A.id < 5",
+        late="error",
+    )
+    engine.punctuate("A", 30, source="s")
+    engine.punctuate("B", 30, source="s")
+    engine.push("A", {"id": [7], "k": [0], "ts": [10]}, source="s")  # late, but A.id < 5 drops it
+    with pytest.raises(LateTuple):
+        engine.push("A", {"id": [1], "k": [0], "ts": [10]}, source="s")  # kept: late
+    engine.push("A", {"id": [2], "k": [0], "ts": [31]}, source="s")
+    engine.push("B", {"id": [100], "k": [0], "ts": [32]}, source="s")
+    rows = [r for t in engine.poll(q) if not isinstance(t, Punctuation) for r in t.to_pylist()]
+    assert [(r["a"], r["b"]) for r in rows] == [(2, 100)]

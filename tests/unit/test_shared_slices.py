@@ -36,15 +36,38 @@ def test_explain_shows_which_queries_read_the_slices() -> None:
     assert "shared with 2 queries" in engine.explain(sql(60, 15))
 
 
-def test_a_late_tuple_goes_to_the_late_stream_of_every_reader() -> None:
+def late(engine: Engine, query: str) -> list[int]:
+    return [r["ts"] for item in engine.poll(f"{query}.late") for r in item.to_pylist()]
+
+
+def test_a_tuple_behind_punctuation_is_late_only_for_the_readers_whose_window_it_missed() -> None:
     engine = Engine()
     engine.create_stream("S", SCHEMA)
-    for name in ("a", "b"):
-        engine.register_query(sql(4 if name == "a" else 8), name=name)
+    engine.register_query(sql(4), name="a")  # windows [w, w + 4)
+    engine.register_query(sql(16, 4), name="b")  # windows [4w, 4w + 16), on the same slices
+    assert "shared with 2 queries" in engine.explain(sql(4))
     engine.punctuate("S", 10)
-    engine.push("S", batch([3, 12]))
-    assert [r["ts"] for item in engine.poll("a.late") for r in item.to_pylist()] == [3]
-    assert [r["ts"] for item in engine.poll("b.late") for r in item.to_pylist()] == [3]
+    engine.push("S", batch([3, 9, 12]))
+    # 3 missed windows of both and counts in b's open [-4, 12), [0, 16); 9 missed a's [6, 10) only.
+    assert late(engine, "a") == [3, 9] and late(engine, "b") == [3]
+    engine.close_source("S")
+    assert {r["window_start"]: r["n"] for r in rows(engine, "a")} == {7: 1, 8: 1, 9: 2, 10: 1, 11: 1, 12: 1}
+    assert {r["window_start"]: r["n"] for r in rows(engine, "b")} == {-4: 2, 0: 3, 4: 2, 8: 2, 12: 1}
+
+
+def test_a_tuple_behind_punctuation_counts_in_the_windows_the_running_window_slides_to() -> None:
+    engine = Engine()
+    engine.create_stream("S", SCHEMA)
+    engine.register_query(sql(4), name="a")
+    engine.push("S", batch(list(range(8))))
+    for p in range(4, 9):  # one window at a time: the running window slides to [4, 8)
+        engine.punctuate("S", p)
+    engine.push("S", batch([6]))  # in [4, 8) (emitted: late) and in [5, 9), [6, 10) (open)
+    assert late(engine, "a") == [6]
+    engine.punctuate("S", 9)  # [5, 9): the running window minus slice 4, plus slice 8
+    engine.punctuate("S", 10)
+    counts = {r["window_start"]: r["n"] for r in rows(engine, "a")}
+    assert counts[4] == 4 and counts[5] == 4 and counts[6] == 3
 
 
 def test_dropping_a_reader_leaves_the_others_and_the_last_takes_the_slices_down() -> None:
