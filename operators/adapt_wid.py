@@ -453,8 +453,7 @@ class AdaptWIDAggregate(Operator):
     def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
         """Which tuples behind punctuation belong to a window emitted once the input
         punctuation is ``punctuation`` (for ``error``)."""
-        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
-        return in_completed_window(self.window, values, punctuation)
+        return in_completed_window(self.window, batch, punctuation)
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n

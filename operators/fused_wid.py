@@ -206,8 +206,7 @@ class FusedWIDAggregate(Operator):
     def late_mask(self, batch: Batch, punctuation: int) -> B1:
         """Which tuples behind punctuation (before the WHERE) belong to a window emitted once
         the input punctuation is ``punctuation`` (for ``error``)."""
-        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
-        return in_completed_window(self.window, values, punctuation)
+        return in_completed_window(self.window, batch, punctuation)
 
     def emit_partials(self) -> None:
         """Early results: the open windows' current rows, ``final = false``."""

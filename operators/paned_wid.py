@@ -172,8 +172,7 @@ class PanedWIDAggregate(Operator):
         query has emitted once its input punctuation is ``punctuation`` (for ``error``): those
         :meth:`judge_behind` sends to the late side stream. Its windows end on slice edges, so
         the slices' punctuation ``p // width`` completes exactly the windows ending at or before ``p``."""
-        values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
-        return in_completed_window(self.window, values, punctuation)
+        return in_completed_window(self.window, batch, punctuation)
 
     def judge_behind(self, batch: Batch) -> Mask:
         """Which tuples behind punctuation count in a window of this query not yet emitted;

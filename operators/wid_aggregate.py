@@ -158,10 +158,7 @@ class WIDAggregate(Operator):
     def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
         """Which tuples (behind punctuation, as they enter the query) belong to a window this
         aggregate has emitted once its input punctuation is ``punctuation`` (for ``error``)."""
-        values = batch.columns[self.window.attribute] if not isinstance(self.window, Rows) else None
-        if values is None:
-            return np.zeros(batch.n, np.bool_)
-        return in_completed_window(self.window, values.astype(np.int64, copy=False), punctuation)
+        return in_completed_window(self.window, batch, punctuation)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute == "wid_retain":

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.batch import Batch
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 
 I64 = npt.NDArray[np.int64]
@@ -135,11 +136,11 @@ class Session:
 Window = Sliding | Landmark | Rows
 
 
-def in_completed_window(window: Window, values: I64, punctuation: int) -> npt.NDArray[np.bool_]:
-    """Which values belong to some window that ``punctuation`` already completed: a window
-    operator has emitted it, so a tuple behind punctuation is late for it (DESIGN.md §2). Tuple
-    windows number rows as they arrive: no row is behind them until the end of the stream."""
+def in_completed_window(window: Window, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
+    """Which tuples of ``batch`` belong to some window that ``punctuation`` already completed: a
+    window operator has emitted it, so a tuple behind punctuation is late for it (DESIGN.md §2).
+    Tuple windows number rows as they arrive: no row is behind them until the end of the stream."""
     if isinstance(window, Rows):
-        return np.full(values.shape[0], punctuation >= END_OF_STREAM, np.bool_)
-    start, end = window.wids(values)
+        return np.full(batch.n, punctuation >= END_OF_STREAM, np.bool_)
+    start, end = window.wids(batch.columns[window.attribute].astype(np.int64, copy=False))
     return (start < end) & (start < window.first_open(punctuation))

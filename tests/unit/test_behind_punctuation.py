@@ -98,3 +98,19 @@ def test_error_ignores_a_late_tuple_the_where_drops() -> None:
         engine.push("A", {"v": [4], "ts": [4]}, source="s")  # v > 3 keeps it: late
     engine.punctuate("A", 20, source="s")
     assert [(r["window_start"], r["n"], r["s"]) for r in rows(engine)] == [(0, 1, 7)]
+
+
+def test_tuple_windows_take_behind_tuples_until_the_stream_ends() -> None:
+    """Rows are numbered as they arrive: none is behind a tuple window, under error too, until
+    the stream has ended - then every window is emitted and a tuple is late."""
+    engine = Engine()
+    engine.create_stream("A", {"v": "int64", "ts": "int64"})
+    engine.register_query(
+        "SELECT count(*) AS n [RANGE 2 ROWS, SLIDE 2 ROWS, WA row-num] FROM A", name="q", late="error"
+    )
+    engine.punctuate("A", 10, source="a")
+    engine.push("A", {"v": [1, 2], "ts": [3, 4]}, source="a")  # behind 10: accepted, numbered 0, 1
+    engine.close_source("A", "a")
+    with pytest.raises(LateTuple):
+        engine.push("A", {"v": [3], "ts": [5]}, source="b")  # a new source after the end: late
+    assert [(r["window_start"], r["n"]) for r in rows(engine)] == [(0, 2)]
