@@ -464,6 +464,10 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
     agg: Operator
     shared: dict[str, Any] = {}  # the Plan's sharing fields
     late_fields = tuple((f.physical, f.type) for f in scope.fields)  # the layout of <query>.late
+
+    def late_sink(batch: Batch) -> None:
+        ctx.on_drop(batch, late_fields)
+
     if isinstance(window, SlideByTuple):
         agg = SlideByTupleAggregate(
             window.range,
@@ -487,7 +491,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             internal,
             having,
             allowed_lateness=lateness,
-            late_sink=lambda b: ctx.on_drop(b, late_fields),
+            late_sink=late_sink,
             decode=decode,
         )
         ctx.add(agg, stage.op)
@@ -500,7 +504,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
         if _paned(window, calls, lateness, share is not None or _restoring(key, ctx, window)):
             assert isinstance(window, Sliding)
             agg, shared = _paned_aggregate(
-                stage, ctx, window, key, share, groups, group_types, aggs, internal, having, late_fields
+                stage, ctx, window, key, share, groups, group_types, aggs, internal, having, late_sink
             )
         elif _adaptive(window, calls, lateness):
             bucket = ctx.add(Bucket(window), stage.op)
@@ -512,7 +516,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 internal,
                 having,
                 decode,
-                late_sink=lambda b: ctx.on_drop(b, late_fields),
+                late_sink=late_sink,
             )
             ctx.add(agg, bucket)
             _judges_behind(stage, ctx, agg.late_mask)
@@ -533,7 +537,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 having,
                 decode,
                 ctx.flush,
-                late_sink=lambda b: ctx.on_drop(b, late_fields),
+                late_sink=late_sink,
             )
             ctx.add(agg, upstream)
             _judges_behind(stage, ctx, agg.late_mask)
@@ -547,7 +551,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 internal,
                 having,
                 allowed_lateness=lateness is not None,
-                late_sink=lambda b: ctx.on_drop(b, late_fields),
+                late_sink=late_sink,
                 decode=decode,
                 # Revisions must follow their window's first emission: no slow flush under lateness.
                 flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
@@ -620,7 +624,7 @@ def _paned_aggregate(
     calls: tuple[AggregateCall, ...],
     internal: tuple[str, ...],
     having: Any,
-    late_fields: tuple[tuple[str, ColumnType], ...],
+    late_sink: Callable[[Batch], None],
 ) -> tuple[PanedWIDAggregate, dict[str, Any]]:
     """Paned-WID: its window-level query over slices, those of ``share`` (an earlier query's,
     fed the same way) or its own, shareable under ``key``; returns it and the Plan's sharing
@@ -647,7 +651,7 @@ def _paned_aggregate(
         having,
         ctx.pool.decode,
         ctx.flush,
-        late_sink=lambda b: ctx.on_drop(b, late_fields),
+        late_sink=late_sink,
     )
     ctx.add(reader)
     if key is None or ctx.shares is None:

@@ -87,14 +87,6 @@ def test_error_rejects_late_batches_whole(spec: Spec, sources: Any, data: Any) -
     assert obs.late == []
 
 
-def windows_of(window: Window, ts: int) -> list[tuple[int, int]]:
-    """The extents ``[start, end)`` holding ``ts``, tried one by one."""
-    assert window.range is not None
-    candidates = range((ts - window.range) // window.slide - 1, ts // window.slide + 2)
-    extents = [(w * window.slide, w * window.slide + window.range) for w in candidates]
-    return [(start, end) for start, end in extents if start <= ts < end]
-
-
 def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     """Each cell's revisions count up from 0; its last one equals the reference; a tuple that
     missed a window forgotten already (end + L <= progress): once in the side stream."""
@@ -113,9 +105,9 @@ def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     too_late = [
         row
         for (row, p), q in zip(arrivals, query, strict=True)
-        if row["ts"] < p and any(end + allowed <= q for _, end in windows_of(spec.window, row["ts"]))
+        if row["ts"] < p and any(end + allowed <= q for _, end in extents(spec, row))
     ]
-    check_late(obs, [row for row in too_late if windows_of(spec.window, row["ts"])])
+    check_late(obs, [row for row in too_late if extents(spec, row)])
 
 
 @settings(max_examples=300, deadline=None)
