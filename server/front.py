@@ -829,14 +829,14 @@ async def _serve(config: ServerConfig) -> int:
         )
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the ready line: a SIGTERM after it drains
+        loop.add_signal_handler(sig, stopping.set)
     print(
         f"lowtide serving on {config.host}:{port} with {config.workers} workers; metrics on {metrics_url}",
         flush=True,
     )
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     await health_servicer.enter_graceful_shutdown()
     stopped = asyncio.ensure_future(server.stop(grace=10))
