@@ -811,6 +811,8 @@ async def _serve(config: ServerConfig) -> int:
         metrics_url = f"http://{config.metrics_host}:{bound}/metrics"
     if security.notice:
         print(security.notice, file=sys.stderr)
+    if security.warning:
+        print(security.warning, file=sys.stderr)
     if not config.state_dir:
         print("lowtide: no --state-dir: streams, queries and windows live in memory only", file=sys.stderr)
     await front.start()
