@@ -11,7 +11,10 @@ reflection are open to every role, but still need a valid token: without one a c
 nothing about the server, not even its streams' schemas.
 
 Roles: ``admin`` may call everything; ``producer`` Ingest, ListStreams and ListQueries; ``reader``
-Subscribe, ExplainQuery, ListStreams and ListQueries. Tokens are compared in constant time.
+Subscribe, ExplainQuery, ListStreams and ListQueries. Tokens are compared in constant time. A
+token may also be scoped to names (:mod:`lowtide.server.scopes`): its calls are then held to them
+here too, refused with ``PERMISSION_DENIED`` before the front acts, or their lists filtered.
+Tokens on a plaintext port bound off loopback: the start warns in one line.
 
 TLS (``--tls-cert``/``--tls-key``) only changes how the port is bound; the files are read and the
 pair checked here at start, so a bad file stops the server with one line naming it.
@@ -21,23 +24,30 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import socket
 import ssl
 import tomllib
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
 
+from lowtide.engine import DEFAULT_SOURCE
 from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied, Unauthenticated
+from lowtide.proto import lowtide_pb2 as pb
 from lowtide.server.config import ServerConfig
+from lowtide.server.scopes import Scope, counted, parse
 
 if TYPE_CHECKING:
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:  # the runtime class is not generic
+    _Context = grpc.aio.ServicerContext[Any, Any]
+else:  # the runtime classes are not generic
     _ServerInterceptor = grpc.aio.ServerInterceptor
+    _Context = grpc.aio.ServicerContext
 
 SERVICE = "lowtide.v1.Lowtide"
 ERROR_KEY = "lowtide-error"  # the error's class, as server/front.py's ``_abort`` sends it
@@ -91,32 +101,34 @@ def _digest(token: str) -> bytes:
 
 
 class TokenAuth(_ServerInterceptor):
-    """The grpc.aio interceptor enforcing the module's invariant for a ``{token: role}`` table."""
+    """The grpc.aio interceptor enforcing the module's invariant for a ``{token: scope}`` table."""
 
-    def __init__(self, tokens: Mapping[str, str]) -> None:
-        self._tokens = [(_digest(token), role) for token, role in tokens.items()]
+    def __init__(self, tokens: Mapping[str, Scope]) -> None:
+        self._tokens = [(_digest(token), scope) for token, scope in tokens.items()]
 
-    def role_of(self, token: str) -> str | None:
-        """The role of ``token``; every known token is compared (in constant time), match or not."""
+    def scope_of(self, token: str) -> Scope | None:
+        """The scope of ``token``; every known token is compared (in constant time), match or not."""
         presented = _digest(token)
-        role: str | None = None
+        found: Scope | None = None
         for digest, candidate in self._tokens:
             if hmac.compare_digest(presented, digest):
-                role = candidate
-        return role
+                found = candidate
+        return found
 
-    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> LowtideError | None:
-        """The rejection due to a call of ``method`` with ``metadata``, or None to let it through."""
+    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> Scope:
+        """The scope of the call of ``method`` with ``metadata``; raises its rejection instead."""
         token = bearer(metadata)
         if token is None:
-            return Unauthenticated(f"this server needs a bearer token: {HOW}")
-        role = self.role_of(token)
-        if role is None:
-            return Unauthenticated("the bearer token is not known to this server")
-        if not allows(role, method):
-            may = ", ".join(sorted(ROLE_METHODS.get(role, ())))
-            return PermissionDenied(f"role {role!r} may not call {_split(method)[1]} (it may call {may})")
-        return None
+            raise Unauthenticated(f"this server needs a bearer token: {HOW}")
+        scope = self.scope_of(token)
+        if scope is None:
+            raise Unauthenticated("the bearer token is not known to this server")
+        if not allows(scope.role, method):
+            may = ", ".join(sorted(ROLE_METHODS.get(scope.role, ())))
+            raise PermissionDenied(
+                f"role {scope.role!r} may not call {_split(method)[1]} (it may call {may})"
+            )
+        return scope
 
     async def intercept_service(
         self,
@@ -124,11 +136,27 @@ class TokenAuth(_ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
-        method = str(handler_call_details.method)
-        error = self.check(method, handler_call_details.invocation_metadata)
-        if error is None or handler is None:  # no handler: gRPC answers UNIMPLEMENTED
+        if handler is None:  # no handler: gRPC answers UNIMPLEMENTED
             return handler
-        return refusal(handler, error)
+        method = str(handler_call_details.method)
+        try:
+            scope = self.check(method, handler_call_details.invocation_metadata)
+        except LowtideError as error:
+            return refusal(handler, error)
+        service, name = _split(method)
+        return scoped(handler, name, scope) if service == SERVICE else handler
+
+
+async def _abort(
+    context: _Context,
+    error: LowtideError,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> None:
+    await context.abort(
+        grpc.StatusCode[error.status],
+        str(error),
+        trailing_metadata=((ERROR_KEY, type(error).__name__), *metadata),
+    )
 
 
 def refusal(handler: grpc.RpcMethodHandler[Any, Any], error: LowtideError) -> grpc.RpcMethodHandler[Any, Any]:
@@ -137,12 +165,12 @@ def refusal(handler: grpc.RpcMethodHandler[Any, Any], error: LowtideError) -> gr
     A refused Ingest also says it stopped at the call's start (``lowtide-message`` 0, nothing
     applied), so a producer reports its messages as not applied rather than "may have been".
     """
-    metadata: tuple[tuple[str, str], ...] = ((ERROR_KEY, type(error).__name__),)
+    metadata: tuple[tuple[str, str], ...] = ()
     if handler.request_streaming:
-        metadata += (("lowtide-message", "0"), ("lowtide-applied", "0,0,0"))
+        metadata = (("lowtide-message", "0"), ("lowtide-applied", "0,0,0"))
 
-    async def refuse(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode[error.status], str(error), trailing_metadata=metadata)
+    async def refuse(_request: Any, context: _Context) -> None:
+        await _abort(context, error, metadata)
 
     kinds = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -152,6 +180,70 @@ def refusal(handler: grpc.RpcMethodHandler[Any, Any], error: LowtideError) -> gr
     }
     make = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
     return make(refuse, handler.request_deserializer, handler.response_serializer)
+
+
+async def _ingest_requests(requests: AsyncIterator[Any], scope: Scope) -> AsyncIterator[Any]:
+    """``requests``, refused at the first: it names the stream and source of the whole call (the
+    front ignores them on later messages). The refusal is raised to the front's Ingest before it
+    has a message, so the call answers as stopped at message 0 with nothing applied."""
+    first = True
+    async for request in requests:
+        if first and isinstance(request, pb.IngestRequest):  # else the front says it is malformed
+            error = scope.ingest(request.stream, request.source or DEFAULT_SOURCE)
+            if error is not None:
+                raise error
+        first = False
+        yield request
+
+
+def _visible(response: Any, scope: Scope) -> Any:
+    """A list call's ``response`` without the streams or queries ``scope`` hides."""
+    if isinstance(response, pb.ListStreamsResponse):
+        return pb.ListStreamsResponse(streams=[s for s in response.streams if scope.sees_stream(s.name)])
+    if isinstance(response, pb.ListQueriesResponse):
+        return pb.ListQueriesResponse(queries=[q for q in response.queries if scope.sees_query(q.name)])
+    return response
+
+
+def scoped(
+    handler: grpc.RpcMethodHandler[Any, Any], name: str, scope: Scope
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` of lowtide.v1.Lowtide's method ``name``, held to ``scope`` (:mod:`.scopes`).
+
+    A request that did not parse is passed on as it came: the front answers INVALID_ARGUMENT.
+    """
+    if not scope.limited:
+        return handler
+    serializers = (handler.request_deserializer, handler.response_serializer)
+    # grpc.aio's behaviours are coroutine functions (async generators for a streamed response),
+    # which grpc's typing does not know.
+    if name == "Ingest":
+        ingest = cast("Callable[..., Awaitable[Any]]", handler.stream_unary)
+
+        async def checked_ingest(requests: AsyncIterator[Any], context: _Context) -> Any:
+            return await ingest(_ingest_requests(requests, scope), context)
+
+        return grpc.stream_unary_rpc_method_handler(checked_ingest, *serializers)
+    if name == "Subscribe":
+        subscribe = cast("Callable[..., AsyncIterator[Any]]", handler.unary_stream)
+
+        async def checked_subscribe(request: Any, context: _Context) -> AsyncIterator[Any]:
+            if isinstance(request, pb.SubscribeRequest) and (error := scope.subscribe(request.query)):
+                await _abort(context, error)
+            async for response in subscribe(request, context):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(checked_subscribe, *serializers)
+    if name in ("ExplainQuery", "ListStreams", "ListQueries"):
+        call = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
+
+        async def checked(request: Any, context: _Context) -> Any:
+            if isinstance(request, pb.ExplainQueryRequest) and (error := scope.explain(request.sql)):
+                await _abort(context, error)
+            return _visible(await call(request, context), scope)
+
+        return grpc.unary_unary_rpc_method_handler(checked, *serializers)
+    return handler
 
 
 # -- loading at start -----------------------------------------------------------------------------
@@ -164,8 +256,13 @@ def _read(path: str, option: str) -> bytes:
         raise InvalidArgument(f"cannot read {option} {path}: {exc.strerror or exc}") from None
 
 
-def load_tokens(path: str) -> dict[str, str]:
-    """``{token: role}`` from the ``[tokens]`` table of the TOML file at ``path``; one line on error."""
+def load_tokens(path: str) -> dict[str, Scope]:
+    """``{token: scope}`` from the ``[tokens]`` table of the TOML file at ``path``; one line on error.
+
+    Each entry is ``"token" = "role"`` or a table ``{role = "...", streams = [...], ...}``
+    (:func:`lowtide.server.scopes.parse`). A reason names an entry by its place, never by its
+    token: a token is a secret, and reasons end up in logs.
+    """
     try:
         data = tomllib.loads(_read(path, "--tokens").decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -173,13 +270,18 @@ def load_tokens(path: str) -> dict[str, str]:
     table = data.get("tokens")
     if not isinstance(table, dict) or not table:
         raise InvalidArgument(f"--tokens {path} has no [tokens] table mapping each token to its role")
-    for token, role in table.items():
+    tokens: dict[str, Scope] = {}
+    for number, (token, entry) in enumerate(table.items(), 1):
+        where = f"--tokens {path}: token #{number}"
         if not token or not token.isascii() or not token.isprintable() or " " in token:
-            raise InvalidArgument(f"--tokens {path}: a token must be printable ASCII without spaces")
+            raise InvalidArgument(f"{where}: a token must be printable ASCII without spaces")
+        if isinstance(entry, dict) and "role" not in entry:
+            raise InvalidArgument(f"{where}: its table needs a role ({', '.join(ROLES)})")
+        role = entry["role"] if isinstance(entry, dict) else entry
         if role not in ROLES:
-            # The token itself stays out of the message: it is a secret, and ends up in logs.
-            raise InvalidArgument(f"--tokens {path}: unknown role {role!r}; roles are {', '.join(ROLES)}")
-    return {str(token): str(role) for token, role in table.items()}
+            raise InvalidArgument(f"{where}: unknown role {role!r}; roles are {', '.join(ROLES)}")
+        tokens[token] = parse(entry, role, where)
+    return tokens
 
 
 def _no_password() -> bytes:
@@ -203,13 +305,44 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def loopback(host: str) -> bool:
+    """Whether binding ``host`` stays on this machine: 127.0.0.0/8, ::1 or localhost, or a name
+    resolving to those alone. Unresolvable: False (the start fails on it anyway)."""
+    name = host.strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        found = socket.getaddrinfo(name, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return False
+    addresses = [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in found]
+    return bool(addresses) and all(
+        (address.ipv4_mapped or address).is_loopback
+        if isinstance(address, ipaddress.IPv6Address)
+        else address.is_loopback
+        for address in addresses
+    )
+
+
+def plaintext_warning(config: ServerConfig) -> str | None:
+    """The start's warning line when bearer tokens would cross a network unencrypted: tokens on,
+    no TLS, and a bind address that is not loopback."""
+    if not config.tokens or config.tls_cert or loopback(config.host):
+        return None
+    return (
+        f"lowtide: warning: bearer tokens travel in plaintext on {config.host}, not a loopback address: "
+        "anyone on the network path can read and replay them; serve TLS (--tls-cert, --tls-key)"
+    )
+
+
 @dataclass(frozen=True)
 class Security:
-    """What ``_serve`` needs: port credentials, interceptors, and a line for stderr (or None)."""
+    """What ``_serve`` needs: port credentials, interceptors, and lines for stderr (or None)."""
 
     credentials: grpc.ServerCredentials | None
     interceptors: list[_ServerInterceptor]
     notice: str | None
+    warning: str | None  # tokens over plaintext off loopback (plaintext_warning)
 
 
 def load(config: ServerConfig) -> Security:
@@ -221,10 +354,21 @@ def load(config: ServerConfig) -> Security:
     if credentials is not None:
         said.append(f"TLS with certificate {config.tls_cert}")
     if tokens:
-        counts = {role: sum(1 for r in tokens.values() if r == role) for role in ROLES}
-        said.append("bearer tokens (" + ", ".join(f"{n} {role}" for role, n in counts.items() if n) + ")")
+        said.append(f"bearer tokens ({counted(list(tokens.values()))})")
     notice = f"lowtide: {' and '.join(said)}" if said else None
-    return Security(credentials, interceptors, notice)
+    return Security(credentials, interceptors, notice, plaintext_warning(config))
 
 
-__all__ = ["ROLES", "Security", "TokenAuth", "allows", "bearer", "load", "load_tokens", "server_credentials"]
+__all__ = [
+    "ROLES",
+    "Security",
+    "TokenAuth",
+    "allows",
+    "bearer",
+    "load",
+    "load_tokens",
+    "loopback",
+    "plaintext_warning",
+    "scoped",
+    "server_credentials",
+]

@@ -811,6 +811,8 @@ async def _serve(config: ServerConfig) -> int:
         metrics_url = f"http://{config.metrics_host}:{bound}/metrics"
     if security.notice:
         print(security.notice, file=sys.stderr)
+    if security.warning:
+        print(security.warning, file=sys.stderr)
     if not config.state_dir:
         print("lowtide: no --state-dir: streams, queries and windows live in memory only", file=sys.stderr)
     await front.start()
@@ -829,14 +831,14 @@ async def _serve(config: ServerConfig) -> int:
         )
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the ready line: a SIGTERM after it drains
+        loop.add_signal_handler(sig, stopping.set)
     print(
         f"lowtide serving on {config.host}:{port} with {config.workers} workers; metrics on {metrics_url}",
         flush=True,
     )
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     await health_servicer.enter_graceful_shutdown()
     stopped = asyncio.ensure_future(server.stop(grace=10))

@@ -1,0 +1,253 @@
+"""DESIGN.md §9's scoped tokens against a real server, and the start's plaintext warning.
+
+One server for the module, one worker, with a tokens file holding an admin, a producer scoped
+to stream ``Main`` and sources ``link-*``, a reader scoped to query ``q1`` and stream ``Main``,
+and a reader scoped to ``q1*`` (which grants ``q1.late``). The admin creates streams ``Main``
+and ``Other`` and queries ``q1`` and ``q2`` on ``Main``; every refusal must be
+``PermissionDenied`` naming the scope, and must leave what the server holds as it was.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+from conftest import RunningServer, start_server, stop_server
+from test_security import SCHEMA, counts, first_table
+
+from lowtide import InvalidArgument, NotFound, PermissionDenied
+from lowtide.clients import Client
+from lowtide.clients._wire import arrow_bytes, translate
+from lowtide.engine import MAX_QUERY_BYTES
+from lowtide.proto import lowtide_pb2 as pb
+from lowtide.proto import lowtide_pb2_grpc as pb_grpc
+from lowtide.server import auth
+from lowtide.server.config import ServerConfig
+from lowtide.server.scopes import Scope
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("security")]
+
+COUNT = "SELECT k, count(*) AS n [RANGE 10, SLIDE 10, WA ts] FROM {} GROUP BY k"
+
+
+@dataclass(frozen=True)
+class Keys:
+    admin: str
+    producer: str  # streams ["Main"], sources ["link-*"]
+    reader: str  # queries ["q1"], streams ["Main"]
+    late_reader: str  # queries ["q1*"]
+
+
+def _write(path: Path, keys: Keys) -> None:
+    path.write_text(
+        f'[tokens]\n"{keys.admin}" = "admin"\n'
+        f'[tokens."{keys.producer}"]\nrole = "producer"\nstreams = ["Main"]\nsources = ["link-*"]\n'
+        f'[tokens."{keys.reader}"]\nrole = "reader"\nqueries = ["q1"]\nstreams = ["Main"]\n'
+        f'[tokens."{keys.late_reader}"]\nrole = "reader"\nqueries = ["q1*"]\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys(*(secrets.token_urlsafe(24) for _ in range(4)))
+
+
+@pytest.fixture(scope="module")
+def tokens_file(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("scoped") / "tokens.toml"
+    _write(path, keys)
+    return path
+
+
+def _stopped(server: RunningServer) -> str:
+    """Stop ``server`` (it must exit 0) and return its whole stderr."""
+    code = stop_server(server)
+    text = server.log.read_text(errors="replace")
+    server.log.unlink(missing_ok=True)
+    assert code == 0, f"lowtide serve exited {code} on SIGTERM; stderr:\n{text}"
+    return text
+
+
+@pytest.fixture(scope="module")
+def server(tokens_file: Path, keys: Keys) -> Iterator[RunningServer]:
+    """The scoped server, populated: q1 has a result (window [0, 10)) and a late tuple."""
+    running = start_server("--tokens", str(tokens_file), workers=1)
+    try:
+        with Client(running.target, timeout=30, token=keys.admin) as admin:
+            admin.create_stream("Main", SCHEMA)
+            admin.create_stream("Other", SCHEMA)
+            admin.register_query(COUNT.format("Main"), name="q1")
+            admin.register_query(COUNT.format("Main"), name="q2")
+            with admin.producer("Main", source="link-0", linger_ms=0) as producer:
+                producer.send({"k": ["a", "b", "a"], "ts": [1, 2, 3]})
+                producer.punctuate(100)
+                producer.send({"k": ["z"], "ts": [5]})  # behind the punctuation: late, to q1.late
+            with admin.producer("Main", source="sensor", linger_ms=0) as other:
+                other.punctuate(100)
+        yield running
+    finally:
+        stderr = _stopped(running)
+    assert "in plaintext" not in stderr, "a server bound on 127.0.0.1 warned about plaintext tokens"
+
+
+def _stream(client: Client, name: str) -> dict[str, object]:
+    return next(s for s in client.list_streams() if s["name"] == name)
+
+
+def _ingest(target: str, token: str, stream: str, source: str, item: pb.IngestRequest) -> grpc.RpcError:
+    """One raw Ingest call of ``item`` under ``stream``/``source``; it must fail: its error."""
+    item.stream, item.source = stream, source
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as raised:
+        pb_grpc.LowtideStub(channel).Ingest(
+            iter([item]), timeout=30, metadata=[("authorization", f"Bearer {token}")]
+        )
+    return raised.value
+
+
+# -- producers ------------------------------------------------------------------------------------
+def test_a_scoped_producer_ingests_into_its_stream_under_its_sources(
+    server: RunningServer, keys: Keys
+) -> None:
+    with Client(server.target, timeout=30, token=keys.producer) as client:
+        with client.producer("Main", source="link-7", linger_ms=0) as producer:
+            producer.send({"k": ["c"], "ts": [200]})
+        assert producer.result is not None and producer.result.tuples == 1
+        assert [s["name"] for s in client.list_streams()] == ["Main"]  # Other is hidden
+        with pytest.raises(NotFound, match="unknown stream 'Other'"):
+            client.producer("Other", source="link-7")  # opening it reads the (filtered) list
+
+
+def test_a_scoped_producer_cannot_ingest_into_another_stream(server: RunningServer, keys: Keys) -> None:
+    batch = arrow_bytes([pa.table({"k": ["x"], "ts": pa.array([50], pa.int64())})])
+    error = _ingest(
+        server.target, keys.producer, "Other", "link-1", pb.IngestRequest(arrow=batch, batch_id=1)
+    )
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert isinstance(translate(error, server.target), PermissionDenied)
+    assert error.details() == (
+        "this token may ingest only into streams ['Main'] under sources ['link-*'], "
+        "not into stream 'Other' under source 'link-1'"
+    )
+    trailing = dict(error.trailing_metadata() or ())
+    assert (trailing["lowtide-message"], trailing["lowtide-applied"]) == ("0", "0,0,0")
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        assert _stream(admin, "Other")["tuples_ingested"] == 0
+
+
+def test_a_scoped_producer_cannot_hold_progress_back_under_a_new_source(
+    server: RunningServer, keys: Keys
+) -> None:
+    denied = pytest.raises(PermissionDenied, match=r"under sources \['link-\*'\].*source 'rogue'")
+    with Client(server.target, timeout=30, token=keys.producer) as client, denied:  # noqa: SIM117
+        with client.producer("Main", source="rogue", linger_ms=0) as producer:
+            producer.punctuate(150)
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        assert "rogue" not in _stream(admin, "Main")["source_punctuation"]  # type: ignore[operator]
+
+
+def test_a_scoped_producer_cannot_close_another_producers_source(server: RunningServer, keys: Keys) -> None:
+    error = _ingest(server.target, keys.producer, "Main", "sensor", pb.IngestRequest(close=True))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "not into stream 'Main' under source 'sensor'" in (error.details() or "")
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        assert _stream(admin, "Main")["source_punctuation"]["sensor"] == 100  # type: ignore[index]
+
+
+# -- readers --------------------------------------------------------------------------------------
+def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: RunningServer, keys: Keys) -> None:
+    with Client(server.target, timeout=30, token=keys.reader) as reader:
+        assert counts(first_table(reader, "q1")) == {"a": 2, "b": 1}
+        assert [q["name"] for q in reader.list_queries()] == ["q1"]  # not q2, nor its SQL
+        assert [s["name"] for s in reader.list_streams()] == ["Main"]
+        with pytest.raises(PermissionDenied, match=r"only to queries \['q1'\], not 'q2'$"):
+            first_table(reader, "q2")
+        with pytest.raises(PermissionDenied, match=r"needs a pattern of its own, such as 'q1\.late'"):
+            first_table(reader, "q1.late")
+        with pytest.raises(PermissionDenied, match=r"not 'nowhere'"):  # no hint of what exists
+            first_table(reader, "nowhere")
+
+
+def test_a_reader_granted_q1_star_reads_q1_late(server: RunningServer, keys: Keys) -> None:
+    with Client(server.target, timeout=30, token=keys.late_reader) as reader:
+        assert first_table(reader, "q1.late").column("k").to_pylist() == ["z"]
+        assert [q["name"] for q in reader.list_queries()] == ["q1"]
+        assert {s["name"] for s in reader.list_streams()} == {"Main", "Other"}  # no streams key
+
+
+def test_a_reader_limited_to_streams_explains_only_sql_over_them(server: RunningServer, keys: Keys) -> None:
+    with Client(server.target, timeout=30, token=keys.reader) as reader:
+        assert "Aggregate" in reader.explain(COUNT.format("Main"))
+        with pytest.raises(PermissionDenied, match=r"may read only streams \['Main'\], not 'Other'"):
+            reader.explain(COUNT.format("Other"))
+        with pytest.raises(InvalidArgument):  # SQL that does not parse: the parser's reason
+            reader.explain("SELECT FROM")
+        with pytest.raises(InvalidArgument, match="over the limit"):  # too long to parse: the engine's
+            reader.explain(COUNT.format("Other") + " " * MAX_QUERY_BYTES)
+    with Client(server.target, timeout=30, token=keys.late_reader) as unlimited:
+        assert "Aggregate" in unlimited.explain(COUNT.format("Other"))
+
+
+# -- the tokens file ------------------------------------------------------------------------------
+def test_scoped_entries_parse_next_to_plain_ones(tokens_file: Path, keys: Keys) -> None:
+    assert auth.load_tokens(str(tokens_file)) == {
+        keys.admin: Scope("admin"),
+        keys.producer: Scope("producer", streams=("Main",), sources=("link-*",)),
+        keys.reader: Scope("reader", streams=("Main",), queries=("q1",)),
+        keys.late_reader: Scope("reader", queries=("q1*",)),
+    }
+    late = Scope("reader", queries=("q1",))
+    assert late.subscribe("q1") is None and late.subscribe("q1.late") is not None
+    assert Scope("reader", queries=("q1*",)).subscribe("q1.late") is None
+    assert Scope("reader", queries=()).subscribe("q1") is not None  # [] allows none
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ('role = "admin"\nstreams = ["Main"]', "an admin token takes no 'streams'"),
+        ('role = "reader"\nsources = ["x"]', "a reader token takes no 'sources'"),
+        ('role = "producer"\nstream = ["Main"]', "a producer token takes no 'stream'"),
+        ('role = "producer"\nstreams = "Main"', "'streams' must be a list of glob patterns"),
+        ('role = "producer"\nsources = [1]', "'sources' must be a list of glob patterns"),
+        ('streams = ["Main"]', "its table needs a role"),
+        ('role = "root"', "unknown role 'root'"),
+    ],
+)
+def test_a_bad_scoped_entry_stops_the_start_naming_it_but_not_its_token(
+    tmp_path: Path, entry: str, reason: str
+) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(f'[tokens]\n"first-secret" = "admin"\n[tokens."second-secret"]\n{entry}\n')
+    with pytest.raises(InvalidArgument, match=f"token #2: {reason}") as raised:
+        auth.load_tokens(str(path))
+    assert "secret" not in str(raised.value)
+
+
+# -- the plaintext warning ------------------------------------------------------------------------
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_tokens_on_a_loopback_address_do_not_warn(tokens_file: Path, host: str) -> None:
+    assert auth.plaintext_warning(ServerConfig.load(host=host, tokens=str(tokens_file))) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
+def test_tokens_over_plaintext_off_loopback_warn(tokens_file: Path, tmp_path: Path, host: str) -> None:
+    warning = auth.plaintext_warning(ServerConfig.load(host=host, tokens=str(tokens_file)))
+    assert warning is not None and f"in plaintext on {host}" in warning and "\n" not in warning
+    assert auth.plaintext_warning(ServerConfig.load(host=host)) is None  # no tokens, nothing to leak
+    tls = ServerConfig.load(host=host, tokens=str(tokens_file), tls_cert="c.pem", tls_key="k.pem")
+    assert auth.plaintext_warning(tls) is None
+
+
+def test_a_server_with_tokens_bound_to_every_address_warns_once(tokens_file: Path) -> None:
+    """Bound on 0.0.0.0 for a moment; nothing connects to it, and every call needs a token."""
+    running = start_server("--tokens", str(tokens_file), "--host", "0.0.0.0", workers=1)
+    lines = [line for line in _stopped(running).splitlines() if "warning" in line]
+    assert lines == [
+        "lowtide: warning: bearer tokens travel in plaintext on 0.0.0.0, not a loopback address: "
+        "anyone on the network path can read and replay them; serve TLS (--tls-cert, --tls-key)"
+    ]
