@@ -9,18 +9,28 @@ fast producer down instead of dropping or buffering without bound.
 
 Layout of the shared segment: ``[read_position: uint64][pad to 64][ring bytes ...]``. Positions
 only grow; ``position % capacity`` is the offset in the ring. A payload never wraps: when it does
-not fit before the end, the writer skips to the start of the ring.
+not fit before the end, the writer skips to the start of the ring. Columns larger than the whole
+ring travel inside the header instead (rare: a result wider than the ring).
+
+On the pipe a header is one *frame*: ``[magic: u32][sequence: u32][length: u64][bytes]``. The
+reader assembles frames from whatever the pipe yields, so a message is read whole or not at all
+however the writes were split; a non-blocking reader (the front's, under the event loop) keeps a
+partial frame until the rest arrives. A frame whose magic or sequence number is not the next one
+means the two ends are out of step: :class:`ChannelBroken`, which the front treats as the
+worker's failure (it respawns and recovers it), never as a message to skip.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import pickle as _pickle  # headers between our own processes, never from the network
 import struct
 import termios
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -33,8 +43,12 @@ if TYPE_CHECKING:
 
 _HEADER = 64
 _ALIGN = 64
+_FRAME = struct.Struct("<IIQ")  # magic, sequence number (mod 2**32), length of the pickled header
+_MAGIC = 0x4C544648  # "LTFH"
+_READ_CHUNK = 1 << 20
 Arrays = dict[str, npt.NDArray[Any]]
 M = TypeVar("M")  # the messages of the channel's direction
+_INLINE = -1  # a layout offset: the column travels in the header, not in the ring
 
 
 def _aligned(size: int) -> int:
@@ -42,56 +56,90 @@ def _aligned(size: int) -> int:
 
 
 class ChannelFull(Exception):
-    """The ring has no room for the message now; retry after the reader catches up."""
+    """The ring or the pipe has no room for the message now; retry after the reader catches up."""
+
+
+class ChannelBroken(Exception):
+    """The two ends of the channel are out of step (a frame is not the one expected)."""
 
 
 class ChannelWriter(Generic[M]):
+    """Writes frames to the pipe. On a blocking pipe (a worker's) a send returns once its frame is
+    written whole; on a non-blocking one (the front's) what the pipe does not take now stays
+    pending and goes first at the next :meth:`flush` or send: a frame is never interleaved."""
+
     def __init__(self, shm: shared_memory.SharedMemory, conn: Connection, codec: Codec[M]) -> None:
         self._shm = shm
         self._conn = conn
+        self._fd = conn.fileno()
         self._codec = codec
         self._capacity = shm.size - _HEADER
         self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
         self._write = 0
-        self._pipe_capacity = _widen_pipe(conn.fileno())
+        self._sequence = 0
+        self._pending = memoryview(b"")
+        self._pipe_capacity = _widen_pipe(self._fd)
         self._sending = threading.Lock()  # a worker's checkpoint thread sends too
 
     def fileno(self) -> int:
-        return self._conn.fileno()
+        return self._fd
+
+    @property
+    def pending(self) -> bool:
+        """Part of a frame is still waiting for room in the pipe."""
+        return len(self._pending) > 0
+
+    def flush(self) -> bool:
+        """Write what is pending, as far as the pipe takes it now; True once nothing is."""
+        while self._pending:
+            try:
+                written = os.write(self._fd, self._pending)
+            except BlockingIOError:
+                return False
+            self._pending = self._pending[written:]
+        return True
 
     def try_send(self, message: M, arrays: Arrays | None = None) -> None:
         """Send or raise :class:`ChannelFull` without blocking: neither the ring nor the pipe
         may be short of room (a writer blocked on a full pipe while its reader waits to send to
         it would deadlock both processes)."""
+        if not self.flush():
+            raise ChannelFull()
         layout: list[tuple[str, str, tuple[int, ...], int]] = []
+        inline: Arrays = {}
         start = end = self._write
-        sizes: list[int] = []
         if arrays:
             sizes = [_aligned(a.nbytes) for a in arrays.values()]
             total = sum(sizes)
-            if total > self._capacity:
-                raise ValueError(f"message of {total} bytes exceeds the channel's {self._capacity}")
-            offset = start % self._capacity
-            if offset + total > self._capacity:  # do not wrap a payload: skip to the ring's start
-                start += self._capacity - offset
-                offset = 0
-            if start + total - int(self._read[0]) > self._capacity:
-                raise ChannelFull()
-            for (name, array), size in zip(arrays.items(), sizes, strict=True):
-                layout.append((name, array.dtype.str, array.shape, offset))
-                offset += size
-            end = start + total
-        header = _pickle.dumps((self._codec.encode(message), layout, end), protocol=_pickle.HIGHEST_PROTOCOL)
-        room = _pipe_room(self._conn.fileno(), self._pipe_capacity)
-        if len(header) + 8 > room and len(header) + 8 <= self._pipe_capacity:
-            raise ChannelFull()  # what does not fit an empty pipe can only be written blocking
-        if arrays:
+            if total > self._capacity:  # can never fit the ring: the columns ride in the header
+                inline = arrays
+                layout = [(name, a.dtype.str, a.shape, _INLINE) for name, a in arrays.items()]
+            else:
+                offset = start % self._capacity
+                if offset + total > self._capacity:  # do not wrap a payload: skip to the ring's start
+                    start += self._capacity - offset
+                    offset = 0
+                if start + total - int(self._read[0]) > self._capacity:
+                    raise ChannelFull()
+                for (name, array), size in zip(arrays.items(), sizes, strict=True):
+                    layout.append((name, array.dtype.str, array.shape, offset))
+                    offset += size
+                end = start + total
+        header = _pickle.dumps(
+            (self._codec.encode(message), layout, end, inline), protocol=_pickle.HIGHEST_PROTOCOL
+        )
+        frame_bytes = _FRAME.size + len(header)
+        if frame_bytes > _pipe_room(self._fd, self._pipe_capacity) and frame_bytes <= self._pipe_capacity:
+            raise ChannelFull()  # wait for room rather than leave a small frame half written
+        if arrays and not inline:
             ring = self._shm.buf
             for (_, array), (_, dtype, shape, at) in zip(arrays.items(), layout, strict=True):
                 view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=ring, offset=_HEADER + at)
                 view[...] = array
             self._write = end
-        self._conn.send_bytes(header)
+        self._pending = memoryview(_FRAME.pack(_MAGIC, self._sequence, len(header)) + header)
+        self._sequence = (self._sequence + 1) & 0xFFFFFFFF
+        self.flush()
 
     def send(self, message: M, arrays: Arrays | None = None, timeout: float | None = None) -> None:
         """Send, waiting while the ring is full (for processes without an event loop; safe from
@@ -117,32 +165,122 @@ class ChannelReader(Generic[M]):
     def __init__(self, shm: shared_memory.SharedMemory, conn: Connection, codec: Codec[M]) -> None:
         self._shm = shm
         self._conn = conn
+        self._fd = conn.fileno()
         self._codec = codec
         self._capacity = shm.size - _HEADER
         self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
+        self._sequence = 0
+        self._buffer = bytearray()
 
     def fileno(self) -> int:
-        return self._conn.fileno()
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        return self._conn.poll(timeout)
+        return self._fd
 
     def recv(self) -> tuple[M, Arrays]:
-        """The next message and its columns (copied out of the ring)."""
-        encoded, layout, end = _pickle.loads(self._conn.recv_bytes())
+        """The next message and its columns, waiting for it (a blocking pipe: a worker's)."""
+        while (frame := self._next_frame()) is None:
+            if not self._fill():
+                raise EOFError
+        return self._decode(frame)
+
+    def receive(self) -> Iterator[tuple[M, Arrays]]:
+        """Every message whose frame is whole now, without waiting (a non-blocking pipe: the
+        front's); a partial frame stays buffered. Raises EOFError once the writer is gone and
+        every frame it wrote whole was yielded (a frame its death cut short is no message)."""
+        ended = False
+        with contextlib.suppress(BlockingIOError):
+            while not ended:
+                ended = not self._fill()
+        while (frame := self._next_frame()) is not None:
+            yield self._decode(frame)
+        if ended:
+            raise EOFError
+
+    def _fill(self) -> bool:
+        """Append what one read of the pipe gives; False at its end (the writer closed it)."""
+        data = os.read(self._fd, _READ_CHUNK)
+        self._buffer += data
+        return bool(data)
+
+    def _next_frame(self) -> bytes | None:
+        if len(self._buffer) < _FRAME.size:
+            return None
+        magic, sequence, length = _FRAME.unpack_from(self._buffer)
+        if magic != _MAGIC or sequence != self._sequence:
+            raise ChannelBroken(
+                f"frame {sequence:#x} (magic {magic:#x}) where frame {self._sequence:#x} was due"
+            )
+        if len(self._buffer) < _FRAME.size + length:
+            return None
+        frame = bytes(self._buffer[_FRAME.size : _FRAME.size + length])
+        del self._buffer[: _FRAME.size + length]
+        self._sequence = (self._sequence + 1) & 0xFFFFFFFF
+        return frame
+
+    def _decode(self, frame: bytes) -> tuple[M, Arrays]:
+        try:
+            encoded, layout, end, inline = _pickle.loads(frame)
+            message = self._codec.decode(encoded)
+        except Exception as exc:  # a frame of the right length but not a header of ours
+            raise ChannelBroken(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
         arrays: Arrays = {}
+        in_ring = False
         for name, dtype, shape, offset in layout:
+            if offset == _INLINE:
+                arrays[name] = inline[name]
+                continue
             view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._shm.buf, offset=_HEADER + offset)
             arrays[name] = view.copy()
-        if layout:
+            in_ring = True
+        if in_ring:
             self._read[0] = end  # the ring up to ``end`` may be written again
-        return self._codec.decode(encoded), arrays
+        return message, arrays
 
 
 def create_segment(capacity: int) -> shared_memory.SharedMemory:
-    shm = shared_memory.SharedMemory(create=True, size=_HEADER + capacity)
+    """A ring of ``capacity`` bytes, named after this process (see :func:`remove_stale_segments`)."""
+    name = f"{SEGMENT_PREFIX}{os.getpid()}_{os.urandom(6).hex()}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=_HEADER + capacity)
     np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)[0] = 0
     return shm
+
+
+SEGMENT_PREFIX = "lowtide_"
+_SHM_DIR = "/dev/shm"
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink the rings of servers that are gone (killed before they could remove their own):
+    a segment is named after the process that created it, and is stale once that process is."""
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return []  # no /dev/shm to look in: nothing this can find
+    removed = []
+    for name in names:
+        owner = _owner(name)
+        if owner is None or _alive(owner):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another start removed it first
+            os.unlink(os.path.join(_SHM_DIR, name))
+            removed.append(name)
+    return removed
+
+
+def _owner(name: str) -> int | None:
+    if not name.startswith(SEGMENT_PREFIX):
+        return None
+    pid, _, _ = name[len(SEGMENT_PREFIX) :].partition("_")
+    return int(pid) if pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive, and not ours to judge
+    return True
 
 
 def _widen_pipe(fd: int) -> int:

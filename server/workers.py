@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +20,14 @@ from multiprocessing import shared_memory
 from typing import Any
 
 from lowtide.server import messages as msg
-from lowtide.server.channel import ChannelFull, ChannelReader, ChannelWriter, create_segment
+from lowtide.server.channel import (
+    ChannelBroken,
+    ChannelFull,
+    ChannelReader,
+    ChannelWriter,
+    create_segment,
+    remove_stale_segments,
+)
 from lowtide.server.worker import worker_main
 
 Outgoing = tuple[msg.ToWorker, dict[str, Any] | None]
@@ -55,6 +64,10 @@ class WorkerPool:
         self._ctx = mp.get_context("spawn")
 
     def start(self) -> None:
+        stale = remove_stale_segments()
+        if stale:
+            gone = f"lowtide: removed {len(stale)} shared-memory segment(s) of servers that are gone"
+            print(gone, file=sys.stderr)
         self.handles = [self._spawn(i) for i in range(self.size)]
 
     def _spawn(self, index: int) -> WorkerHandle:
@@ -72,6 +85,10 @@ class WorkerPool:
         process.start()
         worker_in.close()
         worker_out.close()
+        # The front never blocks on a worker: the reader takes whatever the pipe has (whole
+        # frames only), the writer leaves what the pipe cannot take now pending.
+        os.set_blocking(front_in.fileno(), False)
+        os.set_blocking(front_out.fileno(), False)
         handle = WorkerHandle(
             index,
             process,
@@ -104,24 +121,28 @@ class WorkerPool:
 
     async def idle(self) -> None:
         """Wait until every outbox has reached its worker."""
-        while any(h.outbox for h in self.handles):
+        while any(h.outbox or h.writer.pending for h in self.handles):
             await asyncio.sleep(0.001)
 
     async def _pump(self, handle: WorkerHandle) -> None:
         pause = 1e-4
         while True:
-            while not handle.outbox:
+            while not handle.outbox and not handle.writer.pending:
                 handle.wake.clear()
                 await handle.wake.wait()
-            message, arrays = handle.outbox[0]
             try:
+                if not handle.outbox:  # only the rest of a frame the pipe could not take at once
+                    if not handle.writer.flush():
+                        raise ChannelFull()
+                    continue
+                message, arrays = handle.outbox[0]
                 handle.writer.try_send(message, arrays)
             except ChannelFull:
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 5e-3)
                 continue
-            except (BrokenPipeError, OSError):
-                return
+            except OSError:
+                return  # the worker is gone: its sentinel reports the death
             pause = 1e-4
             handle.outbox.popleft()
             if arrays:
@@ -131,11 +152,15 @@ class WorkerPool:
 
     def _drain(self, handle: WorkerHandle) -> None:
         try:
-            while handle.reader.poll():
-                message, arrays = handle.reader.recv()
+            for message, arrays in handle.reader.receive():
                 self.on_message(handle.index, message, arrays)
-        except (EOFError, OSError):
-            pass  # the sentinel reports the death
+        except EOFError:
+            pass  # the worker is gone: the sentinel reports the death
+        except ChannelBroken as exc:
+            # Its messages can no longer be told apart: the worker's output is lost from here on,
+            # so it fails as a whole (the sentinel then respawns and recovers it).
+            print(f"lowtide: worker {handle.index}: channel out of step ({exc}); restarting", file=sys.stderr)
+            handle.process.kill()
 
     def _died(self, handle: WorkerHandle) -> None:
         loop = asyncio.get_running_loop()

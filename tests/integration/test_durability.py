@@ -386,3 +386,33 @@ def test_early_results_go_on_alike_when_a_worker_dies(state_dir: Path) -> None:
         subscriber.join(60)
         assert [offset for offset, _ in live] == list(range(len(live)))
         assert final_rows(rows([item for _, item in live])) == final_rows(expected(EARLY))
+
+
+def _mapped_segments(pid: int) -> set[str]:
+    """The shared-memory files a process has mapped (its channels' rings)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {line.split()[-1] for line in maps.splitlines() if " /dev/shm/" in line}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_start_removes_the_rings_a_killed_server_left(state_dir: Path) -> None:
+    """kill -9 of the whole process group (front, workers, multiprocessing's resource tracker)
+    leaves no process to unlink the channels' shared memory: the next start does it."""
+    first = start_server(config=config(state_dir))
+    left = _mapped_segments(first.pid)
+    assert len(left) == 2 * first.workers  # one ring each way per worker
+    for pid in [first.pid, *_children(first.pid)]:
+        os.kill(pid, signal.SIGKILL)
+    first.process.wait(30)
+    first.exit_code = 0  # killed on purpose
+    with server_on(state_dir) as (server, _):
+        assert not {path for path in left if Path(path).exists()}
+        assert len(_mapped_segments(server.pid)) == 2 * server.workers
