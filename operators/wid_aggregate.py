@@ -39,6 +39,7 @@ by slow flush) and the landmark and partition progress.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 from typing import Any, ClassVar
 
 import numpy as np
@@ -229,7 +230,7 @@ class WIDAggregate(Operator):
         same prefix (a run starts at ``first`` or at such a slide)."""
         cuts = sorted(w for w in self.state.row_of if first < w < upper)
         bounds = [first, *cuts, upper]
-        return [(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False) if lo < hi]
+        return [(lo, hi) for lo, hi in pairwise(bounds) if lo < hi]
 
     def _emit_prefix(self, row: int, lo: int, hi: int, start: int, final: bool = True) -> None:
         """Emit the landmark windows ``[lo, hi)``, each the non-empty groups of prefix ``row``,
@@ -278,8 +279,14 @@ class WIDAggregate(Operator):
                 return
             first = min(state.row_of)
         upper = q if q < END_OF_STREAM else (max(state.row_of) + 1 if state.row_of else first)
-        what = "the end of the stream" if q >= END_OF_STREAM else f"punctuation up to slide {q}"
-        self.limits.check_step(self.window, upper - first, what)
+        window = self.window
+        assert isinstance(window, Landmark)
+        what = (
+            "the end of the stream"
+            if q >= END_OF_STREAM
+            else f"punctuation {window.attribute} = {q * window.slide}"
+        )
+        self.limits.check_step(window, upper - first, what)
         if self._next_landmark is None:
             self._next_landmark = self._landmark_start = first
         for lo, hi in self._runs(first, upper):

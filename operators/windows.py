@@ -167,9 +167,8 @@ class WindowLimits:
         before anything is emitted or allocated."""
         if windows > self.max_windows_per_step:
             raise ResourceExhausted(
-                f"{window.describe()}: {what} would emit {windows} windows at once, over the limit "
-                f"max_windows_per_step = {self.max_windows_per_step} (a punctuation far ahead of the "
-                "data, e.g. in other units than the timestamps?)"
+                f"{window.describe()}: {what} would emit {windows} windows at once, over "
+                f"max_windows_per_step = {self.max_windows_per_step} (punctuation far ahead of the data?)"
             )
 
 

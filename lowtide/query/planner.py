@@ -108,7 +108,9 @@ class Context:
     flush: SlowFlush | None = None  # smooth emission of time windows; None: all at punctuation
     # Planning a query again to restore it: the share_key of the slices it read (plan_state.saved_share).
     restored_share: str | None = None
-    windows: WindowLimits = WindowLimits()  # windows per tuple and per step (the server's config)
+    windows: WindowLimits = field(
+        default_factory=WindowLimits
+    )  # windows per tuple and per step (the server's config)
     plan_ops: list[Operator] = field(default_factory=list)
     inputs: list[tuple[str, Input]] = field(default_factory=list)
 
