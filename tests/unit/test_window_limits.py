@@ -88,7 +88,8 @@ def test_a_catch_up_in_chunks_equals_punctuation_slide_by_slide(monkeypatch: pyt
     """One far punctuation (chunked: a few result rows a batch) gives the rows, and the output
     punctuation, of punctuation at every slide; slides holding tuples cut the runs."""
     monkeypatch.setattr(wid_aggregate, "LANDMARK_CHUNK", 7)
-    sql = "SELECT k, count(*) AS n, sum(v) AS s, median(v) AS m [RANGE ALL, SLIDE 10, WA ts] FROM S GROUP BY k"
+    calls = "count(*) AS n, sum(v) AS s, median(v) AS m"
+    sql = f"SELECT k, {calls} [RANGE ALL, SLIDE 10, WA ts] FROM S GROUP BY k"
     rng = np.random.default_rng(5)
     ts = np.sort(rng.choice(np.arange(30, 3_000), 40, replace=False)).tolist()
     keys = rng.integers(0, 4, 40).tolist()
