@@ -17,8 +17,9 @@ import pyarrow as pa
 import pytest
 
 from lowtide import Engine, Limits, ManualClock, Punctuation
-from lowtide.errors import ResourceExhausted
+from lowtide.errors import InvalidArgument, ResourceExhausted
 from lowtide.operators import wid_aggregate
+from lowtide.server.config import ServerConfig
 
 MS = {"ts": "timestamp[ms]", "k": "int64", "v": "int64"}
 SECONDS_AS_MS = 1_700_000_000  # the tuple: a timestamp in seconds, read as milliseconds
@@ -156,3 +157,10 @@ def test_at_the_windows_per_tuple_limit_a_query_is_accepted_and_runs() -> None:
     made.close_source("S")
     emitted = tables(made.poll("q"))
     assert emitted is not None and emitted.num_rows == 50 and set(emitted.column("n").to_pylist()) == {1}
+
+
+def test_the_server_config_takes_the_window_limits_and_refuses_less_than_one() -> None:
+    config = ServerConfig.load(None, max_windows_per_tuple=10, max_windows_per_step=20)
+    assert (config.max_windows_per_tuple, config.max_windows_per_step) == (10, 20)
+    with pytest.raises(InvalidArgument, match="max_windows_per_tuple and max_windows_per_step"):
+        ServerConfig.load(None, max_windows_per_step=0)
