@@ -4,6 +4,10 @@ The same calls and items as the network client, minus the network (DESIGN.md §6
 either applies whole or raises a :class:`~lowtide.errors.LowtideError` and changes nothing.
 Time-driven work (heartbeat punctuation, idle sources, the early results of ``EMIT EVERY``
 queries) runs on the engine's clock whenever the engine is called, or when :meth:`Engine.tick` is.
+A query that passes a limit while it runs (:class:`Limits`: windows per step) fails alone: the
+call that drove it applies to the streams and every other query; the failed query takes no more
+input, and polling it raises the :class:`~lowtide.errors.ResourceExhausted` naming it once the
+results it made before are drained.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,6 +30,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.state import State, as_dict, as_float, as_int
+from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
@@ -49,6 +55,12 @@ class Limits:
     max_queries: int = 1000
     max_batch_rows: int = 10_000_000
     max_query_bytes: int = MAX_QUERY_BYTES  # query text, UTF-8 encoded
+    max_windows_per_tuple: int = WindowLimits.max_windows_per_tuple  # RANGE / SLIDE, at register
+    max_windows_per_step: int = WindowLimits.max_windows_per_step  # landmark windows per punctuation
+
+    @property
+    def windows(self) -> WindowLimits:
+        return WindowLimits(self.max_windows_per_tuple, self.max_windows_per_step)
 
 
 @dataclass
@@ -65,6 +77,7 @@ class RunningQuery:
     late_dropped: int = 0
     restored_share: str | None = None  # planned again after a restore: the slices it read
     timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
+    failure: ResourceExhausted | None = None  # a limit failed it while it ran (see the module)
 
     @property
     def operators(self) -> list[Operator]:
@@ -238,6 +251,7 @@ class Engine:
             self._slice_shares(),
             self.flush,
             restored_share=restored_share,
+            windows=self.limits.windows,
         )
         plan = plan_query(query, ctx)
         fields = plan.schema
@@ -300,8 +314,24 @@ class Engine:
         self._regranulate()
 
     def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
-        """What each input stream of a query feeds: here, the query's own graph."""
+        """What each input stream of a query feeds: here, the query's own graph, whose Inputs
+        fail the queries reading through them when a limit is passed downstream."""
+        for _, op in running.plan.inputs:
+            op.on_failure = partial(self._fail_readers, op)
         return list(running.plan.inputs)
+
+    def _fail_readers(self, op: Input, exc: ResourceExhausted) -> None:
+        """A limit was passed below ``op``: every query reading through it fails (those reading
+        shared slices too: their input is gone)."""
+        for running in self._queries.values():
+            if any(o is op for _, o in running.subscribers):
+                self._fail(running, exc)
+
+    def _fail(self, running: RunningQuery, exc: ResourceExhausted) -> None:
+        if running.failure is None:
+            running.failure = ResourceExhausted(f"query {running.name!r} failed: {exc}")
+            for _, op in running.subscribers:
+                op.failed = True
 
     def share_of(self, query: str) -> str | None:
         """The :func:`share_key` of the slices ``query`` reads, if it shares any."""
@@ -430,7 +460,7 @@ class Engine:
         elif known.closed:
             raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
         late = [target.late_mask(batch) for batch in parts]
-        strict = [op for op in target.subscribers if op.policy is LatePolicy.ERROR]
+        strict = [op for op in target.subscribers if op.policy is LatePolicy.ERROR and not op.failed]
         n_late = 0
         if strict and any(mask.any() for mask in late):
             # Behind punctuation is late only where a query can no longer count it (§2).
@@ -498,7 +528,12 @@ class Engine:
 
     def _emit_early(self, running: RunningQuery) -> None:
         """A query's EMIT EVERY timer fired: its graph emits the open windows' current rows."""
-        running.plan.emit_partials()
+        if running.failure is not None:
+            return
+        try:
+            running.plan.emit_partials()
+        except ResourceExhausted as exc:
+            self._fail(running, exc)
 
     def poll(self, query: str) -> list[Item]:
         """Result tables and punctuation emitted since the last poll (``"<query>.late"``: late tuples)."""
@@ -511,7 +546,11 @@ class Engine:
             running = self._queries[query[: -len(".late")]]
             items, running.late_items = running.late_items, []
             return items
-        return self._query(query).sink.drain()
+        running = self._query(query)
+        items = running.sink.drain()
+        if not items and running.failure is not None:
+            raise running.failure
+        return items
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

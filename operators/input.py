@@ -10,6 +10,10 @@ tells from the punctuation alone which tuples the window operator could no longe
 server's front answers it as the operator would).
 Punctuation passes on unchanged: the stream's progress, the minimum over its live sources, never
 regressing. Its state: its counters. Placement: any split by row position; its rows pass on.
+With ``on_failure`` set (the in-process engine), a configured limit the query passes downstream
+(:class:`~lowtide.errors.ResourceExhausted`) goes there instead of to the caller, and the Input
+takes nothing more: the query fails alone, the stream's other queries go on. Without it the
+error reaches the caller (a worker fails the query it was handling).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.errors import ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, Keep, declare
@@ -46,6 +51,8 @@ class Input(Operator):
         # It feeds a tuple window, which numbers rows as they arrive: until the end of the
         # stream no tuple is behind it, and a batch comes whole, in its order.
         self.numbers_rows = False
+        self.on_failure: Callable[[ResourceExhausted], None] | None = None
+        self.failed = False  # a limit failed the query: nothing passes any more
 
     @property
     def counts_behind(self) -> bool:
@@ -67,15 +74,28 @@ class Input(Operator):
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
-        self.emit(batch)
+        self._guarded(lambda: self.emit(batch))
 
     def process_late(self, batch: Batch) -> None:
         """Tuples behind the stream's punctuation (see the module)."""
         self.late_tuples += batch.n
         if self.counts_behind:
-            self.emit(Batch(batch.columns, batch.n, late=True))
-        else:
+            self._guarded(lambda: self.emit(Batch(batch.columns, batch.n, late=True)))
+        elif not self.failed:
             self.on_drop(batch)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
-        self.emit_punctuation(punctuation)
+        self._guarded(lambda: self.emit_punctuation(punctuation))
+
+    def _guarded(self, send: Callable[[], None]) -> None:
+        """Pass something downstream; a limit passed there goes to ``on_failure`` (see the module)."""
+        if self.failed:
+            return
+        if self.on_failure is None:
+            send()
+            return
+        try:
+            send()
+        except ResourceExhausted as exc:
+            self.failed = True
+            self.on_failure(exc)

@@ -39,6 +39,7 @@ by slow flush) and the landmark and partition progress.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,12 +54,13 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.state import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind, expand_ranges
-from lowtide.operators.windows import Landmark, Rows, Sliding, Window, in_completed_window
+from lowtide.operators.windows import Landmark, Rows, Sliding, Window, WindowLimits, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 
 I64 = npt.NDArray[np.int64]
 LateSink = Callable[[Batch], None]
+LANDMARK_CHUNK = 1 << 16  # result rows per batch of a landmark's windows emitted together
 
 
 class WIDAggregate(Operator):
@@ -85,9 +87,11 @@ class WIDAggregate(Operator):
         late_sink: LateSink | None = None,
         decode: Callable[[I64], Any] | None = None,
         flush: SlowFlush | None = None,
+        limits: WindowLimits | None = None,
     ) -> None:
         super().__init__()
         self.window = window
+        self.limits = limits or WindowLimits()
         self.group_columns = group_columns
         self.allowed_lateness = allowed_lateness
         self.late_sink = late_sink
@@ -202,25 +206,47 @@ class WIDAggregate(Operator):
     def _landmark_partials(self) -> None:
         """The open landmark windows, from the first slide not emitted (or the first slide seen,
         before the landmark starts) to the last slide holding a tuple: a scratch row starts as
-        the running prefix and takes in each slide's row in turn, emitted after each."""
+        the running prefix and takes in each slide's row in turn; the windows up to the next
+        slide holding a tuple are all that row."""
         state = self.state
         if not state.row_of:
             return  # every slide seen is in the prefix already: no open window holds a tuple
         first = self._next_landmark if self._next_landmark is not None else min(state.row_of)
         start = self._landmark_start if self._next_landmark is not None else first
+        upper = max(state.row_of) + 1
+        self.limits.check_step(self.window, upper - first, "one EMIT EVERY round")
         scratch = state.new_row()
         state.fit()
-        cells, width = state.cells, len(state.groups)
-        n = cells.arrays["n"]
         self._absorb(scratch, self._base)
-        for w in range(first, max(state.row_of) + 1):
-            if w in state.row_of:
-                self._absorb(scratch, state.row_of[w])
-            g = np.flatnonzero(n[scratch, :width] > 0)
-            rows, wids = np.full(g.shape[0], scratch, np.int64), np.full(g.shape[0], w, np.int64)
-            state.emit_cells(rows, g, wids, start, final=False)
-        cells.reset_rows(np.array([scratch], np.int64))
+        for lo, hi in self._runs(first, upper):
+            if lo in state.row_of:
+                self._absorb(scratch, state.row_of[lo])
+            self._emit_prefix(scratch, lo, hi, start, final=False)
+        state.cells.reset_rows(np.array([scratch], np.int64))
         state.free_rows.append(scratch)
+
+    def _runs(self, first: int, upper: int) -> list[tuple[int, int]]:
+        """``[first, upper)`` cut at each slide holding a tuple: within a run every window is the
+        same prefix (a run starts at ``first`` or at such a slide)."""
+        cuts = sorted(w for w in self.state.row_of if first < w < upper)
+        bounds = [first, *cuts, upper]
+        return [(lo, hi) for lo, hi in pairwise(bounds) if lo < hi]
+
+    def _emit_prefix(self, row: int, lo: int, hi: int, start: int, final: bool = True) -> None:
+        """Emit the landmark windows ``[lo, hi)``, each the non-empty groups of prefix ``row``,
+        window by window, in batches of about ``LANDMARK_CHUNK`` result rows."""
+        state = self.state
+        g = np.flatnonzero(state.cells.arrays["n"][row, : len(state.groups)] > 0)
+        if g.shape[0] == 0:
+            return
+        per_chunk = max(1, LANDMARK_CHUNK // g.shape[0])
+        rev = state.cells.arrays.get("rev")
+        for first in range(lo, hi, per_chunk):
+            wids = np.arange(first, min(hi, first + per_chunk), dtype=np.int64)
+            if rev is not None and final:
+                rev[row, g] = -1  # every window is the prefix's first emission
+            rows = np.full(wids.shape[0] * g.shape[0], row, np.int64)
+            state.emit_cells(rows, np.tile(g, wids.shape[0]), np.repeat(wids, g.shape[0]), start, final)
 
     def _absorb(self, scratch: int, row: int) -> None:
         """Combine row ``row`` into the scratch row ``scratch`` (``row`` keeps its cells)."""
@@ -241,25 +267,34 @@ class WIDAggregate(Operator):
         self.state.emit_cells(row_of[np.searchsorted(windows, wids)], gids, wids)
 
     def _emit_landmark(self, q: int) -> None:
+        """Emit every landmark window below ``q``: a run of slides without tuples is the same
+        prefix, emitted in chunks; more windows than ``max_windows_per_step`` fail the query
+        before anything is emitted."""
         state = self.state
-        if self._next_landmark is None:
+        first = self._next_landmark
+        if first is None:
             # The first slide is fixed only once it is complete: until then a tuple of an
             # earlier slide (still at or above the punctuation) may arrive and start the landmark.
             if not state.row_of or min(state.row_of) >= q:
                 return
-            self._next_landmark = self._landmark_start = min(state.row_of)
-        upper = q if q < END_OF_STREAM else (max(state.row_of) + 1 if state.row_of else self._next_landmark)
-        n = state.cells.arrays["n"]
-        for w in range(self._next_landmark, upper):
-            if w in state.row_of:
-                state.cells.merge_row(self._base, state.row_of[w])
-                state.release([w])
-            g = np.flatnonzero(n[self._base, : len(state.groups)] > 0)
-            if "rev" in state.cells.arrays:
-                state.cells.arrays["rev"][self._base, g] = -1
-            base, wids = np.full(g.shape[0], self._base, np.int64), np.full(g.shape[0], w, np.int64)
-            state.emit_cells(base, g, wids, self._landmark_start)
-        self._next_landmark = max(self._next_landmark, upper)
+            first = min(state.row_of)
+        upper = q if q < END_OF_STREAM else (max(state.row_of) + 1 if state.row_of else first)
+        window = self.window
+        assert isinstance(window, Landmark)
+        what = (
+            "the end of the stream"
+            if q >= END_OF_STREAM
+            else f"punctuation {window.attribute} = {q * window.slide}"
+        )
+        self.limits.check_step(window, upper - first, what)
+        if self._next_landmark is None:
+            self._next_landmark = self._landmark_start = first
+        for lo, hi in self._runs(first, upper):
+            if lo in state.row_of:
+                state.cells.merge_row(self._base, state.row_of[lo])
+                state.release([lo])
+            self._emit_prefix(self._base, lo, hi, self._landmark_start)
+        self._next_landmark = max(first, upper)
 
     def _count_partitions(self, partition: I64) -> None:
         n_part = int(partition.max()) + 1

@@ -17,6 +17,11 @@ integer window ids ``w`` (negative ids are windows that start before 0, and are 
 
 A window ``w`` is complete once punctuation ``p >= end(w)``: ``first_open(p)`` is the smallest
 window id that punctuation ``p`` does not yet complete.
+
+:class:`WindowLimits` bounds the work a window may cause without data to match it: the windows
+one tuple belongs to (RANGE/SLIDE, refused when a query is planned) and the windows one step
+(a punctuation, an early-results round) emits that hold no tuple of their own (a landmark emits
+every slide up to the punctuation: one far-off punctuation would otherwise emit millions).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.errors import ResourceExhausted
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 
 I64 = npt.NDArray[np.int64]
@@ -134,6 +140,36 @@ class Session:
 
 
 Window = Sliding | Landmark | Rows
+
+
+@dataclass(frozen=True)
+class WindowLimits:
+    """``max_windows_per_tuple``: the most windows one tuple may belong to (``ceil(RANGE /
+    SLIDE)``); ``max_windows_per_step``: the most windows one punctuation or early-results round
+    may make one window operator emit beyond the windows holding tuples (landmark slides)."""
+
+    max_windows_per_tuple: int = 100_000
+    max_windows_per_step: int = 1_000_000
+
+    def check_window(self, window: Window) -> None:
+        """Refuse a window whose tuples each belong to more windows than the limit."""
+        if isinstance(window, Landmark):
+            return  # a tuple is in one slide: its prefixes are emitted per step
+        per_tuple = -(-window.range // window.slide)
+        if per_tuple > self.max_windows_per_tuple:
+            raise ResourceExhausted(
+                f"{window.describe()} puts each tuple in {per_tuple} windows (RANGE / SLIDE), over the "
+                f"limit max_windows_per_tuple = {self.max_windows_per_tuple}; use a larger SLIDE"
+            )
+
+    def check_step(self, window: Window, windows: int, what: str) -> None:
+        """Refuse to emit ``windows`` windows in one step (``what`` names the step) past the limit,
+        before anything is emitted or allocated."""
+        if windows > self.max_windows_per_step:
+            raise ResourceExhausted(
+                f"{window.describe()}: {what} would emit {windows} windows at once, over "
+                f"max_windows_per_step = {self.max_windows_per_step} (punctuation far ahead of the data?)"
+            )
 
 
 def in_completed_window(window: Window, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:

@@ -16,6 +16,8 @@ max_batch_rows = 1000000
 max_streams = 1000
 max_queries = 1000
 max_query_state_bytes = 1073741824
+max_windows_per_tuple = 100000    # RANGE / SLIDE of a window: a query over it is refused
+max_windows_per_step = 1000000    # windows one punctuation may make a landmark query emit
 retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
@@ -52,6 +54,8 @@ class ServerConfig:
     max_streams: int = 1000
     max_queries: int = 1000
     max_query_state_bytes: int = 1 << 30
+    max_windows_per_tuple: int = 100_000
+    max_windows_per_step: int = 1_000_000
     retained_items: int = 1024
     flush_every: int = 0
     flush_max_windows: int = 2
@@ -81,6 +85,8 @@ class ServerConfig:
             raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {config.fsync!r}")
         if bool(config.tls_cert) != bool(config.tls_key):
             raise InvalidArgument("--tls-cert and --tls-key (tls_cert, tls_key) go together: both or neither")
+        if config.max_windows_per_tuple < 1 or config.max_windows_per_step < 1:
+            raise InvalidArgument("max_windows_per_tuple and max_windows_per_step must be at least 1")
         if config.flush_every < 0 or config.flush_max_windows < 0:
             raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config

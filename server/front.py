@@ -235,7 +235,13 @@ class Front:
 
     def _new_engine(self) -> FrontEngine:
         config = self.config
-        limits = Limits(config.max_streams, config.max_queries, config.max_batch_rows)
+        limits = Limits(
+            config.max_streams,
+            config.max_queries,
+            config.max_batch_rows,
+            max_windows_per_tuple=config.max_windows_per_tuple,
+            max_windows_per_step=config.max_windows_per_step,
+        )
         flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
         engine = FrontEngine(self.workers, clock=self.clock, limits=limits, flush=flush)
         engine.on_released = self.metrics.punctuation_to_result
@@ -283,7 +289,7 @@ class Front:
             case records.FailQuery():
                 remote = engine.remote.get(record.name)
                 if remote is not None and not remote.failed:
-                    engine.fail(remote, record.reason)
+                    engine.fail(remote, record.reason, record.status)
                     self._close_failed(record.name, record.status, record.reason)
             case records.Batch():
                 return self._apply_batch(record, prepared)
@@ -416,7 +422,7 @@ class Front:
                     hub.publish(items)
         remote = self.engine.remote.get(name)
         if remote is not None and remote.failed:
-            self._close_failed(name, "ABORTED", remote.failed)
+            self._close_failed(name, remote.status, remote.failed)
 
     def _close_failed(self, name: str, status: str, reason: str) -> None:
         for key in (name, f"{name}.late"):
@@ -444,7 +450,7 @@ class Front:
                 if isinstance(message, msg.Failed):  # the queries sharing its slices failed with it
                     for remote in self.engine.remote.values():
                         if remote.failed:
-                            self._close_failed(remote.name, "ABORTED", remote.failed)
+                            self._close_failed(remote.name, remote.status, remote.failed)
 
     def _synced(self, token: int) -> None:
         """One more worker has processed everything posted before the sync of ``token``."""

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, assert_never
 
 from lowtide.errors import CorruptState
+from lowtide.operators.windows import WindowLimits
 
 if TYPE_CHECKING:
     from lowtide.engine import SlowFlush
@@ -40,6 +41,7 @@ class QuerySpec:
     schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
     flush: SlowFlush | None = None
     restored_share: str | None = None  # planned again after a restore: the slices it read
+    windows: WindowLimits = field(default_factory=WindowLimits)  # the server's windows per tuple and per step
 
 
 # -- front -> worker ------------------------------------------------------------------------------
@@ -182,10 +184,12 @@ class Synced:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The query failed on this worker (and was dropped there); ``reason`` is one line."""
+    """The query failed on this worker (and was dropped there); ``reason`` is one line;
+    ``status`` the gRPC code its subscriptions end with (a limit: RESOURCE_EXHAUSTED)."""
 
     query: str
     reason: str
+    status: str = "ABORTED"
 
 
 @dataclass(frozen=True, slots=True)

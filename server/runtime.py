@@ -43,6 +43,7 @@ class RemoteQuery:
     workers: list[int]
     meld: OrderedMeld
     failed: str | None = None
+    status: str = "ABORTED"  # the gRPC code its subscriptions end with once it failed
     worker_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     released: dict[float, int] = field(default_factory=dict)  # punctuation sent_at -> workers done
 
@@ -157,6 +158,7 @@ class FrontEngine(Engine):
             },
             self.flush,
             running.restored_share,
+            self.limits.windows,
         )
         self.sync_strings()
         for worker in workers:
@@ -231,7 +233,7 @@ class FrontEngine(Engine):
                 self._released(remote, message.sent_at)
             case msg.Failed():
                 reason = f"query {remote.name!r} failed on worker {worker}: {message.reason}"
-                self.fail(remote, reason)
+                self.fail(remote, reason, message.status)
                 if any(feeder is remote for feeder, _ in self._feeders.values()):
                     # The queries reading the slices it fed get no more tuples: they fail with it.
                     for other in self.remote.values():
@@ -268,8 +270,9 @@ class FrontEngine(Engine):
                 lost.append(remote.name)
         return lost
 
-    def fail(self, remote: RemoteQuery, reason: str) -> None:
+    def fail(self, remote: RemoteQuery, reason: str, status: str = "ABORTED") -> None:
         remote.failed = reason
+        remote.status = status
         for worker in remote.workers:
             self.workers.post(worker, msg.Drop(remote.name))
 

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from lowtide.batch import Batch
-from lowtide.errors import CorruptState
+from lowtide.errors import CorruptState, ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.state import State, as_dict, fields, unpack
@@ -185,6 +185,7 @@ class Worker:
             self.shares,
             spec.flush,
             restored_share=spec.restored_share,
+            windows=spec.windows,
         )
         plan = plan_query(parse_query(spec.sql), ctx)
         plan.start()
@@ -258,7 +259,9 @@ class Worker:
             self.drop(query)
             lines = str(exc).strip().splitlines()
             reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            self.out.send(msg.Failed(query, reason[:300]))
+            # A limit passed keeps its status (RESOURCE_EXHAUSTED); anything else aborts the query.
+            status = exc.status if isinstance(exc, ResourceExhausted) else "ABORTED"
+            self.out.send(msg.Failed(query, reason[:300], status))
         return True
 
     def _process(self, message: msg.Batch, arrays: dict[str, np.ndarray[Any, Any]]) -> None:

@@ -33,7 +33,7 @@ from lowtide.operators.session import RETRACTED, SessionAggregate
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Landmark, Rows, Session, Sliding
+from lowtide.operators.windows import Landmark, Rows, Session, Sliding, WindowLimits
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
     BinaryOp,
@@ -108,6 +108,9 @@ class Context:
     flush: SlowFlush | None = None  # smooth emission of time windows; None: all at punctuation
     # Planning a query again to restore it: the share_key of the slices it read (plan_state.saved_share).
     restored_share: str | None = None
+    windows: WindowLimits = field(
+        default_factory=WindowLimits
+    )  # windows per tuple and per step (the server's config)
     plan_ops: list[Operator] = field(default_factory=list)
     inputs: list[tuple[str, Input]] = field(default_factory=list)
 
@@ -402,6 +405,8 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
             )
         attribute, kind = f.physical, f.type
     window = window_of(spec, attribute, kind, partition)
+    if isinstance(window, Sliding | Rows):
+        ctx.windows.check_window(window)
     early = early_results(spec, window)
     extra = (FINAL,) if early is not None else ()  # the column of early results, after revision
     if isinstance(window, Session) and ctx.policy is LatePolicy.UPDATE:
@@ -555,6 +560,7 @@ def _aggregate(query: Query, stage: Stage, ctx: Context, slides: dict[str, int])
                 decode=decode,
                 # Revisions must follow their window's first emission: no slow flush under lateness.
                 flush=ctx.flush if lateness is None and isinstance(window, Sliding) else None,
+                limits=ctx.windows,
             )
             ctx.add(agg, bucket)
             _judges_behind(stage, ctx, agg.late_mask, numbers_rows=isinstance(window, Rows))
