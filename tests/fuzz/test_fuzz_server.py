@@ -321,9 +321,9 @@ def test_damaged_arrow_streams(scene: Scene) -> None:
 
 
 def test_timestamps_far_apart_fail_at_most_their_query(scene: Scene) -> None:
-    """Tuples 2^62 ms apart, at the ends of the domain: the window operators size a batch's per-window state by the span
-    it covers, so a query over them may fail (its subscribers get ABORTED with a reason) - but
-    the worker process stays up, and so does everything else."""
+    """Tuples 2^62 ms apart, at the ends of the domain: the window operators size a batch's
+    per-window state by the span it covers, so a query over them may fail (its subscribers get
+    ABORTED with a reason) - but the worker process stays up, and so does everything else."""
     stub, pids = scene.stub, scene.server.worker_pids()
     stub.CreateStream(pb.CreateStreamRequest(name="fz_far", schema=COLUMNS, progressing="ts"), timeout=30)
     stub.RegisterQuery(pb.RegisterQueryRequest(sql=QUERY.format(s="fz_far"), name="fz_farq"), timeout=30)
