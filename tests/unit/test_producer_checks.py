@@ -17,6 +17,7 @@ from lowtide.clients._batching import Batcher, Outgoing
 from lowtide.clients._checks import Contract, RowCheck
 from lowtide.clients._producing import CallLog, ProducerCore
 from lowtide.clients._wire import ServerUnavailable, read_arrow
+from lowtide.clients.spark import LowtideSink
 from lowtide.errors import InvalidArgument, LateTuple, NotFound, RegressingPunctuation, SchemaMismatch
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 from lowtide.schema import Schema, check
@@ -335,3 +336,12 @@ def test_a_call_ends_at_its_bound_never_inside_a_batch(monkeypatch: pytest.Monke
         full.append(log.full())
     # header, batch 1, part 1 of 2, part 2 of 2, punctuation, batch 3
     assert full == [False, False, False, True, True, True]
+
+
+def test_the_spark_sinks_watermark_stays_within_the_domain() -> None:
+    """Event times near the bottom of the domain minus a long delay: the watermark is held at
+    -2^62 (below it promises nothing more), not sent below the domain to be refused."""
+    sink = LowtideSink("127.0.0.1:1", "S", punctuation="watermark:10 seconds")
+    sink._delay, sink._punctuated = 2**62, {sink.source: NO_PROGRESS}
+    assert sink._punctuation_after(-(2**62) + 5, NO_PROGRESS) == -(2**62)
+    assert sink._punctuation_after(2**62 - 1, NO_PROGRESS) == -1
