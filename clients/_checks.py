@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from lowtide.errors import NotFound, RegressingPunctuation, SchemaMismatch
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+from lowtide.punctuation.model import DOMAIN, END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN
 from lowtide.schema import ColumnType, Schema, check, check_names
 
 Convert = Callable[[Any], Any]
@@ -105,7 +105,8 @@ class RowCheck:
 
     def _shape(self, names: tuple[str, ...]) -> tuple[Convert, ...]:
         check_names(names, self.schema)
-        converts = tuple(converter(name, self.schema.type_of(name)) for name in names)
+        progressing = self.schema.progressing
+        converts = tuple(converter(name, self.schema.type_of(name), name == progressing) for name in names)
         if len(self._shapes) >= _KNOWN_SHAPES:
             self._shapes.clear()
         self._shapes[names] = converts
@@ -115,8 +116,9 @@ class RowCheck:
         return [self.schema.type_of(name).arrow for name in names]
 
 
-def converter(name: str, kind: ColumnType) -> Convert:
-    """The check of one column's values in rows sent one by one (the door's rules, value by value)."""
+def converter(name: str, kind: ColumnType, progressing: bool = False) -> Convert:
+    """The check of one column's values in rows sent one by one (the door's rules, value by value;
+    the progressing attribute's values lie in its domain, ``[-2^62, 2^62)``)."""
 
     def wrong(value: Any) -> SchemaMismatch:
         if value is None:
@@ -153,8 +155,15 @@ def converter(name: str, kind: ColumnType) -> Convert:
             raise wrong(value)
 
         return real
-    low, high = _INT32 if kind.name == "int32" else _INT64
+    low, high = _INT32 if kind.name == "int32" else (TIME_MIN, TIME_END) if progressing else _INT64
     unit = kind.unit
+
+    def outside(number: int) -> SchemaMismatch:
+        if progressing:
+            return SchemaMismatch(
+                f"column {name!r} has {number}, outside the domain of a progressing attribute, {DOMAIN}"
+            )
+        return SchemaMismatch(f"column {name!r} is {kind.name}, got {number}, out of its range")
 
     def integer(value: Any) -> Any:
         if type(value) is int and low <= value < high:
@@ -173,11 +182,18 @@ def converter(name: str, kind: ColumnType) -> Convert:
             micros = value.microsecond % _SUB_UNIT[unit] if unit in ("s", "ms") else 0
             if micros or (unit != "ns" and getattr(value, "nanosecond", 0)):
                 raise SchemaMismatch(f"column {name!r} is {kind.name}, got {value!r}, finer than its unit")
+            if progressing:
+                try:
+                    number = pa.scalar(value, kind.arrow).value
+                except (pa.ArrowException, OverflowError, ValueError) as exc:  # past int64 in its unit
+                    raise SchemaMismatch(f"column {name!r} is {kind.name}, got {value!r}: {exc}") from exc
+                if not low <= number < high:
+                    raise outside(number)
             return value
         else:
             raise wrong(value)
         if not low <= number < high:
-            raise SchemaMismatch(f"column {name!r} is {kind.name}, got {number}, out of its range")
+            raise outside(number)
         return number
 
     return integer

@@ -30,7 +30,7 @@ from lowtide.clients._batching import Batcher, Outgoing, prepare, punctuation_va
 from lowtide.clients._checks import Contract, RowCheck
 from lowtide.clients._wire import IngestResult, ServerError, translate
 from lowtide.errors import InvalidArgument, LowtideError
-from lowtide.punctuation.model import NO_PROGRESS
+from lowtide.punctuation.model import NO_PROGRESS, check_punctuation_value
 from lowtide.schema import to_arrow_table
 
 CALL_MAX_BYTES = 64 << 20
@@ -124,6 +124,7 @@ class ProducerCore:
             raise errors.RegressingPunctuation(
                 f"punctuation {checked} of source {self.source!r} goes back from {self.last_punctuation}"
             )
+        check_punctuation_value(checked, self.stream)
         self.punctuations += 1
         self.last_punctuation = checked
         due = self.batcher.punctuation(checked, self.punctuations)

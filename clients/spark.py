@@ -57,7 +57,7 @@ from lowtide.clients._wire import IngestResult, ServerUnavailable
 from lowtide.clients.client import Client, Producer
 from lowtide.errors import InvalidArgument, NotFound
 from lowtide.punctuation.generators import duration_units
-from lowtide.punctuation.model import NO_PROGRESS
+from lowtide.punctuation.model import NO_PROGRESS, TIME_MIN
 
 T = TypeVar("T")
 
@@ -237,7 +237,7 @@ class LowtideSink:
         """The punctuation due after a batch, never below what any source already holds."""
         if self.mode.kind == "watermark" and max_event != NO_PROGRESS:
             self._max_event = max(self._max_event, max_event)
-            due = self._max_event - self._delay
+            due = max(self._max_event - self._delay, TIME_MIN)  # below it promises nothing more
         elif self.mode.kind == "column":
             due = watermark
         else:

@@ -22,7 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.errors import AlreadyExists, InvalidArgument, LateTuple, NotFound, ResourceExhausted
+from lowtide.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    LateTuple,
+    NotFound,
+    ResourceExhausted,
+    UnsupportedQuery,
+)
 from lowtide.handles import Item, Query
 from lowtide.ipc import validate_table
 from lowtide.names import check_name, check_source, shown
@@ -32,7 +39,12 @@ from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.state import State, as_dict, as_float, as_int
 from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.generators import Generator
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.punctuation.model import (
+    MAX_DERIVED_DEPTH,
+    NO_PROGRESS,
+    Punctuation,
+    check_punctuation_value,
+)
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
@@ -254,6 +266,12 @@ class Engine:
             windows=self.limits.windows,
         )
         plan = plan_query(query, ctx)
+        depth = max((self._depth(s) for s, _ in plan.inputs), default=0)
+        if depth > MAX_DERIVED_DEPTH:  # see lowtide.punctuation.model: the domain
+            raise UnsupportedQuery(
+                f"query {name!r} would read query results {depth} levels deep, at most {MAX_DERIVED_DEPTH}: "
+                "each level's window_end may pass its input's values by a window"
+            )
         fields = plan.schema
         derived = self._derived_stream(name, plan)
         sink = Sink(
@@ -273,6 +291,13 @@ class Engine:
         )
         holder.append(running)
         return running
+
+    def _depth(self, stream: str) -> int:
+        """How many queries deep ``stream`` is: 0 for an input stream, else its query's depth."""
+        running = self._queries.get(stream)
+        if running is None:
+            return 0
+        return 1 + max((self._depth(s) for s, _ in running.plan.inputs), default=0)
 
     @staticmethod
     def _forward(derived: Stream, name: str, batch: Batch) -> None:
@@ -492,11 +517,10 @@ class Engine:
                 f"{target.attribute!r}, got {value!r}"
             )
         whole = int(value)
-        if not NO_PROGRESS <= whole <= END_OF_STREAM:
-            raise InvalidArgument(f"punctuation {whole} of stream {stream!r} is out of the int64 range")
         if source not in target.sources:
             check_source(source)
         target.check_punctuation(source, whole)
+        check_punctuation_value(whole, stream)
         return whole
 
     def close_source(self, stream: str, source: str = DEFAULT_SOURCE) -> None:

@@ -3,7 +3,9 @@
 Inside the engine every column is a numpy array: int64/int32/float64/bool keep their dtype,
 ``string`` becomes int64 codes of the engine's :class:`~lowtide.strings.StringPool`, and
 ``timestamp[unit]`` becomes int64 counts of that unit. A batch that does not fit its schema is
-rejected whole with a one-line reason, before anything is changed.
+rejected whole with a one-line reason, before anything is changed; so is a batch with a value of
+the progressing attribute outside its domain ``[-2^62, 2^62)``, where every window bound of every
+query computes without overflow (:mod:`lowtide.punctuation.model`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pyarrow.compute as pc
 from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument, SchemaMismatch
 from lowtide.names import check_column, shown
+from lowtide.punctuation.model import DOMAIN, TIME_END, TIME_MIN
 from lowtide.strings import NULL_CODE, StringPool
 
 _TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns)\]$")
@@ -258,7 +261,19 @@ def admit(data: Any, schema: Schema, pool: StringPool) -> Batch:
         except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
             reason = " ".join(str(exc).split())
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc
+    check_domain(schema.progressing, columns[schema.progressing])
     return Batch(columns, table.num_rows)
+
+
+def check_domain(name: str, values: npt.NDArray[Any]) -> None:
+    """The values of progressing attribute ``name`` lie in ``[TIME_MIN, TIME_END)``."""
+    outside = (values < TIME_MIN) | (values >= TIME_END)
+    if outside.any():
+        row = int(np.argmax(outside))
+        raise SchemaMismatch(
+            f"column {name!r} has {int(values[row])} at row {row}, outside the domain of a "
+            f"progressing attribute, {DOMAIN}"
+        )
 
 
 def check_names(names: Sequence[str], schema: Schema) -> None:
@@ -284,13 +299,16 @@ def check(table: pa.Table, schema: Schema) -> None:
     check_names(table.column_names, schema)
     for name, kind in schema.columns:
         values = table.column(name)
-        if _exact(values, kind):
+        progressing = name == schema.progressing
+        if _exact(values, kind) and not progressing:
             continue
         try:
-            _column(name, values, kind, None)
+            column = _column(name, values, kind, None)
         except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
             reason = " ".join(str(exc).split())
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc
+        if progressing:
+            check_domain(name, column)
 
 
 def _exact(values: pa.ChunkedArray, kind: ColumnType) -> bool:

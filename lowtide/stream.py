@@ -24,7 +24,7 @@ from lowtide.errors import NotFound, RegressingPunctuation
 from lowtide.operators.input import Input
 from lowtide.operators.state import State, as_bool, as_dict, as_float, as_int, as_list, as_str
 from lowtide.punctuation.generators import Generator
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN, Punctuation
 from lowtide.schema import Schema, admit
 from lowtide.strings import StringPool
 from lowtide.testing import Clock
@@ -231,6 +231,10 @@ class Stream:
             self._publish()
 
     def _coarsen(self, value: int) -> int:
+        """A generated punctuation, floored to the granularity and held within the domain: a
+        bounded slack or a heartbeat's skew may take it past either end, where it promises the
+        same as the end (no tuple lies outside the domain)."""
+        value = min(max(value, TIME_MIN), TIME_END)
         return value - value % self.granularity if self.granularity > 1 else value
 
     @staticmethod

@@ -383,8 +383,8 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
 
     def duration(self, c: list[Any]) -> Duration:
         amount, unit = c
-        if unit is None:
-            return Duration(float(amount), None)
+        if unit is None:  # in the attribute's units: an integer stays exact past 2^53
+            return Duration(int(amount) if str(amount).isdigit() else float(amount), None)
         if unit.lower() not in DURATION_UNITS:
             raise _error_at(unit, f"unknown duration unit {_quote(unit)}; expected ms, s, min, h or day")
         return Duration(float(amount), DURATION_UNITS[unit.lower()])

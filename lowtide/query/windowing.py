@@ -6,25 +6,26 @@ from dataclasses import dataclass
 
 from lowtide.errors import UnsupportedQuery
 from lowtide.operators.windows import Landmark, Rows, Session, Sliding, Window
+from lowtide.punctuation.model import MAX_EXTENT
 from lowtide.query.ast import Column, Duration, Rank, RowNum, WindowSpec
 from lowtide.query.ast import Rows as RowCount
 from lowtide.schema import ColumnType
 
 _UNIT_MS = {"ms": 1.0, "s": 1000.0, "min": 60_000.0, "h": 3_600_000.0, "day": 86_400_000.0}
-# Window extents, slides and lateness in the attribute's units, and row counts: window arithmetic
-# on int64 attribute values must not overflow.
-MAX_EXTENT = 2**62
+# Window extents, slides, gaps and lateness in the attribute's units, and row counts: up to
+# MAX_EXTENT, so that window arithmetic on the attribute's domain never overflows int64.
+_MAX_EXTENT_TEXT = f"2^{MAX_EXTENT.bit_length() - 1}"
 
 
 def to_units(value: Duration | RowCount, kind: ColumnType, what: str) -> int:
     """A duration in the attribute's units (a bare number already is); must be a positive integer."""
     if isinstance(value, RowCount):
         raise UnsupportedQuery(f"{what} is a number of rows but the window is on {kind.name} values")
-    scale = 1.0 if value.unit is None else _UNIT_MS[value.unit] / kind.unit_ms
-    units = value.amount * scale
+    units = value.amount if value.unit is None else value.amount * _UNIT_MS[value.unit] / kind.unit_ms
     if not 0 < units <= MAX_EXTENT:  # NaN and infinity too
         raise UnsupportedQuery(
-            f"{what} must be a positive whole number of {kind.unit or 'units'} up to 2^62, got {units:g}"
+            f"{what} must be a positive whole number of {kind.unit or 'units'} up to {_MAX_EXTENT_TEXT}, "
+            f"got {units:g}"
         )
     whole = round(units)
     if abs(units - whole) > 1e-9 or whole <= 0:
@@ -36,7 +37,9 @@ def to_units(value: Duration | RowCount, kind: ColumnType, what: str) -> int:
 
 def rows_of(value: Duration | RowCount | None, what: str) -> int:
     if not isinstance(value, RowCount) or not 0 < value.count <= MAX_EXTENT:
-        raise UnsupportedQuery(f"{what} of a tuple window must be a positive number of rows, up to 2^62")
+        raise UnsupportedQuery(
+            f"{what} of a tuple window must be a positive number of rows, up to {_MAX_EXTENT_TEXT}"
+        )
     return value.count
 
 

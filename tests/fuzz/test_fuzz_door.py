@@ -195,6 +195,9 @@ HAND_BUILT = [
     ("ts in ns, not whole ms", _in("ts", pa.array([T0 * 10**6 + 1], pa.timestamp("ns"))), BAD, "exactly"),
     ("ts in ns, whole ms", _in("ts", pa.array([T0 * 10**6], pa.timestamp("ns"))), "OK", ""),
     ("ts in s past int64 as ms", _in("ts", pa.array([2**62], pa.timestamp("s"))), BAD, "exactly"),
+    ("ts near the end of int64", _in("ts", pa.array([T0, 2**63 - 7], pa.timestamp("ms"))), BAD, "domain"),
+    ("ts at the start of int64", _in("ts", pa.array([-(2**63)], pa.timestamp("ms"))), BAD, "domain"),
+    ("ts at the domain's ends", _in("ts", pa.array([-(2**62), 2**62 - 1], pa.timestamp("ms"))), "OK", ""),
     ("uint64 past int64", _in("bytes", pa.array([2**63], pa.uint64())), BAD, "range"),
     ("float past int64", _in("bytes", pa.array([1e19])), BAD, "range"),
     ("nulls in a string for float64", _in("load", pa.array(["1.5", None])), BAD, "load"),
@@ -268,15 +271,21 @@ def test_columns_of_any_name_type_and_count(door: InProcess, table: pa.Table) ->
 @examples(100)
 @given(
     unit=st.sampled_from(["s", "ms", "us", "ns"]),
-    values=st.lists(st.integers(-(2**63) + 1, 2**63 - 1), min_size=1, max_size=5),
+    values=st.lists(
+        st.one_of(st.integers(-(2**63) + 1, 2**63 - 1), st.integers(-(2**62), 2**62 - 1)),
+        min_size=1,
+        max_size=5,
+    ),
 )
 def test_timestamps_of_other_units(unit: str, values: list[int]) -> None:
-    """Accepted exactly when every value is a whole number of milliseconds within int64."""
+    """Accepted exactly when every value is a whole number of milliseconds within the domain of a
+    progressing attribute, [-2^62, 2^62)."""
     table = with_column("ts", pa.array(values, pa.timestamp(unit)))
     per_ms = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 10**6}[unit]
     exact = all(
-        (v % per_ms == 0 if per_ms >= 1 else -(2**63) <= v * 1000 < 2**63) for v in values
-    )  # fmt: skip
+        (v % per_ms == 0 and -(2**62) <= v // per_ms < 2**62 if per_ms >= 1 else -(2**62) <= v * 1000 < 2**62)
+        for v in values
+    )
     eng = engine()
     assert push_outcome(eng, table) == ("OK" if exact else "SchemaMismatch")
     if exact:

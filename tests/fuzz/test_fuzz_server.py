@@ -321,16 +321,16 @@ def test_damaged_arrow_streams(scene: Scene) -> None:
 
 
 def test_timestamps_far_apart_fail_at_most_their_query(scene: Scene) -> None:
-    """Two tuples 2^62 ms apart: the window operators size a batch's per-window state by the span
-    it covers, so a query over them may fail (its subscribers get ABORTED with a reason) - but
-    the worker process stays up, and so does everything else."""
+    """Tuples 2^62 ms apart, at the ends of the domain: the window operators size a batch's
+    per-window state by the span it covers, so a query over them may fail (its subscribers get
+    ABORTED with a reason) - but the worker process stays up, and so does everything else."""
     stub, pids = scene.stub, scene.server.worker_pids()
     stub.CreateStream(pb.CreateStreamRequest(name="fz_far", schema=COLUMNS, progressing="ts"), timeout=30)
     stub.RegisterQuery(pb.RegisterQueryRequest(sql=QUERY.format(s="fz_far"), name="fz_farq"), timeout=30)
     watch = Subscription(stub, "fz_farq")
-    far = with_column("ts", pa.array([-(2**62), 0, 2**62], pa.timestamp("ms")))
+    far = with_column("ts", pa.array([-(2**62), 0, 2**62 - 1], pa.timestamp("ms")))  # the domain's ends
     header = pb.IngestRequest(stream="fz_far", source="p")
-    found = scene.ingest(header, pb.IngestRequest(arrow=ipc(far)), pb.IngestRequest(punctuation=2**62 + 1))
+    found = scene.ingest(header, pb.IngestRequest(arrow=ipc(far)), pb.IngestRequest(punctuation=2**62))
     if found.code != grpc.StatusCode.OK:
         refused(found, "timestamps far apart")
     # The worker has taken the batch once the query's output moves on or the query has failed.

@@ -17,7 +17,8 @@ from lowtide.clients._batching import Batcher, Outgoing
 from lowtide.clients._checks import Contract, RowCheck
 from lowtide.clients._producing import CallLog, ProducerCore
 from lowtide.clients._wire import ServerUnavailable, read_arrow
-from lowtide.errors import LateTuple, NotFound, RegressingPunctuation, SchemaMismatch
+from lowtide.clients.spark import LowtideSink
+from lowtide.errors import InvalidArgument, LateTuple, NotFound, RegressingPunctuation, SchemaMismatch
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 from lowtide.schema import Schema, check
 
@@ -63,6 +64,11 @@ def good(n: int = 3) -> dict[str, Any]:
             {"ts": pa.array([1_001, 2, 3], pa.timestamp("us"))},
             "column 'ts' is timestamp.ms., got timestamp.us.",
         ),
+        (
+            {"ts": pa.array([0, 1, 2**63 - 7], pa.timestamp("ms"))},
+            r"column 'ts' has 9223372036854775801 at row 2, outside the domain .* \[-2\^62, 2\^62\)",
+        ),
+        ({"ts": [-(2**63), 1, 2]}, "column 'ts' has -9223372036854775808 at row 0, outside the domain"),
     ],
 )
 def test_a_table_that_the_door_refuses_is_refused_before_it_leaves(
@@ -122,11 +128,27 @@ def test_a_row_is_checked_value_by_value_and_typed_as_the_stream() -> None:
             {"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": datetime.datetime(2024, 1, 1, 0, 0, 0, 5)},
             "finer than its unit",
         ),
+        (
+            {"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": 2**62},
+            "column 'ts' has 4611686018427387904, outside",
+        ),
+        ({"k": "a", "len": 1, "x": 1.0, "ok": True, "ts": -(2.0**63)}, "outside the domain"),
     ],
 )
 def test_a_row_the_door_would_refuse_raises(row: dict[str, Any], reason: str) -> None:
     with pytest.raises(SchemaMismatch, match=reason):
         RowCheck(schema())(row)
+
+
+def test_a_row_checks_a_datetime_against_the_domain_in_its_unit() -> None:
+    """In nanoseconds the domain [-2^62, 2^62) spans the years 1823 to 2116."""
+    rows = RowCheck(Schema.of({"ts": "timestamp[ns]"}, "ts"))
+    assert rows({"ts": datetime.datetime(2116, 1, 1)})[1] == (datetime.datetime(2116, 1, 1),)
+    for year in (1800, 2200):
+        with pytest.raises(SchemaMismatch, match="outside the domain"):
+            rows({"ts": datetime.datetime(year, 1, 1)})
+    with pytest.raises(SchemaMismatch, match="out of bounds"):  # past int64 in nanoseconds
+        rows({"ts": datetime.datetime(1, 1, 1)})
 
 
 def test_rows_become_one_batch_of_the_streams_types() -> None:
@@ -185,6 +207,14 @@ def test_punctuation_never_goes_back() -> None:
     with pytest.raises(RegressingPunctuation, match=r"goes back from 500 \(this producer's last"):
         core.punctuate(10)
     assert core.punctuations == 2 and core.last_punctuation == 500
+    for outside in (2**63 - 2, 2**62 + 1):  # the end of the stream is close()'s alone
+        with pytest.raises(InvalidArgument, match=r"outside the domain .* \[-2\^62, 2\^62\]"):
+            core.punctuate(outside)
+    unopened = ProducerCore("t", "S", "a", 100, 0.0)
+    with pytest.raises(InvalidArgument, match="outside the domain"):
+        unopened.punctuate(-(2**63))
+    core.punctuate(2**62)  # the top of the domain
+    assert core.punctuations == 3 and core.last_punctuation == 2**62
     closed = ProducerCore("t", "S", "gone", 100, 0.0)
     closed.open([INFO])
     with pytest.raises(RegressingPunctuation, match="is closed"):
@@ -306,3 +336,12 @@ def test_a_call_ends_at_its_bound_never_inside_a_batch(monkeypatch: pytest.Monke
         full.append(log.full())
     # header, batch 1, part 1 of 2, part 2 of 2, punctuation, batch 3
     assert full == [False, False, False, True, True, True]
+
+
+def test_the_spark_sinks_watermark_stays_within_the_domain() -> None:
+    """Event times near the bottom of the domain minus a long delay: the watermark is held at
+    -2^62 (below it promises nothing more), not sent below the domain to be refused."""
+    sink = LowtideSink("127.0.0.1:1", "S", punctuation="watermark:10 seconds")
+    sink._delay, sink._punctuated = 2**62, {sink.source: NO_PROGRESS}
+    assert sink._punctuation_after(-(2**62) + 5, NO_PROGRESS) == -(2**62)
+    assert sink._punctuation_after(2**62 - 1, NO_PROGRESS) == -1
