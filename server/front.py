@@ -832,7 +832,11 @@ async def _serve(config: ServerConfig) -> int:
     await front.sync()  # every worker is up and answering before the server says it serves
     if front.state is not None:
         began = time.monotonic()
-        replayed, torn = await front.recover()
+        try:
+            replayed, torn = await front.recover()
+        except StartupFailure:
+            await front.stop()  # the workers and their shared memory go; the state directory stays as it was
+            raise
         if torn is not None:
             print(
                 f"lowtide: dropped a torn last record (never acknowledged): {torn.dropped} bytes at "
