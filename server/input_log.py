@@ -247,14 +247,6 @@ def _next_frame(data: bytes, at: int) -> int:
     return -1
 
 
-def _frames(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """``(end offset, payload)`` of each whole frame from the start, up to the first that is not."""
-    at = 0
-    while (end := _frame_end(data, at)) >= 0:
-        yield end, data[at + _FRAME.size : end]
-        at = end
-
-
 def _check_tail(path: Path, data: bytes, at: int, last: bool) -> None:
     """The bytes of ``path`` from ``at`` on are not a whole frame: raise :class:`Damaged` unless
     they are a torn write. Only the last frame of the last segment can be torn (each frame is one
@@ -343,14 +335,15 @@ class InputLog:
             last = opening and index == len(segments) - 1
             data = path.read_bytes()
             at = 0  # where the whole frames end
-            for at, payload in _frames(data):
+            while (end := _frame_end(data, at)) >= 0:
                 if seq >= start:
                     try:
-                        record = decode(payload)
+                        record = decode(data[at + _FRAME.size : end])
                     except (ValueError, KeyError, TypeError, struct.error) as exc:
                         raise Damaged(f"unreadable record {seq} in {path}: {exc}") from None
                     yield seq, record
                 seq += 1
+                at = end
             if at < len(data):
                 _check_tail(path, data, at, last)
                 self._torn = TornTail(path, at, len(data))
