@@ -156,25 +156,24 @@ def test_a_last_segment_cut_short_mid_file_is_refused_when_a_manifest_says_it_wa
 
 def test_missing_segments_and_a_missing_log_are_refused(tmp_path: Path) -> None:
     original = filled(tmp_path, segment_bytes=3000)
-    first, middle, *_, last = segments(original)
+    first, middle, after, *_, last = segments(original)
     manifest = original / "checkpoints" / "00000000000000000008" / MANIFEST
     extent = extent_of(original, manifest)
     cases = {
-        "middle": (middle, f"the input log misses records {int(middle.stem)} to "),
-        "last": (last, f"the input log ends at record {int(last.stem)} in "),
-        "first": (first, f"the input log begins at record {int(middle.stem)} in {middle}, but no whole"),
+        middle: f"the input log misses records {int(middle.stem)} to {int(after.stem) - 1} before ",
+        last: f"the input log ends at record {int(last.stem)} in ",
+        first: f"the input log begins at record {int(middle.stem)} in ",
     }
-    for name, (segment, match) in cases.items():
-        state = tmp_path / name
+    for segment, match in cases.items():
+        state = tmp_path / segment.stem
         shutil.copytree(original, state)
         (state / "log" / segment.name).unlink()
-        refused(state, match.replace(str(original), str(state)), extent=extent)
-    (state / "log" / first.name).write_bytes(first.read_bytes())
-    for path in segments(state):
-        path.unlink()
-    refused(state, f"the input log {state / 'log'} holds no segment")
-    shutil.rmtree(state / "log")
-    refused(state, f"the input log {state / 'log'} is missing")
+        refused(state, match, extent=extent)
+    for segment in segments(original):
+        segment.unlink()
+    refused(original, f"the input log {original / 'log'} holds no segment (a log always holds one)")
+    (original / "log").rmdir()
+    refused(original, f"the input log {original / 'log'} is missing")
 
 
 def checkpoints(state: Path, seqs: list[int]) -> CheckpointStore:
