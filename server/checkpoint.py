@@ -16,10 +16,12 @@ that moment is saved with it and sent again at restore. The manifest follows onc
 has reported its file written, with the size and CRC-32 it reported.
 
 Layout: ``D/checkpoints/<seq>/`` holding the state files and ``MANIFEST.json`` (written last,
-atomically: the CRC-32 and size of every file). A directory without a manifest is a checkpoint a
-crash interrupted: ignored and removed. A file that does not match the manifest makes recovery
-fall back to the previous checkpoint, saying which file; with none left to fall back to, the
-start stops naming the file (never a silent empty start).
+atomically: the CRC-32 and size of every file, and how far the input log reached, fsynced just
+before: see :class:`~lowtide.server.input_log.Extent`). A directory without a manifest is a
+checkpoint a crash interrupted: ignored, and removed once a start has recovered. A file that
+does not match the manifest makes recovery fall back to the previous checkpoint, saying which
+file; with none left to fall back to, the start stops naming the file (never a silent empty
+start). Loading changes nothing in ``D``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from lowtide.errors import CorruptState, StartupFailure
 from lowtide.operators.state import State, unpack
 from lowtide.server.files import write_atomically, write_parts_atomically
+from lowtide.server.input_log import Extent
 
 MANIFEST = "MANIFEST.json"
 FRONT = "front.state"
@@ -58,39 +61,70 @@ class Checkpoint:
 class CheckpointStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
 
     def begin(self, seq: int) -> Path:
         """An empty directory for the checkpoint at ``seq``."""
         target = self.directory / f"{seq:020d}"
         shutil.rmtree(target, ignore_errors=True)
-        target.mkdir()
+        target.mkdir(parents=True)
         return target
 
-    def commit(self, seq: int, front: list[bytes | memoryview], workers: Sequence[tuple[int, int]]) -> int:
+    def commit(
+        self,
+        seq: int,
+        front: list[bytes | memoryview],
+        workers: Sequence[tuple[int, int]],
+        log: tuple[int, str, int],
+    ) -> int:
         """Write the front's state and the manifest: from here on the checkpoint counts.
         ``workers``: the size and CRC-32 of each worker's file as its writer reported them (read
-        back, a large state would hold up the front). Returns the checkpoint's bytes."""
+        back, a large state would hold up the front); ``log``: how far the input log reaches, on
+        disk (``InputLog.sync_extent``). Returns the checkpoint's bytes."""
         target = self.directory / f"{seq:020d}"
         written = [write_parts_atomically(target / FRONT, front), *workers]
         names = [FRONT, *(worker_file(w) for w in range(len(workers)))]
         files = {name: {"bytes": n, "crc32": crc} for name, (n, crc) in zip(names, written, strict=True)}
-        manifest = {"seq": seq, "workers": len(workers), "files": files}
+        records, segment, size = log
+        manifest = {
+            "seq": seq,
+            "workers": len(workers),
+            "files": files,
+            "log": {"records": records, "segment": segment, "bytes": size},
+        }
         write_atomically(target / MANIFEST, json.dumps(manifest, indent=1).encode())
         return sum(size for size, _ in written)
 
     def abandon(self, seq: int) -> None:
         shutil.rmtree(self.directory / f"{seq:020d}", ignore_errors=True)
 
+    def _directories(self) -> list[Path]:
+        return sorted(self.directory.iterdir(), reverse=True) if self.directory.is_dir() else []
+
     def complete(self) -> list[Path]:
         """Checkpoint directories with a manifest, newest first."""
-        return [path for path in sorted(self.directory.iterdir(), reverse=True) if (path / MANIFEST).exists()]
+        return [path for path in self._directories() if (path / MANIFEST).exists()]
+
+    def remove_interrupted(self) -> None:
+        """Remove the directories without a manifest: checkpoints a crash interrupted, never
+        counted. Only once a start has recovered (a missing manifest may be damage that stopped
+        it), and before any checkpoint begins."""
+        for path in self._directories():
+            if not (path / MANIFEST).exists():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def extent(self) -> Extent | None:
+        """The furthest the input log reached by what any readable manifest says: the log must
+        reach as far at recovery."""
+        found: list[Extent] = []
+        for path in self.complete():
+            try:
+                found.append(_extent(path / MANIFEST))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # an unreadable manifest: load() falls back past it, saying so
+        return max(found, key=lambda extent: extent.records, default=None)
 
     def load(self, workers: int) -> Checkpoint | None:
         """The newest checkpoint whose files are whole, falling back past damaged ones."""
-        for path in self.directory.iterdir():
-            if not (path / MANIFEST).exists():
-                shutil.rmtree(path, ignore_errors=True)  # interrupted by a crash: never counted
         damaged: list[str] = []
         for path in self.complete():
             try:
@@ -115,6 +149,14 @@ class CheckpointStore:
         for path in kept[keep:]:
             shutil.rmtree(path, ignore_errors=True)
         return int(kept[:keep][-1].name) if kept else None
+
+
+def _extent(manifest_path: Path) -> Extent:
+    manifest = json.loads(manifest_path.read_text())
+    if "log" not in manifest:  # an older lowtide's: the log held the records before the checkpoint
+        return Extent(int(manifest["seq"]), "", 0, manifest_path)
+    log = manifest["log"]
+    return Extent(int(log["records"]), str(log["segment"]), int(log["bytes"]), manifest_path)
 
 
 def _read(path: Path) -> Checkpoint:

@@ -117,7 +117,7 @@ class Checkpointer:
         written = [pending.written[w] for w in range(front.workers.size)]
         try:
             front_parts = pack_parts({"door": pending.door, "output": output})
-            size = self.store.commit(pending.seq, front_parts, written)
+            size = self.store.commit(pending.seq, front_parts, written, self.log.sync_extent())
         except OSError as exc:  # a full disk: the log still holds everything
             print(f"lowtide: checkpoint {pending.seq} not written: {exc.strerror or exc}", file=sys.stderr)
             self.store.abandon(pending.seq)

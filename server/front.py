@@ -52,7 +52,7 @@ from lowtide.server.checkpointer import Checkpointer
 from lowtide.server.config import ServerConfig
 from lowtide.server.front_state import restore_catalog, restore_output
 from lowtide.server.hub import Closed, Hub
-from lowtide.server.input_log import Record
+from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.metrics import ServerMetrics
 from lowtide.server.ports import ensure_free
@@ -224,8 +224,9 @@ class Front:
         self.checkpoints = Checkpointer(self) if self.state is not None else None
         self._resetting: set[int] = set()  # workers whose messages are moot until they reset
         self._recovered = asyncio.Event()  # clear while recoveries are due or running
-        self._recovered.set()
-        self._recoveries_due = 0
+        self._recoveries_due = 1 if self.state is not None else 0  # the start's own, see recover()
+        if not self._recoveries_due:
+            self._recovered.set()
         self._recovery = asyncio.Lock()  # one at a time: a worker may die during another's
         self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._tokens = itertools.count()
@@ -317,16 +318,30 @@ class Front:
             applied.add(record.batch_id)
         return sum(batch.n for batch in admitted)
 
-    async def recover(self) -> int:
-        """Restore the newest checkpoint of ``--state-dir`` and replay the log after it; returns
-        how many logged changes were replayed."""
-        if self.state is None:
-            return 0
-        checkpoint = self.checkpoints.load() if self.checkpoints is not None else None
-        start = 0
-        if checkpoint is not None:
-            start = self._restore(checkpoint, live_hubs=False)
-        return await self._replay(self.state.log.replay(start))
+    async def recover(self) -> tuple[int, TornTail | None]:
+        """At start: restore the newest checkpoint of ``--state-dir`` and replay the log after it;
+        returns how many logged changes were replayed and the torn last record cut off.
+
+        Nothing in the state directory changes until every worker has restored and the whole
+        log is read (a damaged file raises :class:`StartupFailure` naming it); changes, ticks and
+        checkpoints wait until then."""
+        assert self.state is not None and self.checkpoints is not None
+        async with self._recovery:
+            checkpoint = self.checkpoints.load()
+            start = 0
+            if checkpoint is not None:
+                start = self._restore(checkpoint, live_hubs=False)
+            replayed = await self._replay(self.state.log.replay(start, self.checkpoints.store.extent()))
+            await self.sync()
+            if self.checkpoints.restore_errors:
+                raise StartupFailure(f"cannot restore the checkpoint: {self.checkpoints.restore_errors[0]}")
+            # Recovered: now, and only now, the state directory may change.
+            torn = self.state.log.recovered()
+            self.checkpoints.store.remove_interrupted()
+        self._recoveries_due -= 1
+        if not self._recoveries_due:
+            self._recovered.set()
+        return replayed, torn
 
     async def _replay(self, logged: Iterable[tuple[int, Record]]) -> int:
         replayed = 0
@@ -825,10 +840,17 @@ async def _serve(config: ServerConfig) -> int:
     await front.sync()  # every worker is up and answering before the server says it serves
     if front.state is not None:
         began = time.monotonic()
-        replayed = await front.recover()
-        await front.sync()
-        if front.checkpoints is not None and front.checkpoints.restore_errors:
-            raise StartupFailure(f"cannot restore the checkpoint: {front.checkpoints.restore_errors[0]}")
+        try:
+            replayed, torn = await front.recover()
+        except StartupFailure:
+            await front.stop()  # the workers and their shared memory go; the state directory stays as it was
+            raise
+        if torn is not None:
+            print(
+                f"lowtide: dropped a torn last record (never acknowledged): {torn.dropped} bytes at "
+                f"the end of {torn.path}",
+                file=sys.stderr,
+            )
         print(
             f"lowtide: state in {config.state_dir}: {len(front.engine.list_streams())} streams, "
             f"{len(front.engine.remote)} queries, {replayed} logged changes replayed in "

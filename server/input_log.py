@@ -14,9 +14,15 @@ way at replay: it is kept, and changes nothing either time.
 
 Layout: ``D/log/<first sequence number>.seg`` files of frames ``[length u32][crc32 u32][payload]``,
 payload ``[header length u32][JSON header][blob]`` (the blob is the Arrow IPC stream of a batch).
-A frame cut short or failing its CRC at the end of the last segment is a write torn by a crash:
-it was never acknowledged, and recovery drops it. Anywhere else it is damage, and recovery stops
-naming the file.
+The log always holds at least one segment (its first is made with the state directory).
+
+Recovery tells apart (DESIGN §8): a frame cut short or failing its CRC at the end of the last
+segment, with no whole frame after it, is a write torn by a crash: it was never acknowledged, and
+is cut off once recovery has succeeded (the start says how many bytes). A bad frame anywhere else
+(a damaged length field included: the whole frames after it prove it), a gap between segments,
+a missing directory or segment, or a log with fewer records than a checkpoint's manifest says
+it held (:class:`Extent`) is damage to acknowledged records: the start stops naming the file,
+having changed nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from lowtide.server.files import fsync_directory
 
 _FRAME = struct.Struct("<II")
 _HEADER_LENGTH = struct.Struct("<I")
+_HEADER_START = b'{"kind":'  # every JSON header's first bytes (encode puts "kind" first)
 SEGMENT_BYTES = 64 << 20  # a new segment starts past this size: old ones go whole
 FSYNC_POLICIES = ("no", "always", "everysec")
 _DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -178,6 +185,34 @@ class Damaged(StartupFailure):
     """A log or checkpoint file that cannot be read as written."""
 
 
+@dataclass(frozen=True)
+class Extent:
+    """How far the input log reached when a checkpoint's manifest was written (the log is fsynced
+    first, so all of it was on disk): a log found shorter has lost acknowledged records."""
+
+    records: int  # records 0 .. records - 1 were in the log
+    segment: str  # the segment it ended in ("": a manifest of an older lowtide did not say)
+    bytes: int  # that segment's size then
+    manifest: Path  # the file that says so
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """The bytes after the last whole frame of the last segment: a write a crash tore."""
+
+    path: Path
+    at: int  # where the torn frame begins
+    size: int  # the segment's size, torn frame included
+
+    @property
+    def dropped(self) -> int:
+        return self.size - self.at
+
+
+def segment_name(first: int) -> str:
+    return f"{first:020d}.seg"
+
+
 def _segments(directory: Path) -> list[tuple[int, Path]]:
     found = []
     for path in directory.glob("*.seg"):
@@ -188,43 +223,63 @@ def _segments(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _frames(path: Path, last: bool) -> Iterator[tuple[int, bytes]]:
-    """``(end offset, payload)`` of each whole frame; ``last``: the last segment, opened at start,
-    whose torn tail is cut off (anywhere else a bad frame is damage)."""
-    data = path.read_bytes()
-    at = 0
-    while at < len(data):
-        whole = len(data) - at >= _FRAME.size
-        length, crc = _FRAME.unpack_from(data, at) if whole else (0, 0)
-        end = at + _FRAME.size + length
-        payload = data[at + _FRAME.size : end]
-        if whole and end <= len(data) and zlib.crc32(payload) == crc:
-            at = end
-            yield at, payload
-            continue
-        # Only the last frame of the last segment can be torn by a crash (each frame is one
-        # write, appended): anything else is damage to records that were acknowledged.
-        if not last or end < len(data):
-            raise Damaged(f"the input log is damaged at byte {at} of {path}")
-        with path.open("r+b") as f:  # never acknowledged: drop it so appends follow whole frames
-            f.truncate(at)
-        return
+def _frame_end(data: bytes, at: int) -> int:
+    """The end of the frame at ``at`` if it is whole (within ``data``, its CRC right), else -1."""
+    if len(data) - at < _FRAME.size:
+        return -1
+    length, crc = _FRAME.unpack_from(data, at)
+    end = at + _FRAME.size + length
+    if length < _HEADER_LENGTH.size or end > len(data):
+        return -1
+    return end if zlib.crc32(memoryview(data)[at + _FRAME.size : end]) == crc else -1
+
+
+def _next_frame(data: bytes, at: int) -> int:
+    """Where the first whole frame beginning after ``at`` begins, or -1. Every payload begins with
+    its header's length and the JSON header, which begins with :data:`_HEADER_START`: a frame
+    can begin only that far before where those bytes occur, so the search is one pass."""
+    lead = _FRAME.size + _HEADER_LENGTH.size
+    found = data.find(_HEADER_START, at + 1 + lead)
+    while found >= 0:
+        if _frame_end(data, found - lead) >= 0:
+            return found - lead
+        found = data.find(_HEADER_START, found + 1)
+    return -1
+
+
+def _check_tail(path: Path, data: bytes, at: int, last: bool) -> None:
+    """The bytes of ``path`` from ``at`` on are not a whole frame: raise :class:`Damaged` unless
+    they are a torn write. Only the last frame of the last segment can be torn (each frame is one
+    write, appended), and then no whole frame follows it: one that does proves the bytes at
+    ``at`` were acknowledged and damaged since (a length field with a flipped bit, say)."""
+    if not last:
+        raise Damaged(f"the input log is damaged at byte {at} of {path}")
+    after = _next_frame(data, at)
+    if after >= 0:
+        raise Damaged(
+            f"the input log is damaged at byte {at} of {path}: whole records follow it from byte {after}"
+        )
 
 
 class InputLog:
-    """Appends records (numbered from 0 over the life of the state directory) and reads them back."""
+    """Appends records (numbered from 0 over the life of the state directory) and reads them back.
 
-    def __init__(self, directory: Path, fsync: str = "no") -> None:
+    Opening it is :meth:`replay`, which changes nothing, then :meth:`recovered` once the server
+    has recovered: only then is a torn tail cut off and appending begins.
+    """
+
+    def __init__(self, directory: Path, fsync: str = "no", segment_bytes: int = SEGMENT_BYTES) -> None:
         if fsync not in FSYNC_POLICIES:
             raise StartupFailure(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
         self.directory = directory
         self.fsync = fsync
-        directory.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = segment_bytes
         self.next_seq = 0  # the number the next record gets
         self.bytes_written = 0  # since this process opened the log
         self._fd = -1
         self._segment_start = 0
         self._segment_bytes = 0
+        self._torn: TornTail | None = None
         self._synced = threading.Condition()
         self._written_seq = -1  # highest seq written to the OS
         self._durable_seq = -1  # highest seq known on disk (fsync "always")
@@ -233,39 +288,92 @@ class InputLog:
         self._syncer: threading.Thread | None = None
         self._stopping = False
 
+    @staticmethod
+    def create(directory: Path) -> None:
+        """A new, empty log: its directory and its first segment (a log always holds one, so an
+        empty directory is a log whose segments were deleted)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / segment_name(0), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(directory)
+
     # -- reading ------------------------------------------------------------------------------
-    def replay(self, start: int = 0) -> Iterator[tuple[int, Record]]:
-        """At start: every whole record numbered ``start`` or later, in order; a torn last record
-        is cut off, and the log is left ready to append after the last whole one."""
-        return self._read(start, opening=True)
+    def replay(self, start: int = 0, extent: Extent | None = None) -> Iterator[tuple[int, Record]]:
+        """At start: every whole record numbered ``start`` or later, in order, changing nothing.
+
+        Raises :class:`Damaged`, naming the file, for a log that misses records (a gap between
+        segments, records before ``start``, fewer records than ``extent`` says it held) or holds
+        a bad frame anywhere but at its very end. A torn last frame is only noted: see
+        :meth:`recovered`.
+        """
+        return self._read(start, extent, opening=True)
 
     def records(self, start: int) -> Iterator[tuple[int, Record]]:
         """While the log is open for appends: the records from ``start`` on, changing nothing."""
-        return self._read(start, opening=False)
+        return self._read(start, None, opening=False)
 
-    def _read(self, start: int, opening: bool) -> Iterator[tuple[int, Record]]:
+    def _read(self, start: int, extent: Extent | None, opening: bool) -> Iterator[tuple[int, Record]]:
+        if not self.directory.is_dir():
+            raise Damaged(f"the input log {self.directory} is missing")
         segments = _segments(self.directory)
-        seq = segments[0][0] if segments else start
-        if segments and seq > start:
-            raise Damaged(f"the input log starts at record {seq}, but recovery needs it from {start}")
+        if not segments:
+            raise Damaged(f"the input log {self.directory} holds no segment (a log always holds one)")
+        seq, path = segments[0]
+        if seq > start:
+            why = (
+                f"the checkpoint restored covers only the records before {start}"
+                if start
+                else "no whole checkpoint covers the records before it"
+            )
+            raise Damaged(f"the input log begins at record {seq} in {path}, but {why}")
         for index, (first, path) in enumerate(segments):
             if first != seq:
                 raise Damaged(f"the input log misses records {seq} to {first - 1} before {path}")
-            last = index == len(segments) - 1
-            for _end, payload in _frames(path, last and opening):
+            last = opening and index == len(segments) - 1
+            data = path.read_bytes()
+            at = 0  # where the whole frames end
+            while (end := _frame_end(data, at)) >= 0:
                 if seq >= start:
                     try:
-                        record = decode(payload)
+                        record = decode(data[at + _FRAME.size : end])
                     except (ValueError, KeyError, TypeError, struct.error) as exc:
                         raise Damaged(f"unreadable record {seq} in {path}: {exc}") from None
                     yield seq, record
                 seq += 1
-            if last and opening:
+                at = end
+            if at < len(data):
+                _check_tail(path, data, at, last)
+                self._torn = TornTail(path, at, len(data))
+            if last:
                 self._segment_start = first
-                self._segment_bytes = path.stat().st_size
-        if opening:
-            self.next_seq = max(seq, start)
-            self._written_seq = self._durable_seq = self.next_seq - 1
+                self._segment_bytes = at
+        if not opening:
+            return
+        if extent is not None and seq < extent.records:
+            then = ""
+            if extent.segment:
+                then = f", through byte {extent.bytes} of {self.directory / extent.segment}"
+            raise Damaged(
+                f"the input log ends at record {seq} in {path}, but {extent.manifest} was written when "
+                f"it held {extent.records} records{then}: a segment is missing or cut short"
+            )
+        self.next_seq = seq
+        self._written_seq = self._durable_seq = seq - 1
+
+    def recovered(self) -> TornTail | None:
+        """The server has recovered: cut off the torn last frame, if any (never acknowledged, and
+        appends must follow whole frames), and open the last segment for appends. Returns what was
+        cut off."""
+        torn, self._torn = self._torn, None
+        path = self.directory / segment_name(self._segment_start)
+        if torn is not None:
+            os.truncate(path, torn.at)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.fsync(self._fd)
+        return torn
 
     # -- writing ------------------------------------------------------------------------------
     def append(self, record: Record) -> int:
@@ -273,9 +381,10 @@ class InputLog:
 
         A full disk raises :class:`ResourceExhausted` and leaves the log as it was.
         """
+        assert self._fd >= 0, "append before recovered()"
         data = frame(encode(record))
-        if self._fd < 0 or self._segment_bytes >= SEGMENT_BYTES:
-            self._open_segment()
+        if self._segment_bytes >= self.segment_bytes:
+            self._next_segment()
         try:
             written = os.write(self._fd, data)
             if written != len(data):
@@ -297,15 +406,21 @@ class InputLog:
             self._synced.notify()
         return seq
 
-    def _open_segment(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)  # a segment is complete on disk before the next begins
-            os.close(self._fd)
-            self._segment_bytes = 0
-            self._segment_start = self.next_seq
-        path = self.directory / f"{self._segment_start:020d}.seg"
+    def _next_segment(self) -> None:
+        os.fsync(self._fd)  # a segment is complete on disk before the next begins
+        os.close(self._fd)
+        self._segment_bytes = 0
+        self._segment_start = self.next_seq
+        path = self.directory / segment_name(self._segment_start)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fsync_directory(self.directory)
+
+    def sync_extent(self) -> tuple[int, str, int]:
+        """Make everything written so far durable; how far the log reaches: its records, the
+        segment it ends in and that segment's size (a checkpoint's manifest records them, see
+        :class:`Extent`)."""
+        os.fsync(self._fd)
+        return self.next_seq, segment_name(self._segment_start), self._segment_bytes
 
     def when_durable(self, seq: int, callback: Callable[[int], None]) -> None:
         """Call ``callback(highest durable seq)`` on the event loop once record ``seq`` survives a

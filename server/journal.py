@@ -10,7 +10,8 @@ Invariant: the order of application equals the order in the log, so replaying th
 rebuilds the same streams, queries, windows and output offsets.
 
 The state directory: ``D/lowtide-state.json`` (what wrote it, and the format), ``D/lock`` (one
-server at a time), ``D/log/`` (the input log).
+server at a time), ``D/log/`` (the input log), ``D/checkpoints/``. Opening it changes nothing in
+an existing one: recovery reads first, and changes files only once it has succeeded.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 
 from lowtide import __version__
 from lowtide.errors import StartupFailure
-from lowtide.server.input_log import InputLog, Record
+from lowtide.server.files import write_atomically
+from lowtide.server.input_log import InputLog, Record, segment_name
 
 FORMAT = 1  # of the state directory; a server refuses one written in another format
 
@@ -64,15 +66,29 @@ class StateDirectory:
                     f"{found.get('version', '?')}); this lowtide {__version__} reads format {FORMAT}"
                 )
             return
-        if any(p.name not in ("lock",) for p in self.path.iterdir()):
+        if not _new(self.path):
             raise StartupFailure(f"--state-dir {self.path} is not empty and holds no lowtide state")
-        temporary = marker.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"format": FORMAT, "version": __version__}) + "\n")
-        os.replace(temporary, marker)
+        # The log first, the marker last: a directory with the marker holds a log.
+        InputLog.create(self.path / "log")
+        write_atomically(marker, json.dumps({"format": FORMAT, "version": __version__}).encode() + b"\n")
 
     def close(self) -> None:
         self.log.close()
         os.close(self._lock)
+
+
+def _new(path: Path) -> bool:
+    """Whether ``path`` holds no state: nothing but the lock, or what a first start a crash
+    interrupted leaves (the lock and a log of one empty segment, without the marker)."""
+    found = {p.name for p in path.iterdir()} - {"lock"}
+    if not found:
+        return True
+    log = path / "log"
+    return (
+        found == {"log"}
+        and log.is_dir()
+        and [(p.name, p.stat().st_size) for p in log.iterdir()] == [(segment_name(0), 0)]
+    )
 
 
 class Journal:

@@ -13,6 +13,7 @@ import os
 import random
 import resource
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -24,8 +25,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from conftest import lowtide_command
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import Server, running_server, start_server
+from state_files import files, frame_starts
 
 from lowtide import END_OF_STREAM, Engine, Punctuation
 from lowtide.clients import Client
@@ -225,13 +228,91 @@ def test_a_torn_last_record_is_dropped_and_damage_stops_the_start(state_dir: Pat
     (segment,) = sorted((state_dir / "log").glob("*.seg"))
     whole = segment.read_bytes()
     segment.write_bytes(whole + b"\x40\x00\x00\x00torn")  # a frame cut short by the crash
-    with server_on(state_dir) as (_, client):
+    with server_on(state_dir) as (server, client):
         assert client.list_streams()[0]["tuples_ingested"] == 3 * 2 * 40
+        dropped = f"lowtide: dropped a torn last record (never acknowledged): 8 bytes at the end of {segment}"
+        assert dropped in server.stderr_tail()
+    assert segment.read_bytes()[: len(whole)] == whole
     damaged = bytearray(segment.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF  # inside an acknowledged record
     segment.write_bytes(bytes(damaged))
     with pytest.raises(RuntimeError, match=f"the input log is damaged at byte [0-9]+ of {segment}"):
         start_server(config=config(state_dir))
+
+
+def serve_refuses(state_dir: Path) -> str:
+    """``lowtide serve`` on ``state_dir`` fails at once (exit 1, no ready line), leaving every file
+    and directory of ``state_dir`` as it was; returns its one line on stderr."""
+    before = files(state_dir)
+    command = [*lowtide_command(), "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
+    done = subprocess.run(
+        [*command, "--workers", "2", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert files(state_dir) == before
+    return lines[0]
+
+
+def killed_after_a_checkpoint(state_dir: Path) -> tuple[Path, Path]:
+    """A server fed eight rounds, checkpointed after them, then killed; its log's one segment and
+    the newest checkpoint's manifest. An interrupted checkpoint is left beside them: only a start
+    that has recovered may remove it."""
+    server = start_server(config=config(state_dir))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.register_query(TUMBLING, name="tumbling")
+        feed(client, range(8))
+        taken = server.stderr_tail().count("checkpoint at change")
+        deadline = time.monotonic() + 30
+        while server.stderr_tail().count("checkpoint at change") == taken and time.monotonic() < deadline:
+            time.sleep(0.1)
+    kill9(server)
+    (state_dir / "checkpoints" / f"{2**63:020d}").mkdir()
+    (segment,) = sorted((state_dir / "log").glob("*.seg"))
+    manifests = sorted((state_dir / "checkpoints").glob("*/MANIFEST.json"))
+    return segment, manifests[-1]
+
+
+def test_a_damaged_length_mid_log_stops_the_start_and_changes_nothing(state_dir: Path) -> None:
+    """The high byte of a record's length flipped in the middle of the last segment: it now runs
+    past the end of the file, as a torn write's would, but the whole records after it prove it
+    damage. Before, the start cut them off and started without a word."""
+    segment, _ = killed_after_a_checkpoint(state_dir)
+    data = bytearray(segment.read_bytes())
+    starts = frame_starts(bytes(data))
+    at, following = starts[len(starts) // 2], starts[len(starts) // 2 + 1]
+    data[at + 3] ^= 0x01
+    segment.write_bytes(bytes(data))
+    assert serve_refuses(state_dir) == (
+        f"lowtide: the input log is damaged at byte {at} of {segment}: whole records follow it from byte "
+        f"{following}"
+    )
+
+
+def test_a_log_cut_short_or_deleted_stops_the_start_and_changes_nothing(state_dir: Path) -> None:
+    """Cut in the middle, the log looks torn; the newest manifest says how far it reached (fsynced
+    before the manifest was written). Before, the start went on from the checkpoint silently."""
+    segment, manifest = killed_after_a_checkpoint(state_dir)
+    seq = json.loads(manifest.read_text())["seq"]
+    data = segment.read_bytes()
+    segment.write_bytes(data[: frame_starts(data)[seq // 2] + 5])  # inside record seq // 2
+    line = serve_refuses(state_dir)
+    covered = json.loads(manifest.read_text())["log"]
+    assert line == (
+        f"lowtide: the input log ends at record {seq // 2} in {segment}, but {manifest} was written when "
+        f"it held {covered['records']} records, through byte {covered['bytes']} of {segment}: a segment is "
+        "missing or cut short"
+    )
+    segment.unlink()
+    no_segment = f"lowtide: the input log {segment.parent} holds no segment (a log always holds one)"
+    assert serve_refuses(state_dir) == no_segment
+    segment.parent.rmdir()
+    assert serve_refuses(state_dir) == f"lowtide: the input log {segment.parent} is missing"
 
 
 def test_one_server_per_state_directory_and_format_checked(state_dir: Path) -> None:

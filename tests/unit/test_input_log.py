@@ -1,0 +1,238 @@
+"""What recovery of the input log tells apart (DESIGN §8): a torn last frame is dropped, and only
+once recovery has succeeded; damage anywhere else, a missing segment or a log shorter than a
+checkpoint's manifest says stops the start naming the file, with the state directory unchanged."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from state_files import files, frame_starts
+
+from lowtide.operators.state import pack_parts
+from lowtide.server.checkpoint import MANIFEST, CheckpointStore
+from lowtide.server.input_log import (
+    Batch,
+    Damaged,
+    Extent,
+    InputLog,
+    Punctuate,
+    TornTail,
+    encode,
+    frame,
+    segment_name,
+)
+from lowtide.server.journal import StateDirectory
+
+RECORDS = 20
+
+
+def record(i: int) -> Batch:
+    return Batch(float(i), "s", "a", i + 1, (bytes(range(256)) * 2,))
+
+
+def filled(tmp_path: Path, segment_bytes: int = 1 << 20) -> Path:
+    """A state directory whose log holds ``RECORDS`` records (each about 600 bytes)."""
+    state = StateDirectory(str(tmp_path / "state"), "no")
+    state.log.segment_bytes = segment_bytes
+    assert list(state.log.replay()) == []
+    state.log.recovered()
+    for i in range(RECORDS):
+        state.log.append(record(i))
+    state.close()
+    return state.path
+
+
+def segments(state: Path) -> list[Path]:
+    return sorted((state / "log").glob("*.seg"))
+
+
+def replayed(state: Path, start: int = 0, extent: Extent | None = None) -> tuple[InputLog, list[int]]:
+    log = InputLog(state / "log")
+    return log, [seq for seq, _ in log.replay(start, extent)]
+
+
+def refused(state: Path, match: str, start: int = 0, extent: Extent | None = None) -> None:
+    """Recovery stops with ``match`` (a literal) and the directory is byte for byte as it was."""
+    before = files(state)
+    with pytest.raises(Damaged, match=re.escape(match)):
+        replayed(state, start, extent)
+    assert files(state) == before
+
+
+def torn_frame(kind: str) -> bytes:
+    """The bytes a crash can leave of the last write: a prefix of a frame, or its full length of
+    wrong bytes (a power loss after the file grew, before its pages were written)."""
+    whole = frame(encode(Punctuate(99.0, "s", "a", 1000)))
+    match kind:
+        case "header cut":
+            return whole[:5]
+        case "payload cut":
+            return whole[:-7]
+        case "checksum":
+            return whole[:-1] + bytes([whole[-1] ^ 0x55])
+        case _:
+            return bytes(len(whole))
+
+
+@pytest.mark.parametrize("kind", ["header cut", "payload cut", "checksum", "zeros"])
+def test_a_torn_last_frame_is_cut_off_only_once_recovered(tmp_path: Path, kind: str) -> None:
+    state = filled(tmp_path)
+    (segment,) = segments(state)
+    whole = segment.read_bytes()
+    torn = torn_frame(kind)
+    segment.write_bytes(whole + torn)
+    before = files(state)
+    log, seqs = replayed(state)
+    assert seqs == list(range(RECORDS))
+    assert files(state) == before  # read, nothing changed yet
+    cut = log.recovered()
+    assert cut == TornTail(segment, len(whole), len(whole) + len(torn))
+    assert cut is not None and cut.dropped == len(torn)
+    assert segment.read_bytes() == whole
+    log.append(record(RECORDS))  # appends follow the whole frames
+    log.close()
+    assert replayed(state)[1] == list(range(RECORDS + 1))
+
+
+@pytest.mark.parametrize("segment_bytes", [1 << 20, 3000], ids=["one segment", "the last of five"])
+def test_a_flipped_high_byte_of_a_length_mid_segment_is_damage(tmp_path: Path, segment_bytes: int) -> None:
+    """The issue's case: the length now runs past the end of the file, as a torn write's does,
+    but whole frames follow it."""
+    state = filled(tmp_path, segment_bytes)
+    segment = segments(state)[-1]
+    data = bytearray(segment.read_bytes())
+    starts = frame_starts(bytes(data))
+    at = starts[len(starts) // 2]
+    data[at + 3] ^= 0x40  # the length's high byte (little-endian)
+    segment.write_bytes(bytes(data))
+    following = starts[len(starts) // 2 + 1]
+    refused(
+        state,
+        f"the input log is damaged at byte {at} of {segment}: whole records follow it from byte {following}",
+    )
+
+
+def test_a_damaged_frame_before_the_last_is_damage(tmp_path: Path) -> None:
+    state = filled(tmp_path)
+    (segment,) = segments(state)
+    data = bytearray(segment.read_bytes())
+    at = frame_starts(bytes(data))[5]
+    data[at + 100] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    refused(state, f"the input log is damaged at byte {at} of {segment}")
+
+
+def extent_of(state: Path, manifest: Path) -> Extent:
+    """What a manifest written now would say of the log (as the checkpointer writes it)."""
+    last = segments(state)[-1]
+    return Extent(RECORDS, last.name, last.stat().st_size, manifest)
+
+
+def test_a_last_segment_cut_short_mid_file_is_refused_when_a_manifest_says_it_was_longer(
+    tmp_path: Path,
+) -> None:
+    """Cut at a frame in the middle the log looks torn; the manifest written after the log was
+    fsynced says how long it was."""
+    state = filled(tmp_path)
+    (segment,) = segments(state)
+    manifest = state / "checkpoints" / "00000000000000000012" / MANIFEST
+    extent = extent_of(state, manifest)
+    data = segment.read_bytes()
+    segment.write_bytes(data[: frame_starts(data)[12] + 30])
+    refused(
+        state,
+        f"the input log ends at record 12 in {segment}, but {manifest} was written when it held "
+        f"{RECORDS} records, through byte {len(data)} of {segment}: a segment is missing or cut short",
+        start=12,
+        extent=extent,
+    )
+    # Without a manifest that says otherwise, the same bytes are a torn last write.
+    assert replayed(state)[1] == list(range(12))
+
+
+def test_missing_segments_and_a_missing_log_are_refused(tmp_path: Path) -> None:
+    original = filled(tmp_path, segment_bytes=3000)
+    first, middle, after, *_, last = segments(original)
+    manifest = original / "checkpoints" / "00000000000000000008" / MANIFEST
+    extent = extent_of(original, manifest)
+    cases = {
+        middle: f"the input log misses records {int(middle.stem)} to {int(after.stem) - 1} before ",
+        last: f"the input log ends at record {int(last.stem)} in ",
+        first: f"the input log begins at record {int(middle.stem)} in ",
+    }
+    for segment, match in cases.items():
+        state = tmp_path / segment.stem
+        shutil.copytree(original, state)
+        (state / "log" / segment.name).unlink()
+        refused(state, match, extent=extent)
+    for segment in segments(original):
+        segment.unlink()
+    refused(original, f"the input log {original / 'log'} holds no segment (a log always holds one)")
+    (original / "log").rmdir()
+    refused(original, f"the input log {original / 'log'} is missing")
+
+
+def checkpoints(state: Path, seqs: list[int]) -> CheckpointStore:
+    """Checkpoints at ``seqs`` with empty state, their manifests saying the log held every record."""
+    store = CheckpointStore(state / "checkpoints")
+    last = segments(state)[-1]
+    for seq in seqs:
+        store.begin(seq)
+        store.commit(seq, pack_parts({}), [], (RECORDS, last.name, last.stat().st_size))
+    return store
+
+
+def test_every_manifest_deleted_is_refused_and_the_checkpoints_stay(tmp_path: Path) -> None:
+    """The log before the oldest checkpoint kept is gone: without a manifest nothing covers it,
+    and the checkpoint directories (all that holds those records now) must survive the refusal."""
+    state = filled(tmp_path, segment_bytes=3000)
+    store = checkpoints(state, [8, 16])
+    log, _ = replayed(state)
+    log.recovered()
+    log.truncate_before(8)
+    log.close()
+    begins = segments(state)[0]
+    for path in store.complete():
+        (path / MANIFEST).unlink()
+    before = files(state)
+    assert store.load(workers=0) is None
+    assert store.extent() is None
+    assert files(state) == before
+    refused(state, f"the input log begins at record {int(begins.stem)} in {begins}, but no whole checkpoint")
+    assert sorted(p.name for p in (state / "checkpoints").iterdir()) == [f"{8:020d}", f"{16:020d}"]
+    store.remove_interrupted()  # what a start does once it has recovered
+    assert list((state / "checkpoints").iterdir()) == []
+
+
+def test_the_furthest_extent_any_manifest_records_counts_and_old_manifests_still_read(tmp_path: Path) -> None:
+    state = filled(tmp_path)
+    store = checkpoints(state, [8, 16])
+    newest = state / "checkpoints" / f"{16:020d}" / MANIFEST
+    assert store.extent() == Extent(RECORDS, segment_name(0), segments(state)[0].stat().st_size, newest)
+    # A manifest of a lowtide before extents: the log held at least the records before its seq.
+    for path in store.complete():
+        manifest = json.loads((path / MANIFEST).read_text())
+        del manifest["log"]
+        (path / MANIFEST).write_text(json.dumps(manifest))
+    assert store.extent() == Extent(16, "", 0, newest)
+    checkpoint = store.load(workers=0)
+    assert checkpoint is not None and checkpoint.seq == 16
+
+
+def test_a_new_state_directory_holds_a_log_of_one_empty_segment(tmp_path: Path) -> None:
+    state = StateDirectory(str(tmp_path / "state"), "no")
+    state.close()
+    assert files(state.path) == {
+        "lock": b"",
+        "log": None,
+        f"log/{segment_name(0)}": b"",
+        "lowtide-state.json": (state.path / "lowtide-state.json").read_bytes(),
+    }
+    # A first start a crash interrupted before the marker: still a new directory.
+    (state.path / "lowtide-state.json").unlink()
+    StateDirectory(str(state.path), "no").close()
+    assert (state.path / "lowtide-state.json").exists()
