@@ -182,9 +182,7 @@ def test_a_mirror_follows_adds_and_releases() -> None:
 
 def test_late_rows_of_an_unread_column_under_update_show_their_strings() -> None:
     eng = engine()
-    eng.register_query(
-        f"SELECT count(*) AS n {WINDOW} FROM S", name="q", late="update", allowed_lateness=0
-    )
+    eng.register_query(f"SELECT count(*) AS n {WINDOW} FROM S", name="q", late="update", allowed_lateness=0)
     eng.punctuate("S", 10)
     eng.push("S", batch(["gone"], [5], tags=["late"]))
     assert rows_of(eng.poll("q.late")) == [{"k": "gone", "tag": "late", "v": 1, "ts": 5}]
