@@ -4,15 +4,18 @@ frees what the stream held at the front and in every worker (``lowtide_string_po
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pyarrow as pa
 import pytest
-from server_harness import Server, running_server
+from server_harness import Server, running_server, start_server
 from wire import CLOSE, Mirror, Subscription, assert_same, connect, streams, table
 
 from lowtide import END_OF_STREAM, Engine, Limits
@@ -120,3 +123,44 @@ def test_late_rows_show_the_strings_of_a_column_no_query_reads(server: Server) -
     expected = mirror.engine.poll(f"{query}.late")
     assert sum(t.num_rows for t in expected) == 10 and "f-dest-9" in expected[0].column("destIP").to_pylist()
     assert_same(late.reach(expected), expected, "the late side stream")
+
+
+def test_codes_freed_and_given_out_again_survive_a_kill(tmp_path: Path) -> None:
+    """The pool's holes and reused codes are checkpointed and replayed: after kill -9 the query
+    reading the reused codes goes on with the right strings."""
+    config = {"state_dir": str(tmp_path / "state"), "checkpoint_interval_s": 0.3}
+    server = start_server(config=config)
+    mirror = Mirror(connect(server.target), Engine())
+    mirror.create_stream("old", sources=["p"])
+    old = mirror.register(
+        "SELECT srcIP, count(*) AS n [RANGE 1 minute, WA ts] FROM old GROUP BY srcIP", "oldq"
+    )
+    mirror.ingest("old", "p", [packets("g", 30, 0)])
+    mirror.stub.DropQuery(pb.DropQueryRequest(name=old), timeout=30)
+    mirror.stub.DropStream(pb.DropStreamRequest(name="old"), timeout=30)
+    mirror.engine.drop_query(old)
+    mirror.engine.drop_stream("old")
+    mirror.create_stream("new", sources=["p"])
+    sql = "SELECT srcIP, destIP, count(*) AS n [RANGE 1 minute, WA ts] FROM new GROUP BY srcIP, destIP"
+    query = mirror.register(sql, "newq")
+    mirror.ingest("new", "p", [packets("h", 20, 0)])  # codes the old stream's strings had
+    taken = server.stderr_tail(1000).count("lowtide: checkpoint at change")
+    eventually(
+        "a checkpoint after the drop",
+        lambda: server.stderr_tail(1000).count("lowtide: checkpoint at change") > taken,
+        server,
+    )
+    kill9(server)
+    with running_server(config=config) as again:
+        mirror.stub = connect(again.target)
+        mirror.ingest("new", "p", [packets("i", 20, 0), T0 + MINUTE, CLOSE])
+        subscription = Subscription(mirror.stub, query, from_oldest=True)
+        assert_same(subscription.until(END_OF_STREAM), mirror.results(query), "after the kill")
+
+
+def kill9(server: Server) -> None:
+    """SIGKILL the front and every worker at once."""
+    for pid in [server.pid, *server.worker_pids()]:
+        os.kill(pid, signal.SIGKILL)
+    server.process.wait(30)
+    server.exit_code = 0  # killed on purpose: the harness's clean-stop check does not apply
