@@ -64,13 +64,16 @@ def _used(values: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, I64]:
     index among them (-1: a null row)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    if not pa.types.is_dictionary(values.type):
+    sent = pa.types.is_dictionary(values.type)  # the client's dictionary: entries may go unused
+    if not sent:
         values = pc.dictionary_encode(values)  # its dictionary holds exactly the values present
     dictionary = values.dictionary
     indices = values.indices
     if indices.null_count:
         indices = pc.fill_null(indices, -1)
     rows = np.asarray(indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if not sent:
+        return dictionary, rows
     seen = np.zeros(len(dictionary) + 1, np.bool_)  # the extra slot takes the nulls' -1
     seen[rows] = True
     used = np.flatnonzero(seen[:-1])
@@ -119,6 +122,8 @@ class StringPool:
         ``holder`` (a stream; None: pinned) holds every string the rows use. New strings are
         added only if they keep the pool within ``limits``; else ResourceExhausted, nothing added.
         The Python loop runs over the distinct strings used, not over rows."""
+        if not columns:
+            return {}  # nothing held: a stream without strings takes no holder bit
         used = {name: _used(values) for name, values in columns.items()}
         looked: dict[str, tuple[list[str | None], list[int | None]]] = {}
         new: dict[str, None] = {}  # in order of first use, for codes that do not depend on hashing

@@ -126,6 +126,7 @@ def test_dropping_a_stream_frees_what_only_it_held() -> None:
 
 def test_streams_sharing_a_holder_bit_free_with_the_last_of_them() -> None:
     pool = StringPool()
+    assert pool.encode({}, "no strings") == {} and "no strings" not in pool._bits
     for i in range(70):  # 63 bits: some streams share one
         pool.encode({"k": pa.array(["shared", f"own-{i}"])}, f"s{i}")
     for i in range(69):
