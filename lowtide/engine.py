@@ -50,11 +50,12 @@ from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
 from lowtide.query.early import EmitTimer, final_rows
 from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.reads import columns_read
 from lowtide.query.sharing import Shares, share_key
 from lowtide.results import Fields, Sink, to_table
 from lowtide.schema import Schema, to_arrow_table
-from lowtide.stream import Stream
-from lowtide.strings import StringPool
+from lowtide.stream import Stream, select_rows
+from lowtide.strings import PoolLimits, StringPool
 from lowtide.testing import Clock, WallClock
 
 DEFAULT_SOURCE = "default"
@@ -69,6 +70,8 @@ class Limits:
     max_query_bytes: int = MAX_QUERY_BYTES  # query text, UTF-8 encoded
     max_windows_per_tuple: int = WindowLimits.max_windows_per_tuple  # RANGE / SLIDE, at register
     max_windows_per_step: int = WindowLimits.max_windows_per_step  # landmark windows per punctuation
+    max_strings: int = 5_000_000  # strings the pool holds (see lowtide.strings)
+    max_string_bytes: int = 512 << 20  # ... and their UTF-8 bytes
 
     @property
     def windows(self) -> WindowLimits:
@@ -90,6 +93,7 @@ class RunningQuery:
     restored_share: str | None = None  # planned again after a restore: the slices it read
     timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
     failure: ResourceExhausted | None = None  # a limit failed it while it ran (see the module)
+    reads: frozenset[str] | None = None  # the columns it reads (lowtide.query.reads); None: all
 
     @property
     def operators(self) -> list[Operator]:
@@ -110,6 +114,7 @@ class Engine:
         self._queries: dict[str, RunningQuery] = {}
         self._counter = 0
         self._shares = Shares()
+        self._reads: dict[str, frozenset[str] | None] = {}  # per stream: see string_reads
 
     # -- streams ------------------------------------------------------------------------------
     def create_stream(
@@ -151,6 +156,10 @@ class Engine:
     def drop_stream(self, name: str) -> None:
         self.check_drop_stream(name)
         del self._streams[name]
+        self._strings_released(self.pool.release(name))
+
+    def _strings_released(self, codes: npt.NDArray[np.int64]) -> None:
+        """The pool freed ``codes`` (nothing to tell here: the server's workers forget them)."""
 
     def check_drop_stream(self, name: str) -> None:
         stream = self._stream(name)
@@ -287,7 +296,15 @@ class Engine:
         )
         plan.output.connect(sink)
         running = RunningQuery(
-            name, sql, plan, sink, policy, allowed_lateness, derived, restored_share=restored_share
+            name,
+            sql,
+            plan,
+            sink,
+            policy,
+            allowed_lateness,
+            derived,
+            restored_share=restored_share,
+            reads=columns_read(query),
         )
         holder.append(running)
         return running
@@ -319,6 +336,7 @@ class Engine:
         return self._streams[name].schema
 
     def _attach(self, running: RunningQuery) -> None:
+        self._reads.clear()
         derived = running.derived
         if derived is not None:
             self._streams[running.name] = derived
@@ -392,6 +410,7 @@ class Engine:
         running = self._queries[name]
         self._shares.leave(running.plan)
         del self._queries[name]
+        self._reads.clear()
         for stream_name, op in running.subscribers:
             if not self._shared_input(op):
                 self._streams[stream_name].subscribers.remove(op)
@@ -442,14 +461,26 @@ class Engine:
             raise NotFound(f"unknown query {shown(name)}") from None
 
     # -- data ---------------------------------------------------------------------------------
+    def string_reads(self, stream: str) -> frozenset[str] | None:
+        """The columns of ``stream`` some query reads (None: all): the door codes these string
+        columns whole, of the others only the rows behind punctuation (lowtide.schema)."""
+        if stream not in self._reads:
+            reads: frozenset[str] | None = frozenset()
+            for q in self._queries.values():
+                if reads is not None and any(s == stream for s, _ in q.plan.inputs):
+                    reads = None if q.reads is None else reads | q.reads
+            self._reads[stream] = reads
+        return self._reads[stream]
+
     def push(self, stream: str, data: Any, source: str = DEFAULT_SOURCE) -> None:
         """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
         self.push_admitted(stream, [self.admit(stream, data)], source)
 
-    def admit(self, stream: str, data: Any, validated: bool = False) -> Batch:
+    def admit(self, stream: str, data: Any, validated: bool = False, limited: bool = True) -> Batch:
         """Check a batch, or one part of a batch, against ``stream``: engine columns, strings coded.
 
-        Nothing is applied (only the string dictionary grows): ``push_admitted`` applies it. The
+        Nothing is applied (only the string pool grows, within its limits unless not
+        ``limited``: a replay applies what was accepted): ``push_admitted`` applies it. The
         server admits the parts of a large batch as they arrive and applies them together.
         Arrow data is validated in full first, unless ``validated`` (the server's
         :func:`~lowtide.ipc.read_ipc` did it).
@@ -464,13 +495,16 @@ class Engine:
             )
         if not validated:
             validate_table(table)
-        return target.admit(table, self.pool)
+        limits = PoolLimits(self.limits.max_strings, self.limits.max_string_bytes) if limited else None
+        return target.admit(table, self.pool, self.string_reads(stream), limits)
 
     def push_admitted(self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE) -> None:
         """Apply the admitted parts of one batch from ``source``, all or none: they are late
         against the same progress, and the stream advances once, after all of them."""
         target = self._stream(stream)
         self.tick()
+        reads = self.string_reads(stream)
+        parts = [target.code_kept(part, self.pool, reads) for part in parts]
         late = self.check_batch(stream, parts, source)
         target.ingest_parts(list(zip(parts, late, strict=True)), source)
 
@@ -489,7 +523,7 @@ class Engine:
         n_late = 0
         if strict and any(mask.any() for mask in late):
             # Behind punctuation is late only where a query can no longer count it (§2).
-            behind = [batch.select(mask) for batch, mask in zip(parts, late, strict=True)]
+            behind = [select_rows(batch, mask) for batch, mask in zip(parts, late, strict=True)]
             progress = {name: s.progress for name, s in self._streams.items()}
             n_late = max(sum(op.late_count(b, progress) for b in behind) for op in strict)
         if n_late:

@@ -1,7 +1,8 @@
 """Stream schemas and the door: user batches in, typed numpy columns out.
 
 Inside the engine every column is a numpy array: int64/int32/float64/bool keep their dtype,
-``string`` becomes int64 codes of the engine's :class:`~lowtide.strings.StringPool`, and
+``string`` becomes int64 codes of the engine's :class:`~lowtide.strings.StringPool` (a column
+no query reads stays Arrow until the batch is applied: :func:`code_kept`), and
 ``timestamp[unit]`` becomes int64 counts of that unit. A batch that does not fit its schema is
 rejected whole with a one-line reason, before anything is changed; so is a batch with a value of
 the progressing attribute outside its domain ``[-2^62, 2^62)``, where every window bound of every
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument, SchemaMismatch
 from lowtide.names import check_column, shown
 from lowtide.punctuation.model import DOMAIN, TIME_END, TIME_MIN
-from lowtide.strings import NULL_CODE, StringPool
+from lowtide.strings import NULL_CODE, PoolLimits, StringPool
 
 _TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns)\]$")
 _BASE_TYPES = {"int64", "int32", "float64", "bool", "string"}
@@ -215,10 +216,9 @@ def _fit(name: str, out: npt.NDArray[Any], kind: ColumnType) -> npt.NDArray[Any]
     return np.asarray(out, dtype=kind.dtype)
 
 
-def _column(
-    name: str, values: pa.ChunkedArray, kind: ColumnType, pool: StringPool | None
-) -> npt.NDArray[Any]:
-    """The engine column of ``values``; without a pool (a check only) strings are not coded."""
+def _column(name: str, values: pa.ChunkedArray, kind: ColumnType) -> npt.NDArray[Any]:
+    """The engine column of ``values``, checked; strings other than all nulls are left to
+    :func:`admit` (an empty placeholder here)."""
     vtype = values.type
     if pa.types.is_null(vtype) and len(values) == 0:
         return np.empty(0, dtype=kind.dtype)  # an empty list has no type of its own: it fits any column
@@ -229,7 +229,7 @@ def _column(
             raise SchemaMismatch(f"column {name!r} is string, got {vtype}")
         if values.null_count == len(values):  # all null: no dictionary for the pool to map
             return np.full(len(values), NULL_CODE, dtype=np.int64)
-        return pool.encode(values) if pool is not None else np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=np.int64)
     if values.null_count:
         if kind.name != "float64":
             raise SchemaMismatch(
@@ -249,20 +249,75 @@ def _column(
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
-def admit(data: Any, schema: Schema, pool: StringPool) -> Batch:
-    """Check a user batch against ``schema`` and turn it into engine columns (the door)."""
+def admit(
+    data: Any,
+    schema: Schema,
+    pool: StringPool,
+    holder: str | None = None,
+    reads: Collection[str] | None = None,
+    limits: PoolLimits | None = None,
+) -> Batch:
+    """Check a user batch against ``schema`` and turn it into engine columns (the door).
+
+    String columns in ``reads`` (None: all) become codes of ``pool``, held by ``holder`` (the
+    stream), within ``limits``; the others no query reads stay Arrow arrays, for
+    :func:`code_kept` when the batch is applied."""
     table = to_arrow_table(data)
     check_names(table.column_names, schema)
-    columns = {}
+    columns: dict[str, Any] = {}
+    strings: dict[str, pa.ChunkedArray] = {}
     for name, kind in schema.columns:
         values = table.column(name)
         try:
-            columns[name] = _column(name, values, kind, pool)
+            columns[name] = _column(name, values, kind)
         except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
             reason = " ".join(str(exc).split())
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc
-    check_domain(schema.progressing, columns[schema.progressing])
+        if kind.is_string and values.null_count < len(values):
+            if reads is None or name in reads:
+                strings[name] = values
+            else:
+                columns[name] = values  # no query reads it: coded when applied, where needed
+    check_domain(schema.progressing, columns[schema.progressing])  # before the pool takes strings
+    try:
+        columns.update(pool.encode(strings, holder, limits))
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        reason = " ".join(str(exc).split())
+        raise SchemaMismatch(f"string column(s) {', '.join(map(repr, strings))}: {reason}") from exc
     return Batch(columns, table.num_rows)
+
+
+def code_kept(
+    batch: Batch,
+    schema: Schema,
+    pool: StringPool,
+    holder: str,
+    reads: Collection[str] | None,
+    behind: npt.NDArray[np.bool_],
+) -> Batch:
+    """``batch`` with the string columns :func:`admit` kept as Arrow coded: all rows of a column
+    a query reads now, else the rows ``behind`` punctuation only (a query's late side stream
+    shows them: nothing else shows a column no query reads). The other rows get ``NULL_CODE``.
+    No limit applies: the batch was accepted."""
+    kept = {
+        name: values
+        for name, values in batch.columns.items()
+        if isinstance(values, pa.Array | pa.ChunkedArray) and schema.type_of(name).is_string
+    }
+    if not kept:
+        return batch
+    read = {name: v for name, v in kept.items() if reads is None or name in reads}
+    coded = pool.encode(read, holder)
+    rows = pa.array(behind)
+    if behind.any():
+        some = pool.encode({name: v.filter(rows) for name, v in kept.items() if name not in read}, holder)
+        for name, codes in some.items():
+            full = np.full(batch.n, NULL_CODE, dtype=np.int64)
+            full[behind] = codes
+            coded[name] = full
+    for name in kept:
+        coded.setdefault(name, np.full(batch.n, NULL_CODE, dtype=np.int64))
+    return batch.with_columns(coded)
 
 
 def check_domain(name: str, values: npt.NDArray[Any]) -> None:
@@ -303,7 +358,7 @@ def check(table: pa.Table, schema: Schema) -> None:
         if _exact(values, kind) and not progressing:
             continue
         try:
-            column = _column(name, values, kind, None)
+            column = _column(name, values, kind)
         except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
             reason = " ".join(str(exc).split())
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc

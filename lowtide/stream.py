@@ -11,7 +11,7 @@ applied, so a rejected call changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +25,8 @@ from lowtide.operators.input import Input
 from lowtide.operators.state import State, as_bool, as_dict, as_float, as_int, as_list, as_str
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN, Punctuation
-from lowtide.schema import Schema, admit
-from lowtide.strings import StringPool
+from lowtide.schema import Schema, admit, code_kept
+from lowtide.strings import PoolLimits, StringPool
 from lowtide.testing import Clock
 
 
@@ -124,9 +124,20 @@ class Stream:
             )
 
     # -- checks (no state change) -----------------------------------------------------------
-    def admit(self, data: Any, pool: StringPool) -> Batch:
-        """The batch as engine columns; raises on a schema mismatch."""
-        return admit(data, self.schema, pool)
+    def admit(
+        self,
+        data: Any,
+        pool: StringPool,
+        reads: Collection[str] | None = None,
+        limits: PoolLimits | None = None,
+    ) -> Batch:
+        """The batch as engine columns; raises on a schema mismatch. String columns not in
+        ``reads`` (None: all) stay Arrow (see :func:`~lowtide.schema.admit`)."""
+        return admit(data, self.schema, pool, self.name, reads, limits)
+
+    def code_kept(self, batch: Batch, pool: StringPool, reads: Collection[str] | None) -> Batch:
+        """An admitted batch with the string columns :meth:`admit` kept coded, as needed now."""
+        return code_kept(batch, self.schema, pool, self.name, reads, self.late_mask(batch))
 
     def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
         """Which tuples are behind punctuation: below the published progress."""
@@ -177,8 +188,8 @@ class Stream:
         self.tuples_ingested += batch.n
         n_late = int(late.sum())
         self.late_tuples += n_late
-        on_time = batch if n_late == 0 else _rows(batch, ~late)
-        late_batch = _rows(batch, late) if n_late else None
+        on_time = batch if n_late == 0 else select_rows(batch, ~late)
+        late_batch = select_rows(batch, late) if n_late else None
         for subscriber in self.subscribers:
             if subscriber.numbers_rows and n_late and self.progress < END_OF_STREAM:
                 subscriber.process(batch)  # a tuple window: none is behind it, order matters
@@ -252,8 +263,9 @@ class Stream:
                 subscriber.punctuate(Punctuation(low, self.attribute))
 
 
-def _rows(batch: Batch, mask: npt.NDArray[np.bool_]) -> Batch:
-    """The rows of ``mask``; a query's result stream may carry Arrow columns (heavy-hitter lists)."""
+def select_rows(batch: Batch, mask: npt.NDArray[np.bool_]) -> Batch:
+    """The rows of ``mask``; a batch may carry Arrow columns (a query's heavy-hitter lists, the
+    string columns the door keeps until the batch is applied)."""
     if not any(isinstance(v, pa.Array | pa.ChunkedArray) for v in batch.columns.values()):
         return batch.select(mask)
     keep = pa.array(mask)

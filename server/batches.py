@@ -67,7 +67,9 @@ class PartialBatch:
     """The parts of one multi-part batch received so far on one Ingest call, admitted (checked
     and coded) as they arrive and applied together once the last is in."""
 
-    def __init__(self, batch_id: int, parts: int, duplicate: bool, generation: int = 0) -> None:
+    def __init__(
+        self, batch_id: int, parts: int, duplicate: bool, generation: int = 0, releases: int = 0
+    ) -> None:
         if parts > 1 and not batch_id:
             raise InvalidArgument("a batch in several parts needs a batch_id")
         self.batch_id = batch_id
@@ -77,7 +79,12 @@ class PartialBatch:
         self.admitted: list[Batch] = []
         self.payloads: list[bytes] = []  # each part's Arrow IPC stream, for the input log
         self.generation = generation  # of the engine that admitted the parts (see Front.submit)
+        self.releases = releases  # of its string pool then (see Front._apply_batch)
         self.began = time.perf_counter()  # the first part's arrival
+
+    def coded_by(self, generation: int, releases: int) -> bool:
+        """Whether the parts' string codes still mean what they meant when admitted."""
+        return generation == self.generation and releases == self.releases
 
     def check(self, batch_id: int, parts: int) -> None:
         """The next message must be the next part of this batch."""

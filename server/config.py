@@ -18,6 +18,8 @@ max_queries = 1000
 max_query_state_bytes = 1073741824
 max_windows_per_tuple = 100000    # RANGE / SLIDE of a window: a query over it is refused
 max_windows_per_step = 1000000    # windows one punctuation may make a landmark query emit
+max_strings = 5000000     # strings the string pool may hold (a batch adding more: RESOURCE_EXHAUSTED)
+max_string_bytes = 536870912  # ... and their UTF-8 bytes
 retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
@@ -56,6 +58,8 @@ class ServerConfig:
     max_query_state_bytes: int = 1 << 30
     max_windows_per_tuple: int = 100_000
     max_windows_per_step: int = 1_000_000
+    max_strings: int = 5_000_000
+    max_string_bytes: int = 512 << 20
     retained_items: int = 1024
     flush_every: int = 0
     flush_max_windows: int = 2

@@ -242,6 +242,8 @@ class Front:
             config.max_batch_rows,
             max_windows_per_tuple=config.max_windows_per_tuple,
             max_windows_per_step=config.max_windows_per_step,
+            max_strings=config.max_strings,
+            max_string_bytes=config.max_string_bytes,
         )
         flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
         engine = FrontEngine(self.workers, clock=self.clock, limits=limits, flush=flush)
@@ -302,15 +304,19 @@ class Front:
                 engine.tick()
         return None
 
-    def _apply_batch(self, record: records.Batch, admitted: list[Batch] | None) -> int:
-        """Apply a batch once per id; returns its rows (0 for a replay of an applied id)."""
+    def _apply_batch(self, record: records.Batch, prepared: tuple[int, list[Batch]] | None) -> int:
+        """Apply a batch once per id; returns its rows (0 for a replay of an applied id).
+        ``prepared``: its parts as admitted, and the string pool's releases then."""
         applied = self.applied_batches(record.stream, record.source)
         if record.batch_id and record.batch_id in applied:
             return 0
-        if admitted is None:  # at replay: checked as it was when accepted
+        admitted = prepared[1] if prepared is not None else None
+        if prepared is not None and prepared[0] != self.engine.pool.releases:
+            admitted = None  # a dropped stream's codes were freed since: they may name others now
+        if admitted is None:  # at replay: checked as it was when accepted (no string limit)
             limit = self.engine.limits.max_batch_rows
             admitted = [
-                self.engine.admit(record.stream, read_ipc(part, limit), validated=True)
+                self.engine.admit(record.stream, read_ipc(part, limit), validated=True, limited=False)
                 for part in record.parts
             ]
         self.engine.push_admitted(record.stream, admitted, record.source)
@@ -547,7 +553,9 @@ class Front:
             }
         inputs = {s["name"] for s in self.engine.list_streams()}  # not the queries' result streams
         streams = {name: value for name, value in stats["streams"].items() if name in inputs}
-        return {"streams": streams, "queries": queries}
+        strings = {"front": len(self.engine.pool)}
+        strings.update((f"worker {w}", n) for w, n in sorted(self.engine.worker_strings.items()))
+        return {"streams": streams, "queries": queries, "strings": strings}
 
     async def stop(self) -> None:
         """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly."""
@@ -696,7 +704,8 @@ class Service(pb_grpc.LowtideServicer):
                 batch_id, parts = request.batch_id, max(1, request.batch_parts)
                 if partial is None:
                     duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
-                    partial = PartialBatch(batch_id, parts, duplicate, front.generation)
+                    releases = front.engine.pool.releases
+                    partial = PartialBatch(batch_id, parts, duplicate, front.generation, releases)
                 partial.check(batch_id, parts)
                 # Each part is checked and coded on arrival, while the client sends the next.
                 if partial.duplicate:
@@ -713,12 +722,12 @@ class Service(pb_grpc.LowtideServicer):
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
                     tally.duplicates += 1
                     continue
-                if whole.generation == front.generation:  # else checked when applied
+                if whole.coded_by(front.generation, front.engine.pool.releases):  # else when applied
                     front.engine.check_batch(
                         stream, whole.admitted, source
                     )  # nothing logged that cannot apply
                 record = records.Batch(time.time(), stream, source, whole.batch_id, tuple(whole.payloads))
-                rows = await front.submit(record, whole.admitted, whole.generation)
+                rows = await front.submit(record, (whole.releases, whole.admitted), whole.generation)
                 if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
                     tally.duplicates += 1
                     continue

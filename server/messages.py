@@ -47,10 +47,17 @@ class QuerySpec:
 # -- front -> worker ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Strings:
-    """The front's new string-pool entries: ``values[i]`` has code ``first_code + i``."""
+    """The front's new string-pool entries: ``values[i]`` has code ``codes[i]``."""
 
-    first_code: int
+    codes: list[int]
     values: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """The front released these codes (a dropped stream held them): the mirror forgets them."""
+
+    codes: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +201,11 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Per query: operators as (label, tuples in, tuples out), state_bytes, open_windows, late."""
+    """Per query: operators as (label, tuples in, tuples out), state_bytes, open_windows, late;
+    and the strings the worker's pool holds."""
 
     queries: dict[str, dict[str, Any]]
+    strings: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +242,18 @@ class ResetDone:
 
 QueryInput: TypeAlias = Batch | Punctuate
 ToWorker: TypeAlias = (
-    Strings | Register | Drop | QueryInput | Emit | Sync | GetStats | Checkpoint | Restore | Reset | Stop
+    Strings
+    | Forget
+    | Register
+    | Drop
+    | QueryInput
+    | Emit
+    | Sync
+    | GetStats
+    | Checkpoint
+    | Restore
+    | Reset
+    | Stop
 )
 QueryOutput: TypeAlias = Result | Punctuated | Late | Released | Epoch | Failed  # melded per query
 ToFront: TypeAlias = QueryOutput | Stats | Synced | Checkpointed | Persisted | Restored | ResetDone
@@ -270,7 +290,7 @@ def _getter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 TO_WORKER: Codec[ToWorker] = Codec(
-    Batch, Punctuate, Strings, Register, Drop, Sync, GetStats, Checkpoint, Restore, Reset, Stop, Emit
+    Batch, Punctuate, Strings, Register, Drop, Sync, GetStats, Checkpoint, Restore, Reset, Stop, Emit, Forget
 )
 TO_FRONT: Codec[ToFront] = Codec(
     Result,

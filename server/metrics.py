@@ -41,6 +41,10 @@ Read from the snapshot at scrape time:
 ``lowtide_state_bytes{query}``                        gauge: bytes of window state
 ``lowtide_operator_tuples_in_total{query,operator}``  counter: tuples into one operator of the query
 ``lowtide_operator_tuples_out_total{query,operator}`` counter: tuples out of it
+``lowtide_string_pool_entries{process}``              gauge: strings the string pool holds, in the
+                                                      front (``process="front"``) and in each
+                                                      worker's mirror (``"worker <n>"``, as of its
+                                                      last statistics, once a second)
 ``lowtide_snapshot_errors_total``                     counter: scrapes whose snapshot call raised
                                                       (the snapshot series are then left out)
 
@@ -54,7 +58,8 @@ engine's ``Engine.stats()``)::
 
     {"streams": {name: {"low_watermark": int, "ingested": int, "behind": int, "late": int}},
      "queries": {name: {"low_watermark": int, "late": int, "open_windows": int, "state_bytes": int,
-                        "operators": [(index, label, tuples_in, tuples_out), ...]}}}
+                        "operators": [(index, label, tuples_in, tuples_out), ...]}},
+     "strings": {process: int}}   (optional)
 
 The snapshot function is called on the exposition's HTTP thread: it must be safe to call from
 there (for instance, return a copy the front's event loop keeps up to date).
@@ -206,6 +211,13 @@ class SnapshotCollector(Collector):
                 operator = operator_label(int(index), str(label))
                 tuples_in.add_metric([name, operator], n_in)
                 tuples_out.add_metric([name, operator], n_out)
+        strings = GaugeMetricFamily(
+            PREFIX + "string_pool_entries",
+            "Strings the string pool holds, in the front and in each worker's mirror.",
+            labels=["process"],
+        )
+        for process, entries in sorted(snapshot.get("strings", {}).items()):
+            strings.add_metric([process], entries)
         return [
             ingested,
             behind,
@@ -217,6 +229,7 @@ class SnapshotCollector(Collector):
             state_bytes,
             tuples_in,
             tuples_out,
+            strings,
         ]
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from lowtide.batch import Batch
@@ -30,6 +32,7 @@ from lowtide.server.melding import OrderedMeld
 from lowtide.server.partitioning import Partitioning, partitioning_of, split
 from lowtide.server.worker import decode_columns
 from lowtide.server.workers import WorkerPool
+from lowtide.strings import StringPool
 from lowtide.testing import Clock
 
 MAX_RELEASING = 1_000  # punctuation still waiting for some of a query's workers to release it
@@ -111,7 +114,8 @@ class FrontEngine(Engine):
         super().__init__(clock, limits, flush)
         self.workers = workers
         self.remote: dict[str, RemoteQuery] = {}
-        self._strings_sent = 0
+        self.pool = StringPool(mirrored=True)  # the workers' pools mirror it (sync_strings)
+        self.worker_strings: dict[int, int] = {}  # what each worker's pool held at its last Stats
         self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
         # Shared slices -> the query feeding them and its dispatches (they outlive it while read).
         self._feeders: dict[int, tuple[RemoteQuery, list[tuple[str, Input]]]] = {}
@@ -177,12 +181,16 @@ class FrontEngine(Engine):
 
     def sync_strings(self) -> None:
         """Broadcast the string pool's new entries, so every worker decodes as the front does."""
-        known = len(self.pool)
-        if known > self._strings_sent:
-            self.workers.broadcast(
-                msg.Strings(self._strings_sent, self.pool.values(self._strings_sent, known))
-            )
-            self._strings_sent = known
+        codes = self.pool.take_unsent()
+        if codes:
+            self.workers.broadcast(msg.Strings(codes, self.pool.values(codes)))
+
+    def _strings_released(self, codes: npt.NDArray[np.int64]) -> None:
+        """A dropped stream's strings were freed: the workers forget them too, after the entries
+        added before (a freed code is given out again only after this)."""
+        self.sync_strings()
+        if codes.size:
+            self.workers.broadcast(msg.Forget(codes.tolist()))
 
     def _emit_early(self, running: RunningQuery) -> None:
         """The query's EMIT EVERY timer fired (while a logged change applies: a replay fires it
@@ -211,6 +219,7 @@ class FrontEngine(Engine):
     ) -> str | None:
         """Apply one message from a worker; returns the name of the query it concerns."""
         if isinstance(message, msg.Stats):
+            self.worker_strings[worker] = message.strings
             for name, stats in message.queries.items():
                 if name in self.remote:
                     self.remote[name].worker_stats[worker] = stats
@@ -261,8 +270,10 @@ class FrontEngine(Engine):
         The pool has already respawned the worker, with an empty string pool: it gets the
         front's whole pool first, so the queries registered on it later decode as the front does.
         """
-        if self._strings_sent:
-            self.workers.post(worker, msg.Strings(0, self.pool.values(0, self._strings_sent)))
+        self.sync_strings()
+        codes = self.pool.entries()
+        if codes:
+            self.workers.post(worker, msg.Strings(codes, self.pool.values(codes)))
         lost = []
         for remote in self.remote.values():
             if worker in remote.workers and not remote.failed:

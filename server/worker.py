@@ -7,12 +7,12 @@ engine and sends back result batches, output punctuation and late tuples, still 
 columns (string codes): the front decodes them once, after melding all workers' outputs.
 
 The messages in and out are those of :mod:`lowtide.server.messages`: in, the front's
-:data:`~lowtide.server.messages.ToWorker` (the string pool's new entries, which the worker's pool
-mirrors; queries registered and dropped; batches and punctuation; sync, stats, checkpoint, reset,
-restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output punctuation, late
-tuples; ``Released`` after the results a punctuation released; ``Epoch`` after everything one
-batch, punctuation or ``Emit`` (early results) message made for a query; the answers to the
-control messages).
+:data:`~lowtide.server.messages.ToWorker` (the string pool's new and released entries, which the
+worker's pool mirrors; queries registered and dropped; batches and punctuation; sync, stats,
+checkpoint, reset, restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output
+punctuation, late tuples; ``Released`` after the results a punctuation released; ``Epoch`` after
+everything one batch, punctuation or ``Emit`` (early results) message made for a query; the
+answers to the control messages).
 """
 
 from __future__ import annotations
@@ -233,13 +233,15 @@ class Worker:
                 case msg.Sync():
                     self.out.send(msg.Synced(message.token))
                 case msg.Strings():
-                    self.pool.adopt({value: message.first_code + i for i, value in enumerate(message.values)})
+                    self.pool.adopt(message.codes, message.values)
+                case msg.Forget():
+                    self.pool.forget(message.codes)
                 case msg.Register():
                     self.register(message.query, message.spec)
                 case msg.Drop():
                     self.drop(message.query)
                 case msg.GetStats():
-                    self.out.send(msg.Stats(self.stats()))
+                    self.out.send(msg.Stats(self.stats(), len(self.pool)))
                 case msg.Checkpoint():  # after everything before it, before what follows
                     self.checkpoint(message)
                 case msg.Restore():  # after the queries are registered again
