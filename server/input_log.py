@@ -14,15 +14,18 @@ way at replay: it is kept, and changes nothing either time.
 
 Layout: ``D/log/<first sequence number>.seg`` files of frames ``[length u32][crc32 u32][payload]``,
 payload ``[header length u32][JSON header][blob]`` (the blob is the Arrow IPC stream of a batch).
-The log always holds at least one segment (its first is made with the state directory).
+The log always holds at least one segment (its first is made with the state directory). A
+segment that a newer one follows ends with a *seal*, a frame that is no record: the next segment
+is made before the seal is written, so a log whose last segment ends sealed has lost the
+segments after it.
 
 Recovery tells apart (DESIGN §8): a frame cut short or failing its CRC at the end of the last
 segment, with no whole frame after it, is a write torn by a crash: it was never acknowledged, and
 is cut off once recovery has succeeded (the start says how many bytes). A bad frame anywhere else
 (a damaged length field included: the whole frames after it prove it), a gap between segments,
-a missing directory or segment, or a log with fewer records than a checkpoint's manifest says
-it held (:class:`Extent`) is damage to acknowledged records: the start stops naming the file,
-having changed nothing.
+a missing directory or segment (a sealed last segment included), or a log with fewer records
+than a checkpoint's manifest says it held (:class:`Extent`) is damage to acknowledged records:
+the start stops naming the file, having changed nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from lowtide.server.files import fsync_directory
 _FRAME = struct.Struct("<II")
 _HEADER_LENGTH = struct.Struct("<I")
 _HEADER_START = b'{"kind":'  # every JSON header's first bytes (encode puts "kind" first)
+_SEAL = b'{"kind":"seal"'  # the header of a segment's seal (see the module docstring)
 SEGMENT_BYTES = 64 << 20  # a new segment starts past this size: old ones go whole
 FSYNC_POLICIES = ("no", "always", "everysec")
 _DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -179,6 +183,17 @@ def decode(payload: bytes) -> Record:
 
 def frame(payload: bytes) -> bytes:
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def seal(next_segment: str) -> bytes:
+    """The frame that ends a segment a newer one follows: not a record, it is not numbered."""
+    header = json.dumps({"kind": "seal", "next": next_segment}, separators=(",", ":")).encode()
+    return frame(_HEADER_LENGTH.pack(len(header)) + header)
+
+
+def _is_seal(data: bytes, at: int) -> bool:
+    """Whether the whole frame at ``at`` is a seal."""
+    return data.startswith(_SEAL, at + _FRAME.size + _HEADER_LENGTH.size)
 
 
 class Damaged(StartupFailure):
@@ -335,7 +350,12 @@ class InputLog:
             last = opening and index == len(segments) - 1
             data = path.read_bytes()
             at = 0  # where the whole frames end
+            sealed = False
             while (end := _frame_end(data, at)) >= 0:
+                sealed = _is_seal(data, at)
+                if sealed:
+                    at = end
+                    continue
                 if seq >= start:
                     try:
                         record = decode(data[at + _FRAME.size : end])
@@ -345,8 +365,10 @@ class InputLog:
                 seq += 1
                 at = end
             if at < len(data):
-                _check_tail(path, data, at, last)
+                _check_tail(path, data, at, last and not sealed)
                 self._torn = TornTail(path, at, len(data))
+            if sealed and index == len(segments) - 1:
+                raise Damaged(f"the input log misses the segment(s) after {path}, which ends sealed")
             if last:
                 self._segment_start = first
                 self._segment_bytes = at
@@ -385,6 +407,17 @@ class InputLog:
         data = frame(encode(record))
         if self._segment_bytes >= self.segment_bytes:
             self._next_segment()
+        self._write(data)
+        seq = self.next_seq
+        self.next_seq += 1
+        with self._synced:
+            self._written_seq = seq
+            self._synced.notify()
+        return seq
+
+    def _write(self, data: bytes) -> None:
+        """Append one frame to the current segment (one ``write``); a full disk raises
+        :class:`ResourceExhausted` and leaves the segment as it was."""
         try:
             written = os.write(self._fd, data)
             if written != len(data):
@@ -397,23 +430,26 @@ class InputLog:
                     f"the state directory is full: {exc.strerror}; nothing was applied"
                 ) from None
             raise ResourceExhausted(f"cannot write the input log: {exc.strerror or exc}") from None
-        seq = self.next_seq
-        self.next_seq += 1
         self._segment_bytes += len(data)
         self.bytes_written += len(data)
-        with self._synced:
-            self._written_seq = seq
-            self._synced.notify()
-        return seq
 
     def _next_segment(self) -> None:
-        os.fsync(self._fd)  # a segment is complete on disk before the next begins
+        """Begin the next segment: made (and in its directory) before the current one is sealed,
+        so a crash between the two leaves an unsealed segment and an empty one, not a seal whose
+        next segment is missing."""
+        name = segment_name(self.next_seq)
+        fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fsync_directory(self.directory)
+            self._write(seal(name))
+            os.fsync(self._fd)  # a segment is complete on disk before the next begins
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(self._fd)
+        self._fd = fd
         self._segment_bytes = 0
         self._segment_start = self.next_seq
-        path = self.directory / segment_name(self._segment_start)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        fsync_directory(self.directory)
 
     def sync_extent(self) -> tuple[int, str, int]:
         """Make everything written so far durable; how far the log reaches: its records, the

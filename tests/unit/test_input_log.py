@@ -161,7 +161,7 @@ def test_missing_segments_and_a_missing_log_are_refused(tmp_path: Path) -> None:
     extent = extent_of(original, manifest)
     cases = {
         middle: f"the input log misses records {int(middle.stem)} to {int(after.stem) - 1} before ",
-        last: f"the input log ends at record {int(last.stem)} in ",
+        last: "the input log misses the segment(s) after ",
         first: f"the input log begins at record {int(middle.stem)} in ",
     }
     for segment, match in cases.items():
@@ -174,6 +174,27 @@ def test_missing_segments_and_a_missing_log_are_refused(tmp_path: Path) -> None:
     refused(original, f"the input log {original / 'log'} holds no segment (a log always holds one)")
     (original / "log").rmdir()
     refused(original, f"the input log {original / 'log'} is missing")
+
+
+def test_a_deleted_last_segment_is_refused_without_a_manifest_by_the_seal_before_it(tmp_path: Path) -> None:
+    """Each segment a newer one follows ends sealed: losing the newest segment(s) shows even
+    where no manifest vouches for the log, while a crash in the middle of making the next
+    segment (made, the one before not sealed yet) is no damage."""
+    original = filled(tmp_path, segment_bytes=3000)
+    *_, before_last, last = segments(original)
+    for gone in ([last], [before_last, last]):
+        state = tmp_path / f"without-{len(gone)}"
+        shutil.copytree(original, state)
+        for segment in gone:
+            (state / "log" / segment.name).unlink()
+        refused(state, f"the input log misses the segment(s) after {state / 'log'}/")
+    unsealed = tmp_path / "unsealed"
+    shutil.copytree(original, unsealed)
+    last.unlink()
+    sealed_at = before_last.read_bytes().rfind(b'{"kind":"seal"') - 12
+    Path(unsealed / "log" / before_last.name).write_bytes(before_last.read_bytes()[:sealed_at])
+    (unsealed / "log" / last.name).write_bytes(b"")  # made, then the crash: no seal, no record
+    assert replayed(unsealed)[1] == list(range(int(last.stem)))
 
 
 def checkpoints(state: Path, seqs: list[int]) -> CheckpointStore:
