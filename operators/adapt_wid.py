@@ -90,7 +90,7 @@ from lowtide.operators.state import (
     declare,
     fields,
 )
-from lowtide.operators.window_ids import admit_behind, touched_windows
+from lowtide.operators.window_ids import admit_behind, touched_windows, window_rows
 from lowtide.operators.windows import Sliding, Window, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -156,12 +156,15 @@ def _decrement(vol: I64, gid: Arr) -> None:
 
 
 @nb.njit(cache=True, nogil=True)
-def _bookkeep(we: I64, wid_base: int, row_of: I64, eid: I64, expire: I32, count: bool, until: I64) -> None:
-    """Per eager tuple: ``tupleCnt`` of the partial of its last window (if ``count``) and the
-    last window end of its eager id (expire, until mutated)."""
+def _bookkeep(
+    end: I64, wid_base: int, row_of: I64, we: I64, eid: I64, expire: I32, count: bool, until: I64
+) -> None:
+    """Per eager tuple: ``tupleCnt`` of the partial of its last window (if ``count``; at
+    ``row_of[end - 1 - wid_base]``, see :func:`window_rows`) and the last window end ``we`` of its
+    eager id (expire, until mutated)."""
     for i in range(eid.shape[0]):
         if count:
-            expire[row_of[we[i] - 1 - wid_base], eid[i]] += 1
+            expire[row_of[end[i] - 1 - wid_base], eid[i]] += 1
         if we[i] > until[eid[i]]:
             until[eid[i]] = we[i]
 
@@ -545,14 +548,13 @@ class AdaptWIDAggregate(Operator):
         for w in touched.tolist():
             if w not in self._row_of:
                 self._row_of[w] = self._new_row()
-        base = int(touched[0])
-        row_of = np.full(int(touched[-1]) - base + 1, -1, dtype=np.int64)
-        row_of[touched - base] = [self._row_of[w] for w in touched.tolist()]
+        rows = np.array([self._row_of[w] for w in touched.tolist()], dtype=np.int64)
         self.cells.ensure(self._rows_used, self._eager_width)
         self._fit_expire()
-        self.cells.update(Batch(values, eid.shape[0]), ws, we, base, row_of, eid)
+        first, end, base, row_of = window_rows(ws, we, touched, rows)
+        self.cells.update(Batch(values, eid.shape[0]), first, end, base, row_of, eid)
         expire = self._expire if self._expire is not None else _NO_EXPIRE
-        _bookkeep(we, base, row_of, eid, expire, self._expire is not None, self._until)
+        _bookkeep(end, base, row_of, we, eid, expire, self._expire is not None, self._until)
 
     def _fit_expire(self) -> None:
         if self._expire is None:
@@ -748,10 +750,8 @@ class AdaptWIDAggregate(Operator):
                 scratch.arrays[name][t_row, t_local] = array[t_rows, t_eids]
             self._copy_logs(scratch, t_row, t_local, t_rows, t_eids)
         if index.shape[0]:
-            base = int(wins[0])
-            row_of = np.full(int(wins[-1]) - base + 1, -1, np.int64)
-            row_of[wins - base] = np.arange(wins.shape[0])
-            scratch.update(Batch(buffer.take(index), index.shape[0]), ws, we, base, row_of, b_local)
+            addressed = window_rows(ws, we, wins, np.arange(wins.shape[0], dtype=np.int64))
+            scratch.update(Batch(buffer.take(index), index.shape[0]), *addressed, b_local)
         r, g = np.nonzero(scratch.arrays["n"][: wins.shape[0], : groups.shape[0]] > 0)
         return wins[r], groups[g], scratch.finalize(r, g, self.decode)
 

@@ -67,7 +67,7 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.state import INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import Cells, nonempty_cells
-from lowtide.operators.window_ids import touched_windows
+from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.operators.windows import Sliding, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -321,9 +321,8 @@ class PanedWIDAggregate(Operator):
     def _merge_summaries(self, ready: list[int], scratch: list[int], panes: I64, pane_rows: I64) -> None:
         """Give each ready window's scratch row the union of its slices' values, in one pass
         over the value logs: an entry of slice ``s`` goes to every ready window holding ``s``."""
-        base = ready[0]
-        row_of = np.full(ready[-1] - base + 1, -1, np.int64)
-        row_of[np.array(ready, np.int64) - base] = scratch
+        windows = np.array(ready, np.int64)
+        first, last = ready[0], ready[-1] + 1
         # The logs share the slices' rows: one map from row to live slice serves them all.
         logs = [self.slices.cells.logs[col] for col in self.summaries]
         size = max([int(pane_rows.max())] + [int(log.rows[: log.n].max(initial=-1)) for log in logs]) + 1
@@ -333,8 +332,10 @@ class PanedWIDAggregate(Operator):
         for log in logs:
             entries = np.flatnonzero(live[log.rows[: log.n]])
             ws, we = self.window.wids(slice_of[log.rows[entries]] * self.pane)
-            ws, we = np.maximum(ws, base), np.minimum(we, ready[-1] + 1)
-            rows, gids, index = expand_cells(ws, we, base, row_of, log.gids[entries])
+            ws, we = np.maximum(ws, first), np.minimum(we, last)
+            rows, gids, index = expand_cells(
+                *window_rows(ws, we, windows, np.array(scratch, np.int64)), log.gids[entries]
+            )
             log.append(rows, gids, log.values[entries[index]])
 
     def _running_row(self) -> int:

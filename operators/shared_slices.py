@@ -49,7 +49,7 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
 from lowtide.operators.state import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
 from lowtide.operators.wid_state import compact_groups
-from lowtide.operators.window_ids import touched_windows
+from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 
@@ -171,19 +171,18 @@ class SharedSlices(Operator):
             if s not in rows:
                 rows[s] = self.new_row()
                 self._live.clear()
-        base = int(touched[0])
-        row_of = np.full(int(touched[-1]) - base + 1, -1, dtype=np.int64)
-        row_of[touched - base] = [rows[s] for s in touched.tolist()]
+        touched_rows = np.array([rows[s] for s in touched.tolist()], dtype=np.int64)
         self.cells.ensure(self._rows_used, len(self.groups))
+        addressed = window_rows(ws, we, touched, touched_rows)
         if batch.late:
-            self._update_behind(batch, ws, we, base, row_of, gid, touched)
+            self._update_behind(batch, addressed, gid, touched, touched_rows)
         else:
-            self.cells.update(batch, ws, we, base, row_of, gid)
+            self.cells.update(batch, *addressed, gid)
         for reader in self.readers:
             reader.queue.flush_some(batch.n)
 
     def _update_behind(
-        self, batch: Batch, ws: I64, we: I64, base: int, row_of: I64, gid: I64, touched: I64
+        self, batch: Batch, addressed: tuple[I64, I64, int, I64], gid: I64, touched: I64, rows: I64
     ) -> None:
         """Tuples behind punctuation into their slices, and into every reader's running window
         that has summed their slice already: what it subtracts when the slice leaves is the
@@ -191,10 +190,9 @@ class SharedSlices(Operator):
         holding = [(reader, reader.running_holds(touched)) for reader in self.readers]
         holding = [(reader, held) for reader, held in holding if held.any()]
         arrays, width = self.cells.arrays, len(self.groups)
-        rows = row_of[touched - base]
         names = {name for reader, _ in holding for name in reader.invertible}
         before = {name: arrays[name][rows, :width].copy() for name in names}
-        self.cells.update(batch, ws, we, base, row_of, gid)
+        self.cells.update(batch, *addressed, gid)
         for reader, held in holding:
             added = {
                 name: (arrays[name][rows[held], :width] - before[name][held]).sum(axis=0)

@@ -34,7 +34,7 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.result_queue import After, ResultQueue, SlowFlush
 from lowtide.operators.result_rows import ResultRows
 from lowtide.operators.state import INT, INT_MAP, INTS, NESTED, Keep, Stateful, declare
-from lowtide.operators.window_ids import touched_windows
+from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.punctuation.model import NO_PROGRESS
 
 I64 = npt.NDArray[np.int64]
@@ -120,11 +120,9 @@ class WIDState(Stateful):
         for w in touched.tolist():
             if w not in self.row_of:
                 self.row_of[w] = self.new_row()
-        base = int(touched[0])
-        row_of = np.full(int(touched[-1]) - base + 1, -1, dtype=np.int64)
-        row_of[touched - base] = [self.row_of[w] for w in touched.tolist()]
+        rows = np.array([self.row_of[w] for w in touched.tolist()], dtype=np.int64)
         self.fit()
-        self.cells.update(batch, ws, we, base, row_of, gid)
+        self.cells.update(batch, *window_rows(ws, we, touched, rows), gid)
         return gid
 
     # -- results ----------------------------------------------------------------------------

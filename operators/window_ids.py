@@ -2,9 +2,10 @@
 
 A tuple tagged by :class:`~lowtide.operators.bucket.Bucket` belongs to the windows
 ``[wid_start, wid_end)``. The aggregates (WID, AdaptWID, the shared slices and their readers) find
-the rows of state a batch needs with :func:`touched_windows`, and revisions of late tuples walk
-every pair with :func:`expand_ranges`. Both take int64 arrays of one length and never loop over
-tuples in Python. Tuples behind punctuation enter through :func:`admit_behind` (DESIGN.md §2).
+the rows of state a batch needs with :func:`touched_windows` and address them with
+:func:`window_rows`, and revisions of late tuples walk every pair with :func:`expand_ranges`.
+They take int64 arrays of one length and never loop over tuples in Python. Tuples behind
+punctuation enter through :func:`admit_behind` (DESIGN.md §2).
 """
 
 from __future__ import annotations
@@ -21,6 +22,28 @@ from lowtide.punctuation.model import END_OF_STREAM
 I64 = npt.NDArray[np.int64]
 
 _DENSE_SPAN = 1 << 16
+
+
+def window_rows(ws: I64, we: I64, windows: I64, rows: I64) -> tuple[I64, I64, int, I64]:
+    """How the update kernels find the state rows of the ranges ``[ws[i], we[i])``, given the
+    sorted ``windows`` that have rows (``rows[j]`` is the row of ``windows[j]``): ``(ws, we,
+    base, row_of)`` such that each window ``w`` in a returned range has its row at
+    ``row_of[w - base]`` (-1: a window without a row, skipped).
+
+    Dense over the ids when the windows lie close together (the common case: the ranges as they
+    are). Far apart (tuples far apart in event time: ids billions apart in one batch), on the
+    windows' ranks instead, each range narrowed to the ranks of its windows that have rows, so
+    memory follows the number of windows, never the distance between them."""
+    if windows.shape[0] == 0:
+        return ws, ws, 0, rows
+    base = int(windows[0])
+    span = int(windows[-1]) - base + 1
+    if span <= max(_DENSE_SPAN, 4 * windows.shape[0]):
+        row_of = np.full(span, -1, dtype=np.int64)
+        row_of[windows - base] = rows
+        return ws, we, base, row_of
+    first = np.searchsorted(windows, ws).astype(np.int64)
+    return first, np.maximum(np.searchsorted(windows, we).astype(np.int64), first), 0, rows
 
 
 def touched_windows(ws: I64, we: I64) -> I64:

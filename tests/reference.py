@@ -127,12 +127,15 @@ def _sliding_windows(
 ) -> list[tuple[int, int, list[int]]]:
     """(start, end, member indexes) of every non-empty window of the sliding definition."""
     assert window.range is not None
-    if not positions:
-        return []
-    lo = _floor_div(min(positions) - window.range, window.slide) - 1
-    hi = _floor_div(max(positions), window.slide) + 1
+    # The windows holding some position (w * slide <= p < w * slide + range), however far apart
+    # the positions lie: the definition is walked only where it can give rows.
+    candidates = {
+        w
+        for p in positions
+        for w in range(_floor_div(p - window.range, window.slide) + 1, _floor_div(p, window.slide) + 1)
+    }
     out = []
-    for w in range(lo, hi + 1):
+    for w in sorted(candidates):
         start, end = w * window.slide, w * window.slide + window.range
         members = [
             i
