@@ -16,7 +16,9 @@ max_batch_rows = 1000000
 max_streams = 1000
 max_queries = 1000
 max_query_state_bytes = 1073741824
-retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
+retained_items = 1024     # result items kept per query for Subscribe(from_oldest / from_offset) ...
+retained_bytes = 268435456  # ... and at most this many bytes of them (both bound: oldest evicted)
+max_subscriber_bytes = 67108864  # one subscription's unread results; past it: RESOURCE_EXHAUSTED
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
 tls_cert = ""             # PEM certificate (chain): serve TLS; needs tls_key, and the reverse
@@ -53,6 +55,8 @@ class ServerConfig:
     max_queries: int = 1000
     max_query_state_bytes: int = 1 << 30
     retained_items: int = 1024
+    retained_bytes: int = 256 << 20
+    max_subscriber_bytes: int = 64 << 20
     flush_every: int = 0
     flush_max_windows: int = 2
     tls_cert: str = ""
@@ -81,6 +85,10 @@ class ServerConfig:
             raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {config.fsync!r}")
         if bool(config.tls_cert) != bool(config.tls_key):
             raise InvalidArgument("--tls-cert and --tls-key (tls_cert, tls_key) go together: both or neither")
+        if min(config.retained_items, config.retained_bytes, config.max_subscriber_bytes) < 0:
+            raise InvalidArgument(
+                "retained_items, retained_bytes and max_subscriber_bytes must not be negative"
+            )
         if config.flush_every < 0 or config.flush_max_windows < 0:
             raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config
