@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -66,6 +66,39 @@ class Logged:
     item: Item
     nbytes: int
     before: int  # bytes of every item published before this one: a range's bytes are a difference
+
+
+class Log:
+    """Entries appended at the end and forgotten from the front, each reached by its position in
+    O(1) (a deque walks its blocks to reach the middle, where a replaying subscriber reads). A
+    forgotten slot is cleared at once, so nothing forgotten stays alive; the list is compacted
+    once mostly cleared (amortized O(1) per entry)."""
+
+    def __init__(self) -> None:
+        self._entries: list[Logged | None] = []
+        self._head = 0  # slots before it are forgotten
+
+    def __len__(self) -> int:
+        return len(self._entries) - self._head
+
+    def __getitem__(self, index: int) -> Logged:
+        entry = self._entries[self._head + index] if 0 <= index < len(self) else None
+        if entry is None:
+            raise IndexError(f"no log entry at position {index} of {len(self)}")
+        return entry
+
+    def __iter__(self) -> Iterator[Logged]:
+        return (self[i] for i in range(len(self)))
+
+    def append(self, entry: Logged) -> None:
+        self._entries.append(entry)
+
+    def popleft(self) -> None:
+        self._entries[self._head] = None
+        self._head += 1
+        if self._head >= 1024 and 2 * self._head >= len(self._entries):
+            del self._entries[: self._head]
+            self._head = 0
 
 
 class Subscription:
@@ -116,7 +149,7 @@ class Hub:
         self.retained_items = retained_items
         self.retained_bytes = retained_bytes
         self.max_subscriber_bytes = max_subscriber_bytes
-        self.log: deque[Logged] = deque()  # offsets first_logged .. next_offset - 1, no gap
+        self.log = Log()  # offsets first_logged .. next_offset - 1, no gap
         self.retained_from = 0  # the oldest retained offset (next_offset: none)
         self.published_bytes = 0  # bytes of every item ever published: Logged.before of the next
         self.listeners: set[Subscription] = set()

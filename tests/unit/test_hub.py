@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lowtide.errors import CorruptState, OutOfRange
 from lowtide.punctuation.model import Punctuation
-from lowtide.server.hub import ENTRY_BYTES, Closed, Hub, Subscription, item_bytes
+from lowtide.server.hub import ENTRY_BYTES, Closed, Hub, Log, Logged, Subscription, item_bytes
 
 T = TypeVar("T")
 KIB = 1024
@@ -47,6 +47,20 @@ def test_an_item_weighs_its_buffers_whole() -> None:
     assert item_bytes(data) == 64 * KIB + ENTRY_BYTES
     assert item_bytes(data.slice(0, 1)) == item_bytes(data)  # a slice pins its whole buffers
     assert item_bytes(Punctuation(5, "ts")) == ENTRY_BYTES
+
+
+def test_the_log_reaches_every_position_across_compactions() -> None:
+    log = Log()
+    marks = [Punctuation(i, "ts") for i in range(5000)]
+    for i, mark in enumerate(marks):
+        log.append(Logged(i, mark, ENTRY_BYTES, i * ENTRY_BYTES))
+    for forgotten in range(1, 4001):
+        log.popleft()
+        assert log[0].offset == forgotten and log[len(log) - 1].offset == 4999
+    assert len(log) == 1000 and [e.offset for e in log] == list(range(4000, 5000))
+    assert log[500].item is marks[4500]
+    with pytest.raises(IndexError):
+        log[1000]
 
 
 def test_retention_is_bounded_in_bytes_and_in_items() -> None:
