@@ -45,7 +45,7 @@ ENTRY_BYTES = 128
 def item_bytes(item: Item) -> int:
     """The bytes ``item`` keeps alive: its Arrow buffers (whole, even if sliced) plus an entry."""
     if isinstance(item, pa.Table):
-        return item.get_total_buffer_size() + ENTRY_BYTES
+        return int(item.get_total_buffer_size()) + ENTRY_BYTES
     return ENTRY_BYTES
 
 
