@@ -761,8 +761,8 @@ class Service(pb_grpc.LowtideServicer):
         subscription = hub.subscribe(request.from_oldest, from_offset)
         try:
             while True:
-                # The item stays out of this frame: while a slow reader parks the send, the hub
-                # counts the one message in flight and nothing more is kept here.
+                # The table stays out of this frame: while a slow reader parks the send, only the
+                # serialized message is held here (the hub charges it as the item in flight).
                 response = _subscribe_response(await subscription.next())
                 if isinstance(response, Closed):
                     if response.status is not None:

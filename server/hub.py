@@ -14,9 +14,10 @@ Memory is bounded in bytes (DESIGN.md §8). An item weighs the Arrow buffers it 
   ``retained_bytes`` together; older ones are evicted at once (an item bigger than
   ``retained_bytes`` is never retained). ``Subscribe`` may start at any retained offset.
 * **A subscription** holds the item it is sending (the send waits on gRPC flow control, so a
-  reader that stops leaves its handler parked on that one message) and what was published since
-  it subscribed that it has not taken. It may always hold one item, whatever its size (so a
-  result bigger than the limit still reaches a reader that keeps up); once what it holds past
+  reader that stops leaves its handler parked on that one message, charged at its item's size:
+  its serialized copy is about as big) and what was published since it subscribed that it has
+  not taken. It may always hold one item, whatever its size (so a result bigger than the limit
+  still reaches a reader that keeps up); once what it holds past
   that oldest item exceeds ``max_subscriber_bytes``, it ends at once with ``RESOURCE_EXHAUSTED``:
   its next entry is the end, none of its backlog comes first (the log forgets what only it held),
   and the reason names the offset to resume from - still retained if ``retained_bytes`` exceeds
