@@ -189,11 +189,13 @@ class Client:
     def subscribe(self, query: str, from_oldest: bool = True, from_offset: int | None = None) -> Subscription:
         """Result tables and punctuation of ``query`` (or ``"<query>.late"``).
 
-        From the oldest item the server retains (``retained_items``, default 1024), so results
-        emitted before the call are not missed; ``from_oldest=False``: only what comes from now on.
-        ``from_offset=n``: from output offset ``n`` on (``Subscription.offset`` is the offset of the
-        last item yielded: resume at ``offset + 1`` after a disconnect or a server restart);
-        ``OutOfRange`` when ``n`` is no longer retained.
+        From the oldest item the server retains (``retained_items``, default 1024, within
+        ``retained_bytes``, 256 MiB), so results emitted before the call are not missed;
+        ``from_oldest=False``: only what comes from now on. ``from_offset=n``: from output offset
+        ``n`` on (``Subscription.offset`` is the offset of the last item yielded: resume at
+        ``offset + 1`` after a disconnect or a server restart); ``OutOfRange`` when ``n`` is no
+        longer retained. A subscription more than ``max_subscriber_bytes`` behind raises
+        ``ResourceExhausted`` naming the offset to resume from.
         """
         return Subscription(self._stub, self.target, query, from_oldest, from_offset)
 

@@ -82,7 +82,8 @@ class ResourceExhausted(LowtideError):
 
 
 class OutOfRange(LowtideError):
-    """``Subscribe(from_offset=n)`` where item ``n`` is no longer retained (``retained_items``)."""
+    """``Subscribe(from_offset=n)`` where item ``n`` is no longer retained (``retained_items``,
+    ``retained_bytes``)."""
 
     status = "OUT_OF_RANGE"
 

@@ -20,7 +20,9 @@ max_windows_per_tuple = 100000    # RANGE / SLIDE of a window: a query over it i
 max_windows_per_step = 1000000    # windows one punctuation may make a landmark query emit
 max_strings = 5000000     # strings the string pool may hold (a batch adding more: RESOURCE_EXHAUSTED)
 max_string_bytes = 536870912  # ... and their UTF-8 bytes
-retained_items = 1024     # result items kept per query for Subscribe(from_oldest)
+retained_items = 1024     # result items kept per query for Subscribe(from_oldest / from_offset) ...
+retained_bytes = 268435456  # ... and at most this many bytes of them (both bound: oldest evicted)
+max_subscriber_bytes = 67108864  # one subscription's unread results; past it: RESOURCE_EXHAUSTED
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
 tls_cert = ""             # PEM certificate (chain): serve TLS; needs tls_key, and the reverse
@@ -61,6 +63,8 @@ class ServerConfig:
     max_strings: int = 5_000_000
     max_string_bytes: int = 512 << 20
     retained_items: int = 1024
+    retained_bytes: int = 256 << 20
+    max_subscriber_bytes: int = 64 << 20
     flush_every: int = 0
     flush_max_windows: int = 2
     tls_cert: str = ""
@@ -91,6 +95,10 @@ class ServerConfig:
             raise InvalidArgument("--tls-cert and --tls-key (tls_cert, tls_key) go together: both or neither")
         if config.max_windows_per_tuple < 1 or config.max_windows_per_step < 1:
             raise InvalidArgument("max_windows_per_tuple and max_windows_per_step must be at least 1")
+        if min(config.retained_items, config.retained_bytes, config.max_subscriber_bytes) < 0:
+            raise InvalidArgument(
+                "retained_items, retained_bytes and max_subscriber_bytes must not be negative"
+            )
         if config.flush_every < 0 or config.flush_max_windows < 0:
             raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config

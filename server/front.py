@@ -51,7 +51,7 @@ from lowtide.server.checkpoint import Checkpoint
 from lowtide.server.checkpointer import Checkpointer
 from lowtide.server.config import ServerConfig
 from lowtide.server.front_state import restore_catalog, restore_output
-from lowtide.server.hub import Closed, Hub
+from lowtide.server.hub import Closed, Entry, Hub
 from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.metrics import ServerMetrics
@@ -80,6 +80,17 @@ def _arrow_bytes(table: pa.Table) -> bytes:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def _subscribe_response(entry: Entry) -> pb.SubscribeResponse | Closed:
+    if isinstance(entry, Closed):
+        return entry
+    offset, item = entry
+    if isinstance(item, Punctuation):
+        return pb.SubscribeResponse(
+            punctuation=pb.Punctuation(value=item.value, attribute=item.attribute), offset=offset
+        )
+    return pb.SubscribeResponse(arrow=_arrow_bytes(item), offset=offset)
 
 
 async def _abort(
@@ -416,7 +427,10 @@ class Front:
             self.checkpoints.abandon()  # its cut would hold a query its workers never saw
         query = self.engine.register_query(sql, name, late, allowed_lateness, restored_share)
         for key in (query.name, f"{query.name}.late"):  # a recovery keeps the live hubs
-            self.hubs.setdefault(key, Hub(self.config.retained_items))
+            self.hubs.setdefault(
+                key,
+                Hub(self.config.retained_items, self.config.retained_bytes, self.config.max_subscriber_bytes),
+            )
         return query.name
 
     def drop(self, name: str) -> None:
@@ -774,27 +788,25 @@ class Service(pb_grpc.LowtideServicer):
         from_offset = request.from_offset if request.HasField("from_offset") else None
         if from_offset is not None and from_offset < 0:
             raise InvalidArgument(f"from_offset must be 0 or more, got {from_offset}")
-        queue = hub.subscribe(request.from_oldest, from_offset)
+        subscription = hub.subscribe(request.from_oldest, from_offset)
         try:
             while True:
-                entry = await queue.get()
-                if isinstance(entry, Closed):
-                    if entry.status is not None:
+                # The table stays out of this frame: while a slow reader parks the send, only the
+                # serialized message is held here (the hub charges it as the item in flight).
+                response = _subscribe_response(await subscription.next())
+                if isinstance(response, Closed):
+                    if response.status is not None:
                         # A limit passed (state, backlog) names its class like every other error.
-                        kind = ResourceExhausted.__name__ if entry.status == ResourceExhausted.status else ""
+                        kind = (
+                            ResourceExhausted.__name__ if response.status == ResourceExhausted.status else ""
+                        )
                         metadata = (("lowtide-error", kind),) if kind else ()
-                        code = grpc.StatusCode[entry.status]
-                        await context.abort(code, entry.reason, trailing_metadata=metadata)
+                        code = grpc.StatusCode[response.status]
+                        await context.abort(code, response.reason, trailing_metadata=metadata)
                     return
-                offset, item = entry
-                if isinstance(item, Punctuation):
-                    yield pb.SubscribeResponse(
-                        punctuation=pb.Punctuation(value=item.value, attribute=item.attribute), offset=offset
-                    )
-                else:
-                    yield pb.SubscribeResponse(arrow=_arrow_bytes(item), offset=offset)
+                yield response
         finally:
-            hub.unsubscribe(queue)
+            hub.unsubscribe(subscription)
 
     @translated
     async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:

@@ -102,7 +102,7 @@ def _restore_hub(hub: Hub, state: State, live: bool) -> None:
     if live:
         hub.remade = hub.next_offset - next_offset
         return
-    hub.next_offset = next_offset
+    retained: list[tuple[int, Item]] = []
     for entry in as_list(saved["items"], "hub items"):
         e = as_dict(entry, "hub item")
         item: Item
@@ -110,7 +110,8 @@ def _restore_hub(hub: Hub, state: State, live: bool) -> None:
             item = read_ipc(as_array(e["arrow"], "hub table", np.uint8, 1).tobytes())
         else:
             item = Punctuation(as_int(e["value"], "punctuation"), as_str(e["attribute"], "attribute"))
-        hub.retained.append((as_int(e["offset"], "offset"), item))
+        retained.append((as_int(e["offset"], "offset"), item))
+    hub.restore(next_offset, retained)
 
 
 # -- restore --------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ EXAMPLE_CONFIG = ServerConfig(
     max_queries=1000,
     max_query_state_bytes=1 << 30,
     retained_items=1024,
+    retained_bytes=256 << 20,
+    max_subscriber_bytes=64 << 20,
 )
 
 
