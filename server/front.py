@@ -239,7 +239,7 @@ class Front:
         if not self._recoveries_due:
             self._recovered.set()
         self._recovery = asyncio.Lock()  # one at a time: a worker may die during another's
-        self._syncs: dict[int, tuple[int, asyncio.Future[None]]] = {}
+        self._syncs: dict[int, tuple[set[int], asyncio.Future[None]]] = {}  # token -> workers owing
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         # Scrapes run on the exposition's thread: they read a copy the event loop refreshes.
@@ -477,7 +477,7 @@ class Front:
                 if self.checkpoints is not None:
                     self.checkpoints.answered(worker, message)
             case msg.Synced():
-                self._synced(message.token)
+                self._synced(message.token, worker)
             case _:
                 name = self.engine.on_worker_message(worker, message, arrays)
                 if name is not None:
@@ -487,19 +487,21 @@ class Front:
                         if remote.failed:
                             self._close_failed(remote.name, remote.status, remote.failed)
 
-    def _synced(self, token: int) -> None:
-        """One more worker has processed everything posted before the sync of ``token``."""
+    def _synced(self, token: int, worker: int) -> None:
+        """``worker`` has processed everything posted to it before the sync of ``token``."""
         waiting = self._syncs.get(token)
         if waiting is not None:
-            left, future = waiting
-            if left <= 1:
+            owing, future = waiting
+            owing.discard(worker)
+            if not owing:
                 del self._syncs[token]
                 if not future.done():
                     future.set_result(None)
-            else:
-                self._syncs[token] = (left - 1, future)
 
     def _on_death(self, worker: int) -> None:
+        # What was posted to it died with it (a recovery posts it again): no sync waits for it.
+        for token in list(self._syncs):
+            self._synced(token, worker)
         if self.state is not None:  # the log and the last checkpoint hold everything it had
             self._recovered.clear()  # changes wait from now on
             self._recoveries_due += 1
@@ -510,10 +512,10 @@ class Front:
             self._close_failed(name, "ABORTED", self.engine.remote[name].failed or "worker died")
 
     async def sync(self) -> None:
-        """Wait until every worker has processed everything posted to it so far."""
+        """Wait until every worker has processed everything posted to it so far (or died)."""
         token = next(self._tokens)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._syncs[token] = (self.workers.size, future)
+        self._syncs[token] = (set(range(self.workers.size)), future)
         self.workers.broadcast(msg.Sync(token))
         await asyncio.wait_for(future, timeout=60)
 

@@ -326,8 +326,11 @@ def worker_main(
     inbound_name: str, inbound_conn: Connection, outbound_name: str, outbound_conn: Connection
 ) -> None:
     """Entry point of a worker process (spawned by the front)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when workers stop
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The front decides when workers stop (it drains them first): a SIGTERM or Ctrl-C sent to
+    # the whole process group (systemd, timeout, a terminal) reaches the front alone. A worker
+    # whose front is gone ends at the end of its pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     inbound = shared_memory.SharedMemory(name=inbound_name)
     outbound = shared_memory.SharedMemory(name=outbound_name)
     worker = Worker(

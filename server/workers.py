@@ -46,6 +46,7 @@ class WorkerHandle:
     queued_bytes: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    closed: bool = False  # its process is gone (while stopping: not spawned again)
 
 
 class WorkerPool:
@@ -102,8 +103,11 @@ class WorkerPool:
         return handle
 
     def post(self, worker: int, message: msg.ToWorker, arrays: dict[str, Any] | None = None) -> None:
-        """Queue a message for a worker (in order); never blocks."""
+        """Queue a message for a worker (in order); never blocks. A worker gone while the pool
+        stops takes nothing."""
         handle = self.handles[worker]
+        if handle.closed:
+            return
         handle.outbox.append((message, arrays))
         if arrays:
             handle.queued_bytes += sum(a.nbytes for a in arrays.values())
@@ -121,7 +125,7 @@ class WorkerPool:
 
     async def idle(self) -> None:
         """Wait until every outbox has reached its worker."""
-        while any(h.outbox or h.writer.pending for h in self.handles):
+        while any((h.outbox or h.writer.pending) and not h.closed for h in self.handles):
             await asyncio.sleep(0.001)
 
     async def _pump(self, handle: WorkerHandle) -> None:
@@ -174,6 +178,7 @@ class WorkerPool:
         self.on_death(handle.index)
 
     def _close(self, handle: WorkerHandle) -> None:
+        handle.closed = True
         loop = asyncio.get_running_loop()
         loop.remove_reader(handle.reader.fileno())
         if handle.task is not None:

@@ -103,9 +103,14 @@ class Server:
 
 
 def start_server(
-    workers: int = 2, metrics: bool = True, config: dict[str, Any] | None = None, port: int = 0
+    workers: int = 2,
+    metrics: bool = True,
+    config: dict[str, Any] | None = None,
+    port: int = 0,
+    own_group: bool = False,
 ) -> Server:
-    """Start a server and wait for its ready line (the caller stops it); ``port`` 0: a free one."""
+    """Start a server and wait for its ready line (the caller stops it); ``port`` 0: a free one;
+    ``own_group``: in a process group of its own (as systemd or ``timeout`` start it)."""
     folder = Path(tempfile.mkdtemp(prefix="lowtide-it-"))
     config_path = ""
     if config:
@@ -115,7 +120,11 @@ def start_server(
     command = [sys.executable, "-c", SERVE, config_path, str(workers), "0" if metrics else "-1", str(port)]
     with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(
-            command, stdout=stdout, stderr=stderr, env={**os.environ, "PYTHONFAULTHANDLER": "1"}
+            command,
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            process_group=0 if own_group else None,
         )
     deadline = time.monotonic() + START_TIMEOUT
     while True:

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import running_server
+from server_harness import running_server, start_server
 from wire import (
     CLOSE,
     PACKET,
@@ -112,6 +112,18 @@ def _call(method: Any, *args: Any) -> Any:
 def _on_worker(name: str, workers: int = 2) -> int:
     """The worker a single-worker query runs on (server/runtime.py: crc32 of the name)."""
     return zlib.crc32(name.encode()) % workers
+
+
+def test_sigterm_to_the_whole_process_group_drains_and_exits() -> None:
+    """systemd (KillMode=control-group), ``timeout`` and a terminal signal every process of the
+    group: the workers leave their stopping to the front, which drains and exits 0 at once."""
+    server = start_server(own_group=True)
+    workers = server.worker_pids()
+    began = time.monotonic()
+    os.killpg(server.pid, signal.SIGTERM)
+    assert server.stop(timeout=30) == 0
+    assert time.monotonic() - began < 15, "the drain waited on workers that were gone"
+    wait_for("the workers to end", lambda: not any(os.path.exists(f"/proc/{pid}") for pid in workers))
 
 
 def test_a_killed_worker_fails_its_queries_and_the_server_goes_on() -> None:
