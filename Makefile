@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
 SOURCES := lowtide operators punctuation clients server tests bench deploy setup.py
 
-.PHONY: setup test lint unit demo bench clean
+.PHONY: setup test lint unit faults demo bench clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,12 @@ unit: setup
 	$(BIN)/pytest -q -n 2 --dist loadgroup tests
 
 test: lint unit
+
+# The randomized fault suite at length (make test runs its first 3 seeds).
+FAULT_RUNS ?= 30
+FAULT_SEED ?= 3
+faults: setup
+	$(BIN)/pytest -q tests/integration/test_faults.py --fault-runs $(FAULT_RUNS) --fault-seed $(FAULT_SEED)
 
 demo: setup
 	$(BIN)/lowtide demo
