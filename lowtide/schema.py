@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,12 +293,12 @@ def code_kept(
     pool: StringPool,
     holder: str,
     reads: Collection[str] | None,
-    behind: npt.NDArray[np.bool_],
+    behind_of: Callable[[Batch], npt.NDArray[np.bool_]],
 ) -> Batch:
     """``batch`` with the string columns :func:`admit` kept as Arrow coded: all rows of a column
-    a query reads now, else the rows ``behind`` punctuation only (a query's late side stream
-    shows them: nothing else shows a column no query reads). The other rows get ``NULL_CODE``.
-    No limit applies: the batch was accepted."""
+    a query reads now, else the rows behind punctuation only (``behind_of(batch)``: a query's
+    late side stream shows them, nothing else shows a column no query reads). The other rows get
+    ``NULL_CODE``. No limit applies: the batch was accepted."""
     kept = {
         name: values
         for name, values in batch.columns.items()
@@ -306,6 +306,7 @@ def code_kept(
     }
     if not kept:
         return batch
+    behind = behind_of(batch)
     read = {name: v for name, v in kept.items() if reads is None or name in reads}
     coded = pool.encode(read, holder)
     rows = pa.array(behind)
@@ -322,6 +323,8 @@ def code_kept(
 
 def check_domain(name: str, values: npt.NDArray[Any]) -> None:
     """The values of progressing attribute ``name`` lie in ``[TIME_MIN, TIME_END)``."""
+    if values.shape[0] == 0 or (values.min() >= TIME_MIN and values.max() < TIME_END):
+        return  # two passes, nothing allocated: the common case
     outside = (values < TIME_MIN) | (values >= TIME_END)
     if outside.any():
         row = int(np.argmax(outside))

@@ -137,7 +137,7 @@ class Stream:
 
     def code_kept(self, batch: Batch, pool: StringPool, reads: Collection[str] | None) -> Batch:
         """An admitted batch with the string columns :meth:`admit` kept coded, as needed now."""
-        return code_kept(batch, self.schema, pool, self.name, reads, self.late_mask(batch))
+        return code_kept(batch, self.schema, pool, self.name, reads, self.late_mask)
 
     def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
         """Which tuples are behind punctuation: below the published progress."""

@@ -171,6 +171,7 @@ class ChannelReader(Generic[M]):
         self._read = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
         self._sequence = 0
         self._buffer = bytearray()
+        self._at = 0  # where the next frame begins in the buffer (consumed bytes go at a refill)
 
     def fileno(self) -> int:
         return self._fd
@@ -198,21 +199,26 @@ class ChannelReader(Generic[M]):
     def _fill(self) -> bool:
         """Append what one read of the pipe gives; False at its end (the writer closed it)."""
         data = os.read(self._fd, _READ_CHUNK)
+        if self._at:  # drop what was consumed once per read, not once per frame
+            del self._buffer[: self._at]
+            self._at = 0
         self._buffer += data
         return bool(data)
 
     def _next_frame(self) -> bytes | None:
-        if len(self._buffer) < _FRAME.size:
+        at = self._at
+        if len(self._buffer) - at < _FRAME.size:
             return None
-        magic, sequence, length = _FRAME.unpack_from(self._buffer)
+        magic, sequence, length = _FRAME.unpack_from(self._buffer, at)
         if magic != _MAGIC or sequence != self._sequence:
             raise ChannelBroken(
                 f"frame {sequence:#x} (magic {magic:#x}) where frame {self._sequence:#x} was due"
             )
-        if len(self._buffer) < _FRAME.size + length:
+        end = at + _FRAME.size + length
+        if len(self._buffer) < end:
             return None
-        frame = bytes(self._buffer[_FRAME.size : _FRAME.size + length])
-        del self._buffer[: _FRAME.size + length]
+        frame = bytes(self._buffer[at + _FRAME.size : end])
+        self._at = end
         self._sequence = (self._sequence + 1) & 0xFFFFFFFF
         return frame
 
