@@ -1,0 +1,46 @@
+"""The README's five-minute path, command by command, against a real ``lowtide serve``.
+
+The commands come from the README itself (``readme_path``): the test starts the server the path
+starts (on a free port: the README's commands get ``--server``), runs every ``lowtide`` command
+from the root of the clone as a newcomer would, and compares what the last one prints with the
+output the README shows. A server of its own keeps the README's names (``Packets``) apart from
+the other tests'.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import readme_path
+from conftest import lowtide_command, start_server, stop_server
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120
+
+
+def test_the_readme_path_prints_what_the_readme_shows() -> None:
+    path = readme_path.path()
+    server = start_server(*path.serve)
+    try:
+        outputs = []
+        for command in path.commands:
+            done = subprocess.run(
+                [*lowtide_command(), "--server", server.target, *command],
+                cwd=readme_path.ROOT,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,  # tail must end on its own: the path closes the stream's source
+            )
+            shown = "lowtide " + " ".join(command)
+            assert done.returncode == 0, f"{shown} exited {done.returncode}: {done.stderr}"
+            outputs.append(done.stdout)
+        assert outputs[-1].strip() == path.expected.strip(), (
+            f"{shown} printed\n{outputs[-1]}\nthe README shows\n{path.expected}"
+        )
+    finally:
+        code = stop_server(server)
+        tail = server.stderr_tail()
+        server.log.unlink(missing_ok=True)
+    assert code == 0, f"lowtide serve exited {code} on SIGTERM; stderr:\n{tail}"
