@@ -16,6 +16,8 @@ from lowtide.errors import NotFound, SchemaMismatch
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 if TYPE_CHECKING:
+    from lowtide.cli_batch_ids import BatchIds
+    from lowtide.cli_io import Batches
     from lowtide.schema import Schema
 
 
@@ -182,7 +184,7 @@ def _send(client: Any, args: argparse.Namespace) -> None:
     )
 
 
-def _check_file(batches: Any, schema: Schema) -> None:
+def _check_file(batches: Batches, schema: Schema) -> None:
     """Every row of the file against the stream, before any is sent: a bad file sends nothing
     (sent again once fixed, its content - and so its batch ids - would be new)."""
     from lowtide.cli_io import LazyProgress
@@ -201,7 +203,7 @@ def _check_file(batches: Any, schema: Schema) -> None:
             progress.update(batches.done)
 
 
-def _batch_ids(args: argparse.Namespace, batches: Any) -> Any:
+def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:
     """The ids of the file's batches: from ``--batch-id-base``, else from the file's content."""
     from lowtide.cli_batch_ids import BatchIds, content_base
     from lowtide.cli_io import LazyProgress
