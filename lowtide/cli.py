@@ -8,6 +8,7 @@
     lowtide query register SQL [--name N] [--late drop|update|error] [--allowed-lateness L]
     lowtide query explain SQL | query drop NAME | query list [--format table|json]
     lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
+                       [--no-header] [--batch-id-base N]
     lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now | --from-offset N]
                        [--time-format raw|iso]
                        [--limit N] [--show-punctuation]
@@ -30,6 +31,27 @@ from lowtide import __version__
 from lowtide.errors import LowtideError
 
 DEFAULT_SERVER = "127.0.0.1:50051"
+SEND_HELP = """Send the rows of FILE to STREAM, as the source --source.
+
+Formats (by extension, or --format; .gz, .bz2 and .zst files are decompressed):
+  CSV      a header row naming the stream's columns (in any order), then one row a line;
+           with --no-header, no header and the fields in the stream's column order
+  JSONL    one JSON object a line, its keys the stream's columns
+  Parquet  the stream's columns, of its types or of types that convert exactly
+A timestamp[unit] column holds integers (counts of the unit since 1970-01-01 UTC) or ISO 8601
+times (2023-11-14T22:13:20.5, 2023-11-14 22:13:20Z, 2023-11-14; without a zone offset, UTC),
+to the unit at most, every row as the first. The whole file is read and checked before any
+row is sent: a file with a bad row sends nothing, and the error names the first bad row (rows
+count from 1, the header not counted) or the rows of the batch that holds it.
+
+A repeated send is applied once: each batch carries an id made from the file's content and
+its position in it, and the server applies a (stream, source, batch id) once. Sending a file
+again (after a send that failed midway, say) applies only the batches not applied yet; a file
+whose bytes changed is new data, and so is one sent with another --batch-rows, --format or
+--no-header. --batch-id-base N numbers the batches N, N+1, ... instead. The punctuation after
+the file is safe to repeat too: a source's punctuation may be sent again, and closing a
+closed source does nothing.
+"""
 
 
 def _schema(text: str) -> dict[str, str]:
@@ -56,6 +78,13 @@ def _punctuation(text: str) -> str | int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected none, end or an integer value") from None
+
+
+def _batch_id(text: str) -> int:
+    value = _positive(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a batch id below 2**63, got {text!r}")
+    return value
 
 
 def _offset(text: str) -> int:
@@ -141,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     query_list = query_commands.add_parser("list", help="list queries")
     query_list.add_argument("--format", choices=("table", "json"), default="table")
 
-    send = commands.add_parser("send", help="send a CSV, JSONL or Parquet file to a stream")
+    send = commands.add_parser(
+        "send",
+        help="send a CSV, JSONL or Parquet file to a stream",
+        description=SEND_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     send.add_argument("stream")
     send.add_argument(
         "file", help="*.csv, *.jsonl / *.ndjson / *.json, *.parquet (optionally .gz, .bz2, .zst)"
@@ -156,6 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--batch-rows", type=_positive, default=100_000, help="rows per batch (default 100000)")
     send.add_argument(
         "--format", choices=("csv", "jsonl", "parquet"), help="file format (default: by extension)"
+    )
+    send.add_argument(
+        "--no-header",
+        action="store_true",
+        help="the CSV file has no header row: its fields are the stream's columns, in order",
+    )
+    send.add_argument(
+        "--batch-id-base",
+        type=_batch_id,
+        metavar="N",
+        help="number the batches N, N+1, ... (default: ids from the file's content)",
     )
 
     tail = commands.add_parser("tail", help="print a query's results as they come")

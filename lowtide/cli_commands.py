@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lowtide.errors import NotFound
+from lowtide.errors import NotFound, SchemaMismatch
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+
+if TYPE_CHECKING:
+    from lowtide.cli_batch_ids import BatchIds
+    from lowtide.cli_io import Batches
+    from lowtide.schema import Schema
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -138,6 +143,7 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
 # -- data -------------------------------------------------------------------------------------------
 def _send(client: Any, args: argparse.Namespace) -> None:
     from lowtide.cli_io import LazyProgress, read_batches
+    from lowtide.schema import Schema
 
     info = next((s for s in client.list_streams() if s["name"] == args.stream), None)
     if info is None:
@@ -152,25 +158,61 @@ def _send(client: Any, args: argparse.Namespace) -> None:
             "waits for it as well as for each declared source",
             file=sys.stderr,
         )
-    batches = read_batches(args.file, schema, args.batch_rows, args.format)
+    batches = read_batches(args.file, schema, args.batch_rows, args.format, header=not args.no_header)
+    ids = _batch_ids(args, batches)
+    _check_file(batches, Schema.of(schema, info["progressing"]))
     with (
         LazyProgress(f"sending {args.file}", batches.total, batches.unit) as progress,
         client.producer(args.stream, source=args.source, max_batch_rows=args.batch_rows) as producer,
     ):
-        for batch in batches:
-            producer.send(batch)
+        for index, batch in enumerate(batches):
+            producer.send(batch, batch_id=ids(index))
             progress.update(batches.done)
         if args.punctuation == "end":
             producer.close()
         elif isinstance(args.punctuation, int):
             producer.punctuate(args.punctuation)
     result = producer.result
-    if result is not None:
-        print(
-            f"sent {result.tuples} tuples in {result.batches} batches to {args.stream} "
-            f"(source {args.source}; low watermark {_watermark(result.low_watermark) or 'none'})",
-            file=sys.stderr,
-        )
+    if result is None:  # nothing went to the server: a file of no rows, sent without punctuation
+        print(f"sent 0 tuples to {args.stream}: {args.file} has no rows", file=sys.stderr)
+        return
+    skipped = f"; {result.duplicates} batches applied before were skipped" if result.duplicates else ""
+    print(
+        f"sent {result.tuples} tuples in {result.batches} batches to {args.stream} "
+        f"(source {args.source}; low watermark {_watermark(result.low_watermark) or 'none'}{skipped})",
+        file=sys.stderr,
+    )
+
+
+def _check_file(batches: Batches, schema: Schema) -> None:
+    """Every row of the file against the stream, before any is sent: a bad file sends nothing
+    (sent again once fixed, its content - and so its batch ids - would be new)."""
+    from lowtide.cli_io import LazyProgress
+    from lowtide.schema import check
+
+    rows = 0
+    with LazyProgress(f"checking {batches.path}", batches.total, batches.unit) as progress:
+        for table in batches:
+            try:
+                check(table, schema)
+            except SchemaMismatch as exc:
+                raise SchemaMismatch(
+                    f"cannot send {batches.path}: rows {rows + 1}-{rows + table.num_rows}: {exc}"
+                ) from exc
+            rows += table.num_rows
+            progress.update(batches.done)
+
+
+def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:
+    """The ids of the file's batches: from ``--batch-id-base``, else from the file's content."""
+    from lowtide.cli_batch_ids import BatchIds, content_base
+    from lowtide.cli_io import LazyProgress
+
+    if args.batch_id_base is not None:
+        return BatchIds(args.batch_id_base, from_content=False)
+    size = batches.path.stat().st_size
+    with LazyProgress(f"hashing {args.file}", size, "bytes") as progress:
+        return BatchIds(content_base(batches.path, batches.shape, progress.update), from_content=True)
 
 
 def _tail(client: Any, args: argparse.Namespace) -> None:

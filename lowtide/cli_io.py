@@ -1,11 +1,16 @@
 """Files in and results out for the ``lowtide`` command: readers, the progress bar, writers.
 
 ``read_batches`` streams a CSV, JSONL or Parquet file (chosen by extension, optionally compressed
-``.gz``/``.bz2``/``.zst``) as Arrow record batches, reading columns with the stream's types so a
-string column of digits stays a string. Progress is counted in bytes of the file (CSV, JSONL) or
-rows (Parquet); the readers parse one 4 MiB block at a time so the bytes read track the bytes
-sent. ``writer_for`` prints result tables as a table, JSON lines or CSV; ``Collated`` and ``Times``
-shape them for reading: one table per punctuation, times as numbers or ISO 8601.
+``.gz``/``.bz2``/``.zst``) as Arrow tables of exactly ``batch_rows`` rows (the last fewer), so a
+batch's rows depend on the file and ``batch_rows`` alone and a batch's index can name it (see
+:mod:`lowtide.cli_batch_ids`). Columns are read with the stream's types so a string column of
+digits stays a string; a CSV file has a header row naming the stream's columns (or, with
+``header=False``, has them in the stream's order); timestamps written as text are read by
+:mod:`lowtide.cli_timestamps`, which names the first row that does not parse. Progress is counted
+in bytes of the file (CSV, JSONL) or rows (Parquet); the readers parse one 4 MiB block at a time so
+the bytes read track the bytes sent. ``writer_for`` prints result tables as a table, JSON lines or
+CSV; ``Collated`` and ``Times`` shape them for reading: one table per punctuation, times as numbers
+or ISO 8601.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from lowtide.cli_timestamps import TimestampText, timestamp_unit
 from lowtide.errors import InvalidArgument
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 _COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 _FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-# Stream column types the readers can force; timestamps stay inferred (integers or ISO text both fit).
+# Stream column types the readers can force; timestamps are read as text (CSV) or as Arrow infers
+# them (JSON numbers, strings), and text is converted by TimestampText.
 _FORCED = {
     "string": pa.string(),
     "int32": pa.int32(),
@@ -64,12 +71,16 @@ class _Counting:
 
 
 class Batches:
-    """The record batches of one input file; ``done`` of ``total`` ``unit`` read so far."""
+    """The batches of one input file; ``done`` of ``total`` ``unit`` read so far."""
 
-    def __init__(self, path: Path, schema: dict[str, str], batch_rows: int, fmt: str | None) -> None:
+    def __init__(
+        self, path: Path, schema: dict[str, str], batch_rows: int, fmt: str | None, header: bool = True
+    ) -> None:
         self.path = path
         self.schema = schema
         self.batch_rows = batch_rows
+        self.header = header
+        self.rows = 0  # rows read so far; rows are numbered from 1, a CSV header not counted
         suffixes = [s.lower() for s in path.suffixes]
         self.codec = _COMPRESSION.get(suffixes[-1]) if suffixes else None
         plain = suffixes[-2] if self.codec and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
@@ -96,12 +107,36 @@ class Batches:
             return self._parquet_rows
         return self._counter.count if self._counter is not None else 0
 
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
+    @property
+    def shape(self) -> str:
+        """What decides which rows of the file make each batch (its batch ids depend on it)."""
+        return f"{self.format} header={self.header} rows={self.batch_rows}"
+
+    def __iter__(self) -> Iterator[pa.Table]:
         try:
-            yield from self._read()
+            yield from _exactly(self._converted(), self.batch_rows)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"cannot read {self.path}: {exc}") from exc
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise InvalidArgument(f"cannot read {self.path}: {reason}") from exc
+
+    def _converted(self) -> Iterator[pa.RecordBatch]:
+        """The file's record batches, timestamp columns written as text made timestamps."""
+        texts = {
+            name: TimestampText(name, unit)
+            for name, kind in self.schema.items()
+            if (unit := timestamp_unit(kind)) is not None
+        }
+        self.rows = self._parquet_rows = 0  # each pass reads the file from its start
+        for batch in self._read():
+            first = self.rows + 1
+            self.rows += batch.num_rows
+            for name, text in texts.items():
+                index = batch.schema.get_field_index(name)
+                if index >= 0 and pa.types.is_string(batch.schema.field(index).type):
+                    batch = batch.set_column(index, name, text.convert(batch.column(index), first))
+            yield batch
 
     def _read(self) -> Iterator[pa.RecordBatch]:
         if self.format == "parquet":
@@ -118,21 +153,70 @@ class Batches:
             source: Any = pa.PythonFile(self._counter, mode="r")
             if self.codec:
                 source = pa.CompressedInputStream(source, self.codec)
-            if self.format == "csv":
-                reader: Any = pa_csv.open_csv(
-                    source,
-                    read_options=pa_csv.ReadOptions(block_size=1 << 22, use_threads=False),
-                    convert_options=pa_csv.ConvertOptions(column_types=forced),
+            try:
+                reader = (
+                    self._open_csv(source, forced)
+                    if self.format == "csv"
+                    else self._open_json(source, forced)
                 )
-            else:
-                reader = pa_json.open_json(
-                    source,
-                    read_options=pa_json.ReadOptions(block_size=1 << 22, use_threads=False),
-                    parse_options=pa_json.ParseOptions(
-                        explicit_schema=pa.schema(list(forced.items())), unexpected_field_behavior="infer"
-                    ),
-                )
+            except pa.ArrowInvalid as exc:
+                # Arrow's readers refuse a file with no byte ("Empty CSV file", "Empty JSON stream").
+                if str(exc).startswith("Empty"):
+                    raise InvalidArgument(f"it is empty{self._needs()}") from exc
+                raise
             yield from reader
+
+    def _open_csv(self, source: Any, forced: dict[str, pa.DataType]) -> Any:
+        # Timestamps are read as text: their form is checked row by row (TimestampText).
+        as_text = {name: pa.string() for name, kind in self.schema.items() if timestamp_unit(kind)}
+        reader = pa_csv.open_csv(
+            source,
+            read_options=pa_csv.ReadOptions(
+                block_size=1 << 22, use_threads=False, column_names=None if self.header else list(self.schema)
+            ),
+            convert_options=pa_csv.ConvertOptions(column_types=forced | as_text),
+        )
+        if self.header:
+            self._check_header(reader.schema.names)
+        return reader
+
+    def _open_json(self, source: Any, forced: dict[str, pa.DataType]) -> Any:
+        return pa_json.open_json(
+            source,
+            read_options=pa_json.ReadOptions(block_size=1 << 22, use_threads=False),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=pa.schema(list(forced.items())), unexpected_field_behavior="infer"
+            ),
+        )
+
+    def _needs(self) -> str:
+        """What a CSV file must start with, for an error (nothing for another format)."""
+        if self.format != "csv":
+            return ""
+        if not self.header:
+            return f": with --no-header each line holds {', '.join(self.schema)}, in that order"
+        return (
+            f": a CSV file needs a header row naming the stream's columns ({', '.join(self.schema)}), "
+            "or --no-header if its fields come in that order"
+        )
+
+    def _check_header(self, names: list[str]) -> None:
+        """The header row names each of the stream's columns, and nothing else."""
+        unknown = [name for name in names if name not in self.schema]
+        missing = [name for name in self.schema if name not in names]
+        if len(unknown) == len(names):  # most likely a first row of data, no header
+            raise InvalidArgument(
+                f"its first line names no column of the stream ({', '.join(names)}){self._needs()}"
+            )
+        columns = ", ".join(self.schema)
+        if unknown:
+            listed = ", ".join(map(repr, unknown))
+            raise InvalidArgument(
+                f"unknown column(s) {listed} in its header: the stream's columns are {columns}"
+            )
+        if missing:
+            listed = ", ".join(map(repr, missing))
+            raise InvalidArgument(f"its header lacks column(s) {listed}: the stream's columns are {columns}")
 
     def _first_json_keys(self) -> set[str]:
         """The keys of the first object (from its first MiB): the columns the file has."""
@@ -154,8 +238,26 @@ class Batches:
             raise InvalidArgument(f"cannot read {self.path}: {' '.join(str(exc).split())}") from exc
 
 
-def read_batches(path: str, schema: dict[str, str], batch_rows: int, fmt: str | None = None) -> Batches:
-    return Batches(Path(path), schema, batch_rows, fmt)
+def read_batches(
+    path: str, schema: dict[str, str], batch_rows: int, fmt: str | None = None, header: bool = True
+) -> Batches:
+    return Batches(Path(path), schema, batch_rows, fmt, header)
+
+
+def _exactly(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """The rows of ``batches`` as tables of ``rows`` rows each, the last fewer (none empty)."""
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        held.append(batch)
+        count += batch.num_rows
+        while count >= rows:
+            table = pa.Table.from_batches(held)
+            yield table.slice(0, rows)
+            rest = table.slice(rows)
+            held, count = rest.to_batches(), rest.num_rows
+    if count:
+        yield pa.Table.from_batches(held)
 
 
 class LazyProgress:

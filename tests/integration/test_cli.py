@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import lowtide_command
 
+from lowtide.punctuation.model import NO_PROGRESS
+
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 120
@@ -180,3 +182,124 @@ def test_cli_errors_are_one_line(target: str, fresh: Callable[[str], str], tmp_p
     assert "--schema" in fails(target, "stream", "create", stream, code=2)  # usage error: argparse
     assert "positive integer" in fails(target, "send", stream, str(bad), "--batch-rows", "0", code=2)
     ok(target, "stream", "drop", stream)
+
+
+def stream_info(target: str, stream: str) -> dict[str, object]:
+    streams = json.loads(ok(target, "stream", "list", "--format", "json"))
+    info: dict[str, object] = next(s for s in streams if s["name"] == stream)
+    return info
+
+
+def test_send_csv_needs_a_header_row_or_no_header(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A first line of data is not taken for a header: the file is refused, saying what it needs."""
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "srcIP:string,len:int32,ts:timestamp[ms]")
+    needs = "a CSV file needs a header row naming the stream's columns (srcIP, len, ts)"
+    one = tmp_path / "one.csv"
+    one.write_text("10.0.0.1,60,1700000000000\n")
+    two = tmp_path / "two.csv"
+    two.write_text("10.0.0.1,60,1700000000000\n10.0.0.2,61,1700000000001\n")
+    for path in (one, two):
+        error = fails(target, "send", stream, str(path))
+        assert "its first line names no column of the stream (10.0.0.1, 60, 1700000000000)" in error
+        assert needs in error and "--no-header" in error
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert f"{empty}: it is empty: {needs}" in fails(target, "send", stream, str(empty))
+    lacking = tmp_path / "lacking.csv"
+    lacking.write_text("srcIP,ts\n10.0.0.1,1\n")
+    assert "its header lacks column(s) 'len': the stream's columns are srcIP, len, ts" in fails(
+        target, "send", stream, str(lacking)
+    )
+    assert stream_info(target, stream)["tuples_ingested"] == 0
+
+    done = lowtide(target, "send", stream, str(two), "--no-header")
+    assert done.returncode == 0, done.stderr
+    assert "sent 2 tuples" in done.stderr
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("ts,len,srcIP\n")  # any order; no rows: nothing to send
+    done = lowtide(target, "send", stream, str(header_only))
+    assert done.returncode == 0, done.stderr
+    assert "sent 0 tuples" in done.stderr and "has no rows" in done.stderr
+    assert stream_info(target, stream)["tuples_ingested"] == 2
+
+
+def test_send_twice_applies_the_file_once(target: str, fresh: Callable[[str], str], tmp_path: Path) -> None:
+    """Batch ids from the file's content: a repeated send (punctuation too) changes nothing."""
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64", "--sources", "a,b")
+    first = tmp_path / "first.csv"
+    first.write_text("k,ts\n" + "".join(f"x,{t}\n" for t in range(7)))
+    sent = "--batch-rows", "3", "--source", "a", "--punctuation", "5"
+    done = lowtide(target, "send", stream, str(first), *sent)
+    assert done.returncode == 0, done.stderr
+    assert "sent 7 tuples in 3 batches" in done.stderr
+    again = lowtide(target, "send", stream, str(first), *sent)
+    assert again.returncode == 0, again.stderr
+    assert (
+        "sent 0 tuples in 0 batches" in again.stderr
+        and "3 batches applied before were skipped" in again.stderr
+    )
+    info = stream_info(target, stream)
+    assert info["tuples_ingested"] == 7
+    assert info["source_punctuation"] == {"a": 5, "b": NO_PROGRESS}
+
+    # The same rows from source b are b's; another file is new data; its batches do not collide.
+    assert (
+        "sent 7 tuples"
+        in lowtide(target, "send", stream, str(first), "--batch-rows", "3", "--source", "b").stderr
+    )
+    second = tmp_path / "second.csv"
+    second.write_text("k,ts\n" + "".join(f"y,{t}\n" for t in range(5, 12)))
+    assert "sent 7 tuples" in lowtide(target, "send", stream, str(second), *sent).stderr
+    assert stream_info(target, stream)["tuples_ingested"] == 21
+
+    # --punctuation end twice: the second closes a closed source, and that is no error.
+    for _ in range(2):
+        done = lowtide(target, "send", stream, str(second), *sent[:4], "--punctuation", "end")
+        assert done.returncode == 0, done.stderr
+    assert stream_info(target, stream)["tuples_ingested"] == 21
+
+    # A resumed send under explicit ids: what the first part applied is skipped.
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(json.dumps({"k": "z", "ts": 100 + t}) + "\n" for t in range(4)))
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join(json.dumps({"k": "z", "ts": 100 + t}) + "\n" for t in range(10)))
+    base = "--batch-rows", "2", "--source", "b", "--batch-id-base", "1000"
+    assert "sent 4 tuples in 2 batches" in lowtide(target, "send", stream, str(part), *base).stderr
+    resumed = lowtide(target, "send", stream, str(whole), *base).stderr
+    assert "sent 6 tuples in 3 batches" in resumed and "2 batches applied before were skipped" in resumed
+    assert stream_info(target, stream)["tuples_ingested"] == 31
+    ok(target, "stream", "drop", stream)
+
+
+def test_send_reads_timestamp_text_and_names_the_first_bad_row(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream, query = fresh("S"), fresh("q")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:timestamp[ms]", "--sources", "a")
+    sql = f"SELECT count(*) AS n [RANGE 1 second, WA ts] FROM {stream}"
+    ok(target, "query", "register", sql, "--name", query)
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("k,ts\na,1700000000000\na,1700000000500\na,2023-11-14T22:13:21\na,1700000001000\n")
+    assert fails(target, "send", stream, str(mixed), "--source", "a") == (
+        f"lowtide: cannot read {mixed}: row 3: column 'ts' is timestamp[ms] written as integers "
+        "(ms since 1970-01-01 UTC), as row 1 is; got '2023-11-14T22:13:21'"
+    )
+    # Found in a later batch and a later block too: rows count from the file's first.
+    late = tmp_path / "late.csv"
+    late.write_text("k,ts\n" + "a,2023-11-14T22:13:20.250Z\n" * 300_000 + "a,2023-11-14 22:13:20\n")
+    assert "row 300001: column 'ts' is timestamp[ms] written as ISO 8601 times with a zone offset" in fails(
+        target, "send", stream, str(late), "--source", "a", "--batch-rows", "1000"
+    )
+    fine = tmp_path / "fine.csv"  # 2023-11-14T22:13:20Z is 1700000000000 ms
+    fine.write_text("k,ts\na,2023-11-14T22:13:20\na,2023-11-14 22:13:20.999\nb,2023-11-14T22:13:21.5\n")
+    ok(target, "send", stream, str(fine), "--source", "a", "--punctuation", "end")
+    out = ok(target, "tail", query, "--format", "jsonl")
+    assert [(r["window_start"], r["n"]) for r in map(json.loads, out.splitlines())] == [
+        (1_700_000_000_000, 2),
+        (1_700_000_001_000, 1),
+    ]
+    assert stream_info(target, stream)["tuples_ingested"] == 3

@@ -350,6 +350,6 @@ def test_cli_send_warns_about_an_undeclared_source(
     bad.write_text("k,len\na,1\n")
     command = [*lowtide_command(), "--server", target, "send", stream, str(bad), "--source", "link-1"]
     failed = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert failed.returncode == 1 and "progressing attribute 'ts'" in failed.stderr, failed.stderr
+    assert failed.returncode == 1 and "its header lacks column(s) 'ts'" in failed.stderr, failed.stderr
     with Client(target, timeout=10) as client:
         assert info(client, stream)["tuples_ingested"] == 4
