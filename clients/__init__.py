@@ -1,6 +1,6 @@
 """Clients of a lowtide server: Python client, CLI helpers, Spark connector."""
 
-from lowtide.clients._wire import DeadlineExceeded, IngestResult, ServerError, ServerUnavailable
+from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import (
     AsyncClient,
     AsyncProducer,
@@ -9,6 +9,7 @@ from lowtide.clients.client import (
     Producer,
     Subscription,
 )
+from lowtide.errors import DeadlineExceeded, ServerError, ServerUnavailable
 
 __all__ = [
     "AsyncClient",
