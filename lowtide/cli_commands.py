@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from lowtide.errors import NotFound
+from lowtide.names import unknown
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 
@@ -139,9 +139,10 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
 def _send(client: Any, args: argparse.Namespace) -> None:
     from lowtide.cli_io import LazyProgress, read_batches
 
-    info = next((s for s in client.list_streams() if s["name"] == args.stream), None)
+    streams = client.list_streams()
+    info = next((s for s in streams if s["name"] == args.stream), None)
     if info is None:
-        raise NotFound(f"unknown stream {args.stream!r}")
+        raise unknown("stream", args.stream, (s["name"] for s in streams))
     schema = info["schema"]
     declared = info.get("declared", [])
     if declared and args.source not in declared:
