@@ -53,9 +53,9 @@ import pyarrow as pa
 
 from lowtide.clients._conform import Conformed, Layout, conform
 from lowtide.clients._security import RootCertificates, pem_bytes
-from lowtide.clients._wire import IngestResult, ServerUnavailable
+from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import Client, Producer
-from lowtide.errors import InvalidArgument, NotFound
+from lowtide.errors import InvalidArgument, NotFound, ServerUnavailable
 from lowtide.names import unknown
 from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS, TIME_MIN
