@@ -30,7 +30,7 @@ lint: setup $(TYPECHECK)
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy -p lowtide
 
 unit: setup
-	$(BIN)/pytest -q -n 2 --dist loadgroup tests
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup tests
 
 test: lint unit
 
@@ -38,7 +38,7 @@ test: lint unit
 FAULT_RUNS ?= 30
 FAULT_SEED ?= 3
 faults: setup
-	$(BIN)/pytest -q tests/integration/test_faults.py --fault-runs $(FAULT_RUNS) --fault-seed $(FAULT_SEED)
+	$(BIN)/pytest -q -rs tests/integration/test_faults.py --fault-runs $(FAULT_RUNS) --fault-seed $(FAULT_SEED)
 
 demo: setup
 	$(BIN)/lowtide demo

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lowtide.errors import NotFound, RegressingPunctuation, SchemaMismatch
+from lowtide.errors import RegressingPunctuation, SchemaMismatch
+from lowtide.names import unknown
 from lowtide.punctuation.model import DOMAIN, END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN
 from lowtide.schema import ColumnType, Schema, check, check_names
 
@@ -53,7 +54,7 @@ class Contract:
         """From ``Client.list_streams()``; an unknown stream raises NotFound."""
         info = next((s for s in streams if s["name"] == stream), None)
         if info is None:
-            raise NotFound(f"unknown stream {stream!r}")
+            raise unknown("stream", stream, (s["name"] for s in streams))
         return Contract(
             stream,
             source,

@@ -31,7 +31,8 @@ import grpc
 
 from lowtide.clients._batching import Outgoing
 from lowtide.clients._producing import CallLog, ProducerCore
-from lowtide.clients._wire import IngestResult, ServerError
+from lowtide.clients._wire import IngestResult
+from lowtide.errors import ServerError
 
 MAX_QUEUED_MESSAGES = 4  # messages built but not yet handed to gRPC before send() waits
 Streams = Callable[[], list[dict[str, Any]]]

@@ -28,8 +28,8 @@ import pyarrow as pa
 from lowtide import errors
 from lowtide.clients._batching import Batcher, Outgoing, prepare, punctuation_value
 from lowtide.clients._checks import Contract, RowCheck
-from lowtide.clients._wire import IngestResult, ServerError, translate
-from lowtide.errors import InvalidArgument, LowtideError
+from lowtide.clients._wire import IngestResult, translate
+from lowtide.errors import InvalidArgument, LowtideError, ServerError
 from lowtide.punctuation.model import NO_PROGRESS, check_punctuation_value
 from lowtide.schema import to_arrow_table
 

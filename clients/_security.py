@@ -9,6 +9,7 @@ credentials only over TLS, and a token must also work on a plaintext loopback ch
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,17 +24,33 @@ RootCertificates = bytes | str | Path
 
 
 def pem_bytes(root_certificates: RootCertificates | None) -> bytes | None:
-    """The PEM bytes of ``root_certificates``: given as bytes, as PEM text or as a file's path."""
-    if root_certificates is None or isinstance(root_certificates, bytes):
-        return root_certificates
-    if isinstance(root_certificates, str) and root_certificates.lstrip().startswith("-----BEGIN"):
-        return root_certificates.encode()
+    """The PEM bytes of ``root_certificates``: given as bytes, as PEM text or as a file's path.
+
+    They must hold at least one PEM certificate (checked by the ``ssl`` module's parser): anything
+    else - a private key, a DER file - is refused here with one line naming it, before gRPC
+    would fail to load it and let the call time out against a server it cannot trust.
+    """
+    if root_certificates is None:
+        return None
+    origin = "(given as bytes)"
+    if isinstance(root_certificates, bytes):
+        pem = root_certificates
+    elif isinstance(root_certificates, str) and root_certificates.lstrip().startswith("-----BEGIN"):
+        pem, origin = root_certificates.encode(), "(given as PEM text)"
+    else:
+        origin = str(root_certificates)
+        try:
+            pem = Path(root_certificates).read_bytes()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read root certificates {origin}: {exc.strerror or exc}") from None
     try:
-        return Path(root_certificates).read_bytes()
-    except OSError as exc:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("ascii"))
+    except (UnicodeDecodeError, ssl.SSLError):
         raise InvalidArgument(
-            f"cannot read root certificates {root_certificates}: {exc.strerror or exc}"
+            f"root certificates {origin} hold no PEM certificate (-----BEGIN CERTIFICATE-----); "
+            "--tls-ca / root_certificates= takes the CA's certificate, not a key or a DER file"
         ) from None
+    return pem
 
 
 def _metadata(token: str) -> tuple[str, str]:

@@ -5,8 +5,8 @@ response - so the two clients differ only in how they run it (blocking or awaite
 
 Errors come back as the exception the server raised (DESIGN.md §6): the class named by the
 ``lowtide-error`` trailing metadata, else the class of the gRPC status code. Transport failures
-become client-side :class:`~lowtide.errors.LowtideError` subclasses, so one ``except
-LowtideError`` catches everything a call can raise::
+become the client-side classes of :mod:`lowtide.errors`, so one ``except LowtideError`` catches
+everything a call can raise::
 
     LowtideError
     ├── (every class of lowtide.errors, as the server raised it)
@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 
 from lowtide import errors
-from lowtide.errors import LowtideError, QuerySyntaxError
+from lowtide.errors import DeadlineExceeded, LowtideError, QuerySyntaxError, ServerError, ServerUnavailable
 from lowtide.handles import Query
 from lowtide.ipc import read_ipc
 from lowtide.proto import lowtide_pb2 as pb
@@ -36,26 +36,6 @@ T = TypeVar("T")
 ERROR_METADATA_KEY = "lowtide-error"
 # Results can be large (one table per emission); what we send is bounded by the producer.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-
-
-class ServerUnavailable(LowtideError):
-    """No server answers at the target, or the connection broke."""
-
-    status = "UNAVAILABLE"
-
-
-class DeadlineExceeded(LowtideError):
-    """The call did not finish within the client's timeout."""
-
-    status = "DEADLINE_EXCEEDED"
-
-
-class ServerError(LowtideError):
-    """Any other failure status; ``status`` names the gRPC code (INTERNAL, ABORTED, ...)."""
-
-    def __init__(self, reason: str, status: str = "UNKNOWN") -> None:
-        super().__init__(reason)
-        self.status = status
 
 
 _BY_NAME: dict[str, type[LowtideError]] = {

@@ -53,9 +53,10 @@ import pyarrow as pa
 
 from lowtide.clients._conform import Conformed, Layout, conform
 from lowtide.clients._security import RootCertificates, pem_bytes
-from lowtide.clients._wire import IngestResult, ServerUnavailable
+from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import Client, Producer
-from lowtide.errors import InvalidArgument, NotFound
+from lowtide.errors import InvalidArgument, NotFound, ServerUnavailable
+from lowtide.names import unknown
 from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS, TIME_MIN
 
@@ -219,9 +220,11 @@ class LowtideSink:
         """The stream's layout and what the server holds for this sink's sources, read once."""
         if self._layout is not None:
             return self._layout
-        info = next((s for s in self._connect().list_streams() if s["name"] == self.stream), None)
+        streams = self._connect().list_streams()
+        info = next((s for s in streams if s["name"] == self.stream), None)
         if info is None:
-            raise NotFound(f"unknown stream {self.stream!r}; create it before the Spark query starts")
+            found = unknown("stream", self.stream, (s["name"] for s in streams))
+            raise NotFound(f"{found}; create it before the Spark query starts")
         layout = Layout.of(info)
         if self.mode.kind == "watermark":
             self._delay = duration_units(self.mode.delay, layout.unit_ms)

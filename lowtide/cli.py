@@ -241,8 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # gRPC's C core logs failed TLS handshakes on stderr; the one-line error says it better.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's C core logs on stderr (a CA file it cannot load, failed TLS handshakes) where the
+    # one-line error says it better: silent in the client commands, errors only in the server. A
+    # GRPC_VERBOSITY of the user's own wins; grpc reads it once, at import, so set it first.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR" if args.command == "serve" else "NONE")
     try:
         if args.command == "demo":
             if args.spark:

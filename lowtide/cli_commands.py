@@ -12,7 +12,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from lowtide.errors import NotFound, SchemaMismatch
+from lowtide.errors import SchemaMismatch
+from lowtide.names import unknown
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 if TYPE_CHECKING:
@@ -145,9 +146,10 @@ def _send(client: Any, args: argparse.Namespace) -> None:
     from lowtide.cli_io import LazyProgress, read_batches
     from lowtide.schema import Schema
 
-    info = next((s for s in client.list_streams() if s["name"] == args.stream), None)
+    streams = client.list_streams()
+    info = next((s for s in streams if s["name"] == args.stream), None)
     if info is None:
-        raise NotFound(f"unknown stream {args.stream!r}")
+        raise unknown("stream", args.stream, (s["name"] for s in streams))
     schema = info["schema"]
     declared = info.get("declared", [])
     if declared and args.source not in declared:

@@ -26,13 +26,12 @@ from lowtide.errors import (
     AlreadyExists,
     InvalidArgument,
     LateTuple,
-    NotFound,
     ResourceExhausted,
     UnsupportedQuery,
 )
 from lowtide.handles import Item, Query
 from lowtide.ipc import validate_table
-from lowtide.names import check_name, check_source, shown
+from lowtide.names import check_name, check_source, unknown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.result_queue import SlowFlush
@@ -180,7 +179,7 @@ class Engine:
         try:
             return self._streams[name]
         except (KeyError, TypeError):
-            raise NotFound(f"unknown stream {shown(name)}") from None
+            raise unknown("stream", name, (n for n, s in self._streams.items() if not s.derived)) from None
 
     # -- queries ------------------------------------------------------------------------------
     def register_query(
@@ -333,7 +332,11 @@ class Engine:
         return self._shares
 
     def _schema_of(self, name: str) -> Schema:
-        return self._streams[name].schema
+        """The planner's catalog: FROM reads streams and the results of queries alike."""
+        stream = self._streams.get(name)
+        if stream is None:
+            raise unknown("stream", name, self._streams)
+        return stream.schema
 
     def _attach(self, running: RunningQuery) -> None:
         self._reads.clear()
@@ -458,7 +461,7 @@ class Engine:
         try:
             return self._queries[name]
         except (KeyError, TypeError):
-            raise NotFound(f"unknown query {shown(name)}") from None
+            raise unknown("query", name, self._queries) from None
 
     # -- data ---------------------------------------------------------------------------------
     def string_reads(self, stream: str) -> frozenset[str] | None:

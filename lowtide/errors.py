@@ -14,7 +14,14 @@
     ├── Unauthenticated               UNAUTHENTICATED: no bearer token, or one the server does not know
     ├── PermissionDenied              PERMISSION_DENIED: the token's role may not make that call
     ├── CorruptState                  DATA_LOSS: a state snapshot that is damaged or fits another plan
-    └── StartupFailure                the server cannot start (a port in use, a bad setting)
+    ├── StartupFailure                the server cannot start (a port in use, a bad setting)
+    │   (raised by the clients, never by the server:)
+    ├── ServerUnavailable             UNAVAILABLE: no server at the target, or it went away
+    ├── DeadlineExceeded              DEADLINE_EXCEEDED: the client's timeout passed
+    └── ServerError                   any other status (INTERNAL, ABORTED, CANCELLED, UNKNOWN, ...)
+
+Every class is defined here (a public module, so a traceback names ``lowtide.errors``) and
+re-exported by ``lowtide`` and, for the clients' own, by ``lowtide.clients``.
 
 A call that raises leaves the engine as it was before the call.
 """
@@ -111,3 +118,23 @@ class CorruptState(LowtideError):
     that does not fit the operators it is restored into (``lowtide.operators.state``)."""
 
     status = "DATA_LOSS"
+
+
+class ServerUnavailable(LowtideError):
+    """No server answers at the target, or the connection broke (a client-side error)."""
+
+    status = "UNAVAILABLE"
+
+
+class DeadlineExceeded(LowtideError):
+    """The call did not finish within the client's timeout (a client-side error)."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
+class ServerError(LowtideError):
+    """Any other failure status of a call; ``status`` names the gRPC code (INTERNAL, ABORTED, ...)."""
+
+    def __init__(self, reason: str, status: str = "UNKNOWN") -> None:
+        super().__init__(reason)
+        self.status = status

@@ -16,19 +16,31 @@ per-query state. The rules, checked before anything is created:
 * **column names**: 1 to ``MAX_COLUMN`` (256) characters, no control characters.
 
 A name that breaks a rule is refused with :class:`~lowtide.errors.InvalidArgument` and a one-line
-reason that shows at most the first ``SHOWN`` characters of it.
+reason that shows at most the first ``SHOWN`` characters of it. A name that is not there is
+refused with :class:`~lowtide.errors.NotFound` (:func:`unknown`), whose reason suggests the
+closest name and lists the names there are - only those the caller may see (``visible_names``).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 
-from lowtide.errors import InvalidArgument
+from lowtide.errors import InvalidArgument, NotFound
 
 MAX_NAME = 128  # streams and queries
 MAX_SOURCE = 256
 MAX_COLUMN = 256
 SHOWN = 40  # characters of a refused name quoted in its reason
+LISTED = 12  # names an unknown-name reason lists (the reason stays one short line)
+
+# Which names an unknown-name reason may list: ``(kind, name) -> shown?``. None (the default: the
+# in-process engine, an unscoped token) lists all; the server sets it for the length of a call
+# made with a scoped token, so that a reason never names what the token may not reach.
+Visible = Callable[[str, str], bool]
+visible_names: ContextVar[Visible | None] = ContextVar("visible_names", default=None)
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 # C0 and C1 control characters, DEL, and the Unicode line and paragraph separators.
@@ -76,4 +88,32 @@ def check_column(name: object) -> str:
     return name
 
 
-__all__ = ["MAX_COLUMN", "MAX_NAME", "MAX_SOURCE", "check_column", "check_name", "check_source", "shown"]
+def unknown(kind: str, name: object, known: Iterable[str]) -> NotFound:
+    """The NotFound of an unknown ``kind`` ("stream", "query") ``name``, given the ``known`` names:
+    the closest one ("did you mean"), then up to ``LISTED`` of them, of those the caller may see."""
+    visible = visible_names.get()
+    names = sorted(n for n in known if visible is None or visible(kind, n))
+    plural = "queries" if kind == "query" else f"{kind}s"
+    reason = f"unknown {kind} {shown(name)}"
+    if not names:
+        return NotFound(f"{reason}; there are no {plural}" if visible is None else reason)
+    close = difflib.get_close_matches(str(name), names, n=1)
+    if close:
+        reason += f" (did you mean {shown(close[0])}?)"
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
+    return NotFound(f"{reason}; {plural}: {', '.join(names[:LISTED])}{more}")
+
+
+__all__ = [
+    "LISTED",
+    "MAX_COLUMN",
+    "MAX_NAME",
+    "MAX_SOURCE",
+    "Visible",
+    "check_column",
+    "check_name",
+    "check_source",
+    "shown",
+    "unknown",
+    "visible_names",
+]

@@ -38,6 +38,7 @@ import grpc.aio
 
 from lowtide.engine import DEFAULT_SOURCE
 from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied, Unauthenticated
+from lowtide.names import visible_names
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.server.config import ServerConfig
 from lowtide.server.scopes import Scope, counted, parse
@@ -214,6 +215,8 @@ def scoped(
     """
     if not scope.limited:
         return handler
+    # Each call runs in a task of its own: what it sets here is its own, and ends with it.
+    shows = scope.sees
     serializers = (handler.request_deserializer, handler.response_serializer)
     # grpc.aio's behaviours are coroutine functions (async generators for a streamed response),
     # which grpc's typing does not know.
@@ -221,6 +224,7 @@ def scoped(
         ingest = cast("Callable[..., Awaitable[Any]]", handler.stream_unary)
 
         async def checked_ingest(requests: AsyncIterator[Any], context: _Context) -> Any:
+            visible_names.set(shows)
             return await ingest(_ingest_requests(requests, scope), context)
 
         return grpc.stream_unary_rpc_method_handler(checked_ingest, *serializers)
@@ -228,6 +232,7 @@ def scoped(
         subscribe = cast("Callable[..., AsyncIterator[Any]]", handler.unary_stream)
 
         async def checked_subscribe(request: Any, context: _Context) -> AsyncIterator[Any]:
+            visible_names.set(shows)
             if isinstance(request, pb.SubscribeRequest) and (error := scope.subscribe(request.query)):
                 await _abort(context, error)
             async for response in subscribe(request, context):
@@ -238,6 +243,7 @@ def scoped(
         call = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
 
         async def checked(request: Any, context: _Context) -> Any:
+            visible_names.set(shows)
             if isinstance(request, pb.ExplainQueryRequest) and (error := scope.explain(request.sql)):
                 await _abort(context, error)
             return _visible(await call(request, context), scope)

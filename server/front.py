@@ -38,7 +38,7 @@ from lowtide.errors import (
     StartupFailure,
 )
 from lowtide.ipc import read_ipc
-from lowtide.names import shown
+from lowtide.names import shown, unknown
 from lowtide.operators.state import as_dict
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
@@ -785,7 +785,7 @@ class Service(pb_grpc.LowtideServicer):
     ) -> AsyncIterator[pb.SubscribeResponse]:
         hub = self.front.hubs.get(request.query)
         if hub is None:
-            await _abort(context, NotFound(f"unknown query {request.query!r}"))
+            await _abort(context, unknown("query", request.query, self.front.hubs))
             return
         from_offset = request.from_offset if request.HasField("from_offset") else None
         if from_offset is not None and from_offset < 0:

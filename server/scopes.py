@@ -14,7 +14,8 @@ which names. A token written as a table may limit them with glob patterns (``fnm
 
 Invariant: a key left out does not limit its kind of name; ``[]`` allows none. Admin tokens are
 unscoped. A call outside the scope is refused with PERMISSION_DENIED naming the scope, before it
-changes or shows anything; the list calls drop what the scope hides rather than refuse.
+changes or shows anything; the list calls drop what the scope hides rather than refuse, and so
+does the reason of an unknown name (the streams or queries it lists).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class Scope:
 
     def sees_query(self, name: str) -> bool:
         return _matches(self.queries, name)
+
+    def sees(self, kind: str, name: str) -> bool:
+        """Whether a reason may name the ``kind`` ("stream", "query") ``name``
+        (:data:`lowtide.names.visible_names`)."""
+        return self.sees_query(name) if kind == "query" else self.sees_stream(name)
 
     def ingest(self, stream: str, source: str) -> PermissionDenied | None:
         """The refusal of an Ingest into ``stream`` under ``source``, or None."""

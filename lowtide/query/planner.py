@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.errors import NotFound, UnsupportedQuery
+from lowtide.errors import UnsupportedQuery
 from lowtide.operators.adapt_wid import AdaptWIDAggregate
 from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
@@ -99,7 +99,7 @@ class Plan:
 
 @dataclass
 class Context:
-    catalog: Callable[[str], Schema]
+    catalog: Callable[[str], Schema]  # a stream's schema by name; NotFound for an unknown one
     pool: StringPool
     policy: LatePolicy
     allowed_lateness: str | int | None
@@ -141,10 +141,7 @@ def plan_query(query: Query, ctx: Context) -> Plan:
 # -- FROM -------------------------------------------------------------------------------------
 def _from_item(item: FromItem, ctx: Context) -> Stage:
     if isinstance(item, FromStream):
-        try:
-            schema = ctx.catalog(item.name)
-        except KeyError:
-            raise NotFound(f"unknown stream {item.name!r}") from None
+        schema = ctx.catalog(item.name)
         stream_fields = schema.columns
         op = Input(item.name, ctx.policy, lambda batch: ctx.on_drop(batch, stream_fields))
         ctx.inputs.append((item.name, op))

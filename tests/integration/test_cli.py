@@ -176,6 +176,8 @@ def test_cli_errors_are_one_line(target: str, fresh: Callable[[str], str], tmp_p
     bad.write_text("k,ts,extra\na,1,2\n")
     assert "unknown column" in fails(target, "send", stream, str(bad))
     assert "unknown query" in fails(target, "tail", fresh("q"))
+    typo = stream[:1] + "X" + stream[2:]  # one letter off: the stream it meant is named
+    assert f"unknown stream '{typo}' (did you mean '{stream}'?)" in fails(target, "send", typo, str(bad))
     assert fails("127.0.0.1:1", "stream", "list") == (
         "lowtide: no lowtide server is reachable at 127.0.0.1:1: connection refused; is it running?"
     )

@@ -126,6 +126,41 @@ def test_stream_create_list_drop(target: str, fresh: Callable[[str], str]) -> No
             client.drop_stream(name)
 
 
+def test_an_unknown_name_suggests_the_closest_one(target: str, fresh: Callable[[str], str]) -> None:
+    """The server's NotFound names the closest stream or query (issue 22, item 10)."""
+    stream, query = fresh("Typo_Mainstream"), fresh("typo_packets")
+    typo_stream, typo_query = stream.replace("Main", "Mian"), query.replace("packets", "pakcets")
+    with Client(target, timeout=10) as client:
+        client.create_stream(stream, SCHEMA)
+        client.register_query(f"SELECT count(*) AS n [RANGE 10, WA ts] FROM {stream}", name=query)
+        try:
+            calls = {
+                "drop stream": lambda: client.drop_stream(typo_stream),
+                "FROM": lambda: client.register_query(
+                    f"SELECT count(*) AS n [RANGE 10, WA ts] FROM {typo_stream}"
+                ),
+                "producer": lambda: client.producer(typo_stream),
+            }
+            for what, call in calls.items():
+                with pytest.raises(NotFound) as raised:
+                    call()
+                reason = str(raised.value)
+                assert reason.startswith(
+                    f"unknown stream '{typo_stream}' (did you mean '{stream}'?); streams: "
+                ), what
+            with pytest.raises(
+                NotFound, match=rf"^unknown query '{typo_query}' \(did you mean '{query}'\?\); queries: "
+            ):
+                client.drop_query(typo_query)
+            with pytest.raises(
+                NotFound, match=rf"^unknown query '{typo_query}' \(did you mean '{query}'\?\); queries: "
+            ):
+                next(iter(client.subscribe(typo_query)))
+        finally:
+            client.drop_query(query)
+            client.drop_stream(stream)
+
+
 def test_control_errors_are_the_servers_exceptions(target: str, fresh: Callable[[str], str]) -> None:
     name = fresh("S")
     with Client(target, timeout=10) as client:

@@ -177,6 +177,10 @@ def test_a_reader_granted_q1_star_reads_q1_late(server: RunningServer, keys: Key
         assert first_table(reader, "q1.late").column("k").to_pylist() == ["z"]
         assert [q["name"] for q in reader.list_queries()] == ["q1"]
         assert {s["name"] for s in reader.list_streams()} == {"Main", "Other"}  # no streams key
+        # An unknown name inside the scope: the reason names only what the token sees (not q2).
+        with pytest.raises(NotFound) as unknown:
+            first_table(reader, "q1x")
+        assert str(unknown.value) == "unknown query 'q1x' (did you mean 'q1'?); queries: q1, q1.late"
 
 
 def test_a_reader_limited_to_streams_explains_only_sql_over_them(server: RunningServer, keys: Keys) -> None:

@@ -14,6 +14,7 @@ import pickle
 import secrets
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -203,6 +204,47 @@ def test_the_cli_speaks_tls_with_tls_ca(tls_server: RunningServer, tls: Tls) -> 
 def test_unreadable_root_certificates_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="cannot read root certificates"):
         Client("127.0.0.1:1", root_certificates=tmp_path / "missing.pem")
+
+
+def test_a_private_key_as_tls_ca_is_one_line_naming_it(tls_server: RunningServer, tls: Tls) -> None:
+    """``--tls-ca key.pem``: lowtide's line alone, no gRPC log lines before it (issue 22, item 11)."""
+    line = one_line_failure(cli(tls_server.target, "--tls-ca", str(tls.key), "stream", "list"))
+    assert str(tls.key) in line and "hold no PEM certificate" in line, line
+    with pytest.raises(InvalidArgument, match="hold no PEM certificate"):
+        Client(tls_server.target, root_certificates=tls.key.read_bytes())
+
+
+# A CA that passes for PEM but that gRPC's C core cannot load: it logs four lines on stderr.
+_UNLOADABLE_CA = """
+import sys
+if sys.argv[1] == "lowtide":
+    import lowtide.clients
+import grpc
+pem = b"-----BEGIN CERTIFICATE-----\\nAAAA\\n-----END CERTIFICATE-----\\n"
+with grpc.secure_channel("127.0.0.1:1", grpc.ssl_channel_credentials(pem)) as channel:
+    try:
+        channel.unary_unary("/lowtide.v1.Lowtide/Health")(b"", timeout=30)
+    except grpc.RpcError as exc:
+        print(exc.code().name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("imports", "verbosity", "logged"),
+    [("lowtide", None, False), ("lowtide", "ERROR", True), ("grpc", None, True)],
+)
+def test_importing_the_client_quiets_grpc_core_logs_unless_asked(
+    imports: str, verbosity: str | None, logged: bool
+) -> None:
+    """``import lowtide.clients`` sets GRPC_VERBOSITY=NONE when the user did not set it."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    if verbosity is not None:
+        env["GRPC_VERBOSITY"] = verbosity
+    done = subprocess.run(
+        [sys.executable, "-c", _UNLOADABLE_CA, imports], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.stdout.strip() == "UNAVAILABLE", done.stdout + done.stderr
+    assert bool(done.stderr.strip()) is logged, done.stderr
 
 
 # -- tokens ---------------------------------------------------------------------------------------

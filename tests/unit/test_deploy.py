@@ -65,6 +65,20 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
     return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
 
 
+def exposed_samples() -> set[str]:
+    """Every sample name a server's exposition carries once each of its series has a value."""
+    metrics = metrics_module.ServerMetrics()
+    metrics.ingest_batch("S", 10, 0.001)
+    metrics.punctuation_to_result("q", 0.001)
+    metrics.worker_restarted(0)
+    metrics.checkpoint_taken(0.5, 1024, [0.001])
+    operators = [(0, "Input", 10, 10)]
+    query = {"low_watermark": 5, "late": 0, "open_windows": 1, "state_bytes": 64, "operators": operators}
+    stream = {"low_watermark": 5, "ingested": 10, "behind": 0, "late": 0}
+    metrics.set_snapshot(lambda: {"streams": {"S": stream}, "queries": {"q": query}, "strings": {"front": 1}})
+    return {sample.name for family in metrics.registry.collect() for sample in family.samples}
+
+
 def test_grafana_dashboard_is_a_real_dashboard() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["title"] == "lowtide"
@@ -94,11 +108,19 @@ def test_grafana_dashboard_is_a_real_dashboard() -> None:
         "lowtide_worker_restarts_total",
     ):
         assert name in exprs, name
+    # Durability: the checkpoint metrics and restarts (issue 22, item 9).
+    for q in ("0.5", "0.99"):
+        for histogram in ("lowtide_checkpoint_seconds", "lowtide_checkpoint_pause_seconds"):
+            assert f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket" in exprs
+    assert "lowtide_checkpoint_bytes" in exprs
+    assert "increase(lowtide_checkpoint_seconds_count" in exprs
     # Every metric it reads is one the server exposes (a typo would draw an empty panel).
     documented = metrics_module.__doc__ or ""
+    exposed = exposed_samples()
     for name in set(re.findall(r"lowtide_[a-z_]+", exprs)):
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         assert f"``{name}" in documented or f"``{base}" in documented, name
+        assert name in exposed, f"the server exposes no sample {name}"
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     used = set(re.findall(r"\$\{?([a-z_]+)", json.dumps(dashboard["panels"]))) - {
         "__rate_interval",
@@ -122,6 +144,22 @@ def test_compose_mounts_files_that_exist() -> None:
         assert (DEPLOY / mount).exists(), mount
     assert (DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").exists()
     assert (DEPLOY / "grafana/provisioning/dashboards/lowtide.yaml").exists()
+
+
+def test_compose_keeps_state_on_its_volume() -> None:
+    """The lowtide service's --state-dir lies on the lowtide-state volume (else a restart forgets)."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    service = compose["services"]["lowtide"]
+    command: list[str] = service["command"]
+    state_dir = Path(command[command.index("--state-dir") + 1])
+    mounts = {Path(target): source for source, target in (v.split(":")[:2] for v in service["volumes"])}
+    assert mounts.get(Path("/var/lib/lowtide")) == "lowtide-state"
+    assert state_dir.is_relative_to("/var/lib/lowtide") and state_dir != Path("/var/lib/lowtide"), state_dir
+    assert "lowtide-state" in compose["volumes"]
+    # The image's own command and the systemd unit keep state in the same place.
+    assert f'"--state-dir", "{state_dir}"' in dockerfile()
+    (exec_start,) = unit_settings(DEPLOY / "lowtide.service")["Service.ExecStart"]
+    assert exec_start.endswith(f"--state-dir {state_dir}")
 
 
 def test_yaml_files_parse() -> None:
@@ -170,7 +208,7 @@ def test_systemd_unit() -> None:
     unit = unit_settings(DEPLOY / "lowtide.service")
     assert unit["Service.Type"] == ["simple"]
     (exec_start,) = unit["Service.ExecStart"]
-    assert exec_start.endswith("lowtide serve --config /etc/lowtide/lowtide.toml")
+    assert "lowtide serve --config /etc/lowtide/lowtide.toml " in exec_start
     assert exec_start.startswith("/")
     assert unit["Service.KillSignal"] == ["SIGTERM"]
     assert unit["Service.Restart"] == ["on-failure"]
@@ -206,7 +244,7 @@ def test_dockerfile() -> None:
     assert users and not users[-1].startswith(("root", "0")), users
     assert 'ENTRYPOINT ["lowtide"]' in text
     serve = '"serve", "--host", "0.0.0.0", "--metrics-host", "0.0.0.0", "--config", '
-    assert f'CMD [{serve}"/etc/lowtide/lowtide.toml"]' in text
+    assert f'CMD [{serve}"/etc/lowtide/lowtide.toml", "--state-dir", ' in text
     assert "COPY deploy/lowtide.toml /etc/lowtide/lowtide.toml" in text
     # Every folder the distribution is built from is copied into the build stage.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -252,3 +290,12 @@ def test_healthcheck_speaks_grpc_health(answer: bytes | None, healthy: bool) -> 
     assert (result.returncode == 0) is healthy, result.stderr
     if answer is not None:
         assert requests == [b""]  # HealthCheckRequest(service="") is the empty message
+
+
+# -- Makefile ---------------------------------------------------------------------------------------
+def test_every_pytest_run_of_the_makefile_reports_skip_reasons() -> None:
+    """``make test`` says why a test skipped (``-rs``), not just how many did."""
+    runs = [line for line in (ROOT / "Makefile").read_text().splitlines() if "$(BIN)/pytest" in line]
+    assert runs, "the Makefile runs no pytest"
+    for line in runs:
+        assert re.search(r"\s-r[a-zA-Z]*s", line), line

@@ -16,9 +16,16 @@ from lowtide.clients import _producing
 from lowtide.clients._batching import Batcher, Outgoing
 from lowtide.clients._checks import Contract, RowCheck
 from lowtide.clients._producing import CallLog, ProducerCore
-from lowtide.clients._wire import ServerUnavailable, read_arrow
+from lowtide.clients._wire import read_arrow
 from lowtide.clients.spark import LowtideSink
-from lowtide.errors import InvalidArgument, LateTuple, NotFound, RegressingPunctuation, SchemaMismatch
+from lowtide.errors import (
+    InvalidArgument,
+    LateTuple,
+    NotFound,
+    RegressingPunctuation,
+    SchemaMismatch,
+    ServerUnavailable,
+)
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 from lowtide.schema import Schema, check
 
