@@ -623,7 +623,8 @@ class Engine:
             self._fail(running, exc)
 
     def poll(self, query: str) -> list[Item]:
-        """Result tables and punctuation emitted since the last poll (``"<query>.late"``: late tuples)."""
+        """Result tables and punctuation emitted since the last poll (``"<query>.late"``: the late
+        tuples, and the query's punctuation as markers: see :meth:`RunningQuery.passed`)."""
         self.tick()
         return self.drain(query)
 
