@@ -29,7 +29,7 @@ from lowtide.errors import DeadlineExceeded, LowtideError, QuerySyntaxError, Ser
 from lowtide.handles import Query
 from lowtide.ipc import read_ipc
 from lowtide.proto import lowtide_pb2 as pb
-from lowtide.punctuation.model import Punctuation
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 T = TypeVar("T")
 
@@ -129,6 +129,11 @@ def subscribe_item(response: Any) -> tuple[int, pa.Table | Punctuation]:
             int(response.punctuation.value), response.punctuation.attribute
         )
     raise ServerError(f"Subscribe sent a message without an item ({which})", "INTERNAL")
+
+
+def ends_stream(item: pa.Table | Punctuation) -> bool:
+    """Whether ``item`` is the end-of-stream punctuation: the last item of a subscription."""
+    return isinstance(item, Punctuation) and item.value >= END_OF_STREAM
 
 
 def subscribe_request(query: str, from_oldest: bool, from_offset: int | None = None) -> Any:

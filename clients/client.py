@@ -52,7 +52,11 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
 
 # -- blocking -------------------------------------------------------------------------------------
 class Subscription:
-    """The items of a query, as they come: iterate it; ``cancel()`` or ``with`` ends it."""
+    """The items of a query, as they come: iterate it; ``cancel()`` or ``with`` ends it.
+
+    Iteration stops after the end-of-stream punctuation (value ``END_OF_STREAM``: the query's
+    output has ended), which it yields last; the call is closed then.
+    """
 
     def __init__(
         self, stub: Any, target: str, query: str, from_oldest: bool, from_offset: int | None = None
@@ -66,6 +70,8 @@ class Subscription:
         return self
 
     def __next__(self) -> Item:
+        if self._cancelled:
+            raise StopIteration
         try:
             response = next(self._call)
         except grpc.RpcError as exc:
@@ -73,6 +79,8 @@ class Subscription:
                 raise StopIteration from None
             raise translate(exc, self._target) from exc
         self.offset, item = wire.subscribe_item(response)
+        if wire.ends_stream(item):
+            self.cancel()  # a server that keeps the call open after the end is not waited for
         return item
 
     def cancel(self) -> None:
@@ -195,14 +203,16 @@ class Client:
         ``n`` on (``Subscription.offset`` is the offset of the last item yielded: resume at
         ``offset + 1`` after a disconnect or a server restart); ``OutOfRange`` when ``n`` is no
         longer retained. A subscription more than ``max_subscriber_bytes`` behind raises
-        ``ResourceExhausted`` naming the offset to resume from.
+        ``ResourceExhausted`` naming the offset to resume from. Iteration ends after the
+        end-of-stream punctuation; from now or past it, on a query that has ended, at once.
         """
         return Subscription(self._stub, self.target, query, from_oldest, from_offset)
 
 
 # -- asyncio --------------------------------------------------------------------------------------
 class AsyncSubscription:
-    """:class:`Subscription` for asyncio: ``async for item in ...``."""
+    """:class:`Subscription` for asyncio: ``async for item in ...``; it stops after the
+    end-of-stream punctuation too."""
 
     def __init__(
         self, stub: Any, target: str, query: str, from_oldest: bool, from_offset: int | None = None
@@ -216,6 +226,8 @@ class AsyncSubscription:
         return self
 
     async def __anext__(self) -> Item:
+        if self._cancelled:
+            raise StopAsyncIteration
         try:
             response = await self._call.read()
         except grpc.RpcError as exc:
@@ -229,6 +241,8 @@ class AsyncSubscription:
         if response is _EOF:
             raise StopAsyncIteration
         self.offset, item = wire.subscribe_item(response)
+        if wire.ends_stream(item):
+            self.cancel()
         return item
 
     def cancel(self) -> None:

@@ -17,6 +17,8 @@ from lowtide.names import unknown
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from lowtide.cli_batch_ids import BatchIds
     from lowtide.cli_io import Batches
     from lowtide.schema import Schema
@@ -218,20 +220,21 @@ def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:
 
 
 def _tail(client: Any, args: argparse.Namespace) -> None:
-    """Print a query's results, one window-sorted table per punctuation; end at end-of-stream."""
+    """Print a query's results, one window-sorted table per punctuation; end at end-of-stream.
+    A late side stream's rows are raw input rows, not windows: they print as they come."""
     from lowtide.cli_io import Collated, Times, writer_for
 
     iso = args.time_format == "iso" or (args.time_format is None and args.format == "table")
     times = Times(iso, _time_unit(client, args.query) if iso else "")
     writer = writer_for(args.format, sys.stdout)
     held = Collated()
+    late = args.query.endswith(".late")  # a query's own name never holds a "." (lowtide.names)
     rows = 0
 
-    def release(punctuation: Punctuation | None = None) -> bool:
-        """Print the held rows ``punctuation`` completes; whether ``--limit`` is reached."""
+    def show(table: pa.Table | None) -> bool:
+        """Print ``table`` (up to ``--limit``); whether ``--limit`` is reached."""
         nonlocal rows
-        table = held.release(punctuation)
-        if table is not None:
+        if table is not None and table.num_rows:
             if args.limit is not None:
                 table = table.slice(0, args.limit - rows)
             writer.table(times.table(table))
@@ -241,15 +244,21 @@ def _tail(client: Any, args: argparse.Namespace) -> None:
     with client.subscribe(args.query, not args.from_now, args.from_offset) as subscription:
         for item in subscription:
             if not isinstance(item, Punctuation):
-                held.add(item)
+                if late:
+                    if show(item):
+                        return
+                else:
+                    held.add(item)
                 continue
-            if release(item):
+            if show(held.release(item)):
                 return
             if args.show_punctuation:
                 writer.punctuation(item.attribute, times.punctuation(item), subscription.offset)
             if item.value >= END_OF_STREAM:
                 return
-        release()  # the server ended the subscription (it is shutting down)
+        # The server ended the subscription: it is shutting down, the query was dropped, or its
+        # output had ended before the offset the subscription started at.
+        show(held.release())
 
 
 def _time_unit(client: Any, query: str) -> str:

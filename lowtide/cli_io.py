@@ -320,6 +320,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _as_integers(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A progressing attribute as the integers punctuation is stated in: a timestamp column
+    (``SELECT ts ...`` of a query without a window) counts units of its own type."""
+    return column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column
+
+
 class Collated:
     """Result rows held until a punctuation covers their window, released as one sorted table.
 
@@ -343,7 +349,7 @@ class Collated:
         table = pa.concat_tables(self._tables, promote_options="default")
         self._tables = []
         if punctuation is not None and punctuation.attribute in table.column_names:
-            covered = pc.less(table[punctuation.attribute], punctuation.value)
+            covered = pc.less(_as_integers(table[punctuation.attribute]), punctuation.value)
             rest = table.filter(pc.invert(covered))
             if rest.num_rows:
                 self._tables.append(rest)

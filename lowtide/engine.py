@@ -39,6 +39,7 @@ from lowtide.operators.state import State, as_dict, as_float, as_int
 from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import (
+    END_OF_STREAM,
     MAX_DERIVED_DEPTH,
     NO_PROGRESS,
     Punctuation,
@@ -89,6 +90,7 @@ class RunningQuery:
     subscribers: list[tuple[str, Input]] = field(default_factory=list)  # (stream, what it feeds)
     late_items: list[Any] = field(default_factory=list)
     late_dropped: int = 0
+    late_ended: bool = False  # the late side stream took its end-of-stream marker
     restored_share: str | None = None  # planned again after a restore: the slices it read
     timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
     failure: ResourceExhausted | None = None  # a limit failed it while it ran (see the module)
@@ -98,8 +100,35 @@ class RunningQuery:
     def operators(self) -> list[Operator]:
         return [*self.plan.operators, self.sink]
 
+    def found_late(self, table: Any, rows: int) -> None:
+        """Late tuples (raw input rows) into the late side stream ``<query>.late``; once it has
+        ended (see :meth:`passed`), they are only counted."""
+        self.late_dropped += rows
+        if not self.late_ended:
+            self.late_items.append(table)
+
+    def passed(self, punctuation: Punctuation, collapse: bool) -> None:
+        """The query's output punctuation, as the late side stream's marker: ``<query>.<attribute>``
+        at the same value, after every late tuple found before it (so the end of the query's
+        output ends its late stream too). Not ``attribute`` itself: late tuples lie below any
+        bound on their own columns. ``collapse``: a marker still unread replaces the previous
+        one of its attribute (the later one says more), so an unpolled late stream stays small."""
+        if self.late_ended:
+            return
+        self.late_ended = punctuation.value >= END_OF_STREAM
+        marker = Punctuation(punctuation.value, f"{self.name}.{punctuation.attribute}")
+        last = self.late_items[-1] if self.late_items else None
+        if collapse and isinstance(last, Punctuation) and last.attribute == marker.attribute:
+            self.late_items[-1] = marker
+        else:
+            self.late_items.append(marker)
+
 
 class Engine:
+    # Consecutive unread markers of a late side stream collapse into the last one (see
+    # RunningQuery.passed): nothing numbers them here, and a late stream nobody polls stays small.
+    collapses_late_markers = True
+
     def __init__(
         self, clock: Clock | None = None, limits: Limits | None = None, flush: SlowFlush | None = None
     ) -> None:
@@ -258,9 +287,7 @@ class Engine:
         holder: list[RunningQuery] = []
 
         def on_drop(batch: Batch, fields: Fields) -> None:
-            running = holder[0]
-            running.late_dropped += batch.n
-            running.late_items.append(to_table(batch, fields, self.pool))
+            holder[0].found_late(to_table(batch, fields, self.pool), batch.n)
 
         ctx = Context(
             self._schema_of,
@@ -282,16 +309,18 @@ class Engine:
             )
         fields = plan.schema
         derived = self._derived_stream(name, plan)
+
+        def on_punctuation(punctuation: Punctuation) -> None:
+            holder[0].passed(punctuation, self.collapses_late_markers)
+            if derived is not None and punctuation.attribute == derived.attribute:
+                derived.punctuate(name, punctuation.value)
+
         sink = Sink(
             fields,
             self.pool,
             plan.progressing,
             forward=(lambda b: self._forward(derived, name, final_rows(b))) if derived else None,
-            forward_punctuation=(
-                lambda p: derived.punctuate(name, p.value) if p.attribute == derived.attribute else None
-            )
-            if derived
-            else None,
+            forward_punctuation=on_punctuation,
         )
         plan.output.connect(sink)
         running = RunningQuery(
@@ -597,7 +626,8 @@ class Engine:
             self._fail(running, exc)
 
     def poll(self, query: str) -> list[Item]:
-        """Result tables and punctuation emitted since the last poll (``"<query>.late"``: late tuples)."""
+        """Result tables and punctuation emitted since the last poll (``"<query>.late"``: the late
+        tuples, and the query's punctuation as markers: see :meth:`RunningQuery.passed`)."""
         self.tick()
         return self.drain(query)
 

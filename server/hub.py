@@ -7,6 +7,11 @@ reads it at its own offset (nothing is copied per subscriber). Closing a hub end
 subscription after what it has not read yet: cleanly (server shutdown, query dropped) or with
 the status of a failure (a query over its state limit).
 
+The end-of-stream punctuation (value ``END_OF_STREAM``: every input of the query closed) is the
+last item a hub takes: the query's output has *ended* at the offset after it. A subscription
+that has read it, or that starts at or past that offset (``from_offset``, or from now), ends at
+once, cleanly (gRPC status OK), as one does on a closed hub; nothing published later is kept.
+
 Memory is bounded in bytes (DESIGN.md §8). An item weighs the Arrow buffers it keeps alive
 (:func:`item_bytes`), so a slice is charged for its whole buffers: what it pins, not what it shows.
 
@@ -37,6 +42,7 @@ import pyarrow as pa
 
 from lowtide.errors import CorruptState, OutOfRange
 from lowtide.handles import Item
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 # What one log entry costs beside its buffers (the entry, its offset, a punctuation object): a
 # backlog of punctuation alone is bounded too.
@@ -127,6 +133,8 @@ class Subscription:
                 return logged.offset, logged.item
             if hub.closed is not None:
                 return hub.closed
+            if hub.ended:
+                return Closed()
             self._ready.clear()
             await self._ready.wait()
 
@@ -155,6 +163,7 @@ class Hub:
         self.published_bytes = 0  # bytes of every item ever published: Logged.before of the next
         self.listeners: set[Subscription] = set()
         self.closed: Closed | None = None
+        self.ended = False  # the end-of-stream punctuation is in: nothing comes after it
         self.next_offset = 0  # the offset the next new item gets
         self.remade = 0  # items a recovery emits again before new ones come: already delivered
 
@@ -171,14 +180,15 @@ class Hub:
         ]
 
     def publish(self, items: list[Item]) -> None:
-        if self.closed is not None:
+        if self.closed is not None or self.ended:
             return
         skip = min(self.remade, len(items))
         self.remade -= skip
         if skip == len(items):
             return
         for item in items[skip:]:
-            self._append(item)
+            if not self.ended:
+                self._append(item)
         self._evict()
         for subscription in list(self.listeners):
             if subscription.behind() > self.max_subscriber_bytes:
@@ -234,6 +244,8 @@ class Hub:
         self.log.append(Logged(self.next_offset, item, nbytes, self.published_bytes))
         self.next_offset += 1
         self.published_bytes += nbytes
+        if isinstance(item, Punctuation) and item.value >= END_OF_STREAM:
+            self.ended = True
 
     def _evict(self) -> None:
         """Retention keeps the newest items within ``retained_items`` and ``retained_bytes``."""

@@ -18,7 +18,6 @@ from typing import Any, assert_never
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from lowtide.batch import Batch
 from lowtide.engine import Engine, Limits, RunningQuery, SlowFlush
@@ -104,6 +103,10 @@ class Dispatch(Input):
 
 
 class FrontEngine(Engine):
+    # The hubs number every item of a late side stream, and recovery replays them to the same
+    # offsets; a drain follows each worker message, so what would collapse depends on timing.
+    collapses_late_markers = False
+
     def __init__(
         self,
         workers: WorkerPool,
@@ -142,11 +145,7 @@ class FrontEngine(Engine):
         if feeder is not None:  # its slices are in the workers of the query that feeds them
             workers = feeder[0].workers
 
-        def on_late(table: pa.Table, rows: int) -> None:
-            running.late_dropped += rows
-            running.late_items.append(table)
-
-        meld = OrderedMeld(len(workers), running.sink, on_late)
+        meld = OrderedMeld(len(workers), running.sink, running.found_late)
         remote = RemoteQuery(running.name, running, partitioning, workers, meld)
         self.remote[running.name] = remote
         spec = msg.QuerySpec(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import re
 import subprocess
@@ -22,18 +23,20 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 120
 
 
-def lowtide(target: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def lowtide(
+    target: str, *args: str, stdin: str | None = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*lowtide_command(), "--server", target, *args],
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT,
+        timeout=timeout,
     )
 
 
-def ok(target: str, *args: str) -> str:
-    done = lowtide(target, *args)
+def ok(target: str, *args: str, timeout: float = TIMEOUT) -> str:
+    done = lowtide(target, *args, timeout=timeout)
     assert done.returncode == 0, f"lowtide {' '.join(args)} exited {done.returncode}: {done.stderr}"
     return done.stdout
 
@@ -305,3 +308,71 @@ def test_send_reads_timestamp_text_and_names_the_first_bad_row(
         (1_700_000_001_000, 1),
     ]
     assert stream_info(target, stream)["tuples_ingested"] == 3
+
+
+def test_tail_a_query_without_a_window_prints_its_timestamps(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Its output punctuation is on ``ts``, a timestamp[ms] column: every format prints the rows."""
+    stream, query = fresh("Main"), fresh("q")
+    ok(target, "stream", "create", stream, "--schema", "srcIP:string,len:int32,ts:timestamp[ms]")
+    ok(target, "query", "register", f"SELECT srcIP, len, ts FROM {stream}", "--name", query)
+    sent = [(f"10.0.0.{i}", 40 + i, 1_700_000_000_000 + 1000 * i) for i in range(5)]
+    (tmp_path / "in.csv").write_text("srcIP,len,ts\n" + "".join(f"{a},{n},{t}\n" for a, n, t in sent))
+    ok(target, "send", stream, str(tmp_path / "in.csv"), "--punctuation", "end")
+    iso = [(a, n, (dt.datetime(1970, 1, 1) + dt.timedelta(milliseconds=t)).isoformat()) for a, n, t in sent]
+
+    jsonl = ok(target, "tail", query, "--format", "jsonl").splitlines()
+    assert [tuple(json.loads(line).values()) for line in jsonl] == iso
+    assert ok(target, "tail", query, "--format", "csv").splitlines() == [
+        "srcIP,len,ts",
+        *(f"{a},{n},{t}" for a, n, t in iso),
+    ]
+    table = [line.split() for line in ok(target, "tail", query).splitlines() if line]
+    assert table == [["srcIP", "len", "ts"], *([a, str(n), t] for a, n, t in iso)]
+
+
+TAIL_WAIT = 60  # what used to hang fails in a minute, not TIMEOUT
+
+
+def ended_with_late_rows(target: str, fresh: Callable[[str], str], tmp_path: Path) -> str:
+    """A query whose only source closed, with 5 late tuples (ts 1..5 after punctuation 100)."""
+    stream, query = fresh("Main"), fresh("q")
+    ok(target, "stream", "create", stream, "--schema", "srcIP:string,ts:int64", "--sources", "a")
+    sql = f"SELECT srcIP, count(*) AS n [RANGE 10, WA ts] FROM {stream} GROUP BY srcIP"
+    ok(target, "query", "register", sql, "--name", query)
+    (tmp_path / "on_time.csv").write_text("srcIP,ts\n" + "".join(f"10.0.0.1,{t}\n" for t in range(0, 100, 7)))
+    (tmp_path / "late.csv").write_text("srcIP,ts\n" + "".join(f"10.0.0.{t},{t}\n" for t in range(1, 6)))
+    ok(target, "send", stream, str(tmp_path / "on_time.csv"), "--source", "a", "--punctuation", "100")
+    ok(target, "send", stream, str(tmp_path / "late.csv"), "--source", "a", "--punctuation", "end")
+    return query
+
+
+def test_tail_of_a_late_stream_prints_its_rows_and_ends(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    query = ended_with_late_rows(target, fresh, tmp_path)
+    late = f"{query}.late"
+    sent = [{"srcIP": f"10.0.0.{t}", "ts": t} for t in range(1, 6)]
+    first = ok(target, "tail", late, "--format", "jsonl", "--limit", "3", timeout=TAIL_WAIT)
+    shown = [json.loads(line) for line in first.splitlines()]
+    assert len(shown) == 3 and all(row in sent for row in shown)
+    whole = ok(target, "tail", late, "--format", "jsonl", "--show-punctuation", timeout=TAIL_WAIT)
+    items = [json.loads(line) for line in whole.splitlines()]
+    # Each worker's late rows in the order they came, the workers' in worker order.
+    assert sorted((i for i in items if "ts" in i), key=lambda row: row["ts"]) == sent
+    assert {i["attribute"] for i in items if "punctuation" in i} == {f"{query}.window_end"}
+    assert items[-1]["punctuation"] == "end"
+
+
+def test_tail_of_an_ended_query_from_now_or_past_its_end_exits_at_once(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    query = ended_with_late_rows(target, fresh, tmp_path)
+    for name in (query, f"{query}.late"):
+        whole = ok(target, "tail", name, "--format", "jsonl", "--show-punctuation", timeout=TAIL_WAIT)
+        end = json.loads(whole.splitlines()[-1])
+        assert end["punctuation"] == "end"
+        assert ok(target, "tail", name, "--from-now", timeout=TAIL_WAIT) == ""
+        for past in (end["offset"] + 1, end["offset"] + 50):
+            assert ok(target, "tail", name, "--from-offset", str(past), timeout=TAIL_WAIT) == ""

@@ -9,9 +9,11 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any
 
+import grpc
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -29,7 +31,9 @@ from lowtide import (
     SchemaMismatch,
     UnsupportedQuery,
 )
-from lowtide.clients import AsyncClient, Client, ServerUnavailable
+from lowtide.clients import AsyncClient, Client, ServerUnavailable, Subscription
+from lowtide.proto import lowtide_pb2 as pb
+from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -475,3 +479,126 @@ def test_async_client(target: str, fresh: Callable[[str], str]) -> None:
                 await client.drop_stream(stream)
 
     asyncio.run(scenario())
+
+
+# -- the end of a subscription ----------------------------------------------------------------------
+def read_to_end(subscription: Subscription, timeout: float = WAIT) -> list[Any]:
+    """Every item of ``for item in subscription``, which must end by itself within ``timeout``."""
+    got: list[Any] = []
+    failed: list[LowtideError] = []
+
+    def run() -> None:
+        try:
+            for item in subscription:
+                got.append(item)
+        except LowtideError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        subscription.cancel()
+        thread.join(5)
+        pytest.fail(f"the subscription did not end within {timeout} s, after {got}")
+    if failed:
+        raise failed[0]
+    return got
+
+
+async def read_to_end_async(target: str, query: str) -> list[Any]:
+    async with AsyncClient(target, timeout=10) as client:
+        return [item async for item in client.subscribe(query)]
+
+
+def ended_query(client: Client, stream: str) -> str:
+    """A query whose only source closed: its output ended; one tuple was late (ts 3 after 20)."""
+    client.create_stream(stream, SCHEMA)
+    query = client.register_query(count_sql(stream))
+    with client.producer(stream) as producer:
+        producer.send({"k": ["a", "b", "a"], "len": [1, 1, 1], "ts": [1, 2, 15]})
+        producer.punctuate(20)
+        producer.flush()
+        producer.send({"k": ["late"], "len": [1], "ts": [3]})
+        producer.close()
+    return query
+
+
+def test_a_subscription_ends_after_the_end_of_stream_punctuation(
+    target: str, fresh: Callable[[str], str]
+) -> None:
+    """``for item in subscribe(q)`` stops after the END_OF_STREAM punctuation: both clients."""
+    with Client(target, timeout=10) as client:
+        query = ended_query(client, fresh("S"))
+        got = read_to_end(client.subscribe(query))
+    assert got[-1] == Punctuation(END_OF_STREAM, "window_end")
+    assert not any(isinstance(i, Punctuation) and i.value >= END_OF_STREAM for i in got[:-1])
+    assert counts(got) == expected(["a", "b", "a"], [1, 2, 15])
+    assert asyncio.run(asyncio.wait_for(read_to_end_async(target, query), WAIT)) == got
+
+
+def test_the_late_side_stream_carries_its_querys_punctuation_and_ends_with_it(
+    target: str, fresh: Callable[[str], str]
+) -> None:
+    """``<query>.late``: each output punctuation of the query as ``<query>.<attribute>``, after
+    the late tuples found before it; the end-of-stream one last, and the subscription ends."""
+    with Client(target, timeout=10) as client:
+        query = ended_query(client, fresh("S"))
+        results = read_to_end(client.subscribe(query))
+        late = read_to_end(client.subscribe(f"{query}.late"))
+    tables = [item for item in late if isinstance(item, pa.Table)]
+    assert [row["k"] for t in tables for row in t.to_pylist()] == ["late"]
+    markers = [item for item in late if isinstance(item, Punctuation)]
+    assert {m.attribute for m in markers} == {f"{query}.window_end"}
+    assert [m.value for m in markers] == [p.value for p in results if isinstance(p, Punctuation)]
+    found = late.index(tables[0])  # found late after the output reached 20: after that marker
+    assert any(isinstance(i, Punctuation) and i.value >= 20 for i in late[:found])
+    assert late[-1] == Punctuation(END_OF_STREAM, f"{query}.window_end")
+
+
+def test_a_subscription_to_an_ended_query_past_its_end_ends_at_once(
+    target: str, fresh: Callable[[str], str]
+) -> None:
+    """From now, or from an offset past the end-of-stream punctuation: no item, a clean end."""
+    with Client(target, timeout=10) as client:
+        query = ended_query(client, fresh("S"))
+        for name in (query, f"{query}.late"):
+            whole = client.subscribe(name)
+            last = read_to_end(whole)[-1]
+            end = whole.offset
+            assert end is not None and last.value == END_OF_STREAM
+            assert read_to_end(client.subscribe(name, from_oldest=False)) == []
+            assert read_to_end(client.subscribe(name, from_offset=end + 1)) == []
+            assert read_to_end(client.subscribe(name, from_offset=end + 100)) == []
+            assert read_to_end(client.subscribe(name, from_offset=end)) == [last]
+
+
+def test_the_clients_stop_at_the_end_even_if_the_server_keeps_the_call_open() -> None:
+    """A server that keeps a subscription open after the end-of-stream punctuation (lowtide did
+    before it ended them there): both clients stop after yielding it and close the call."""
+    closed: list[threading.Event] = []
+
+    class KeepsOpen(pb_grpc.LowtideServicer):  # type: ignore[misc]
+        def Subscribe(self, request: Any, context: Any) -> Iterator[pb.SubscribeResponse]:
+            done = threading.Event()
+            closed.append(done)
+            context.add_callback(done.set)  # the call ends: the client closed it
+            for offset, value in enumerate((10, END_OF_STREAM)):
+                punctuation = pb.Punctuation(value=value, attribute="window_end")
+                yield pb.SubscribeResponse(punctuation=punctuation, offset=offset)
+            done.wait(WAIT)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_LowtideServicer_to_server(KeepsOpen(), server)
+    target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        want = [Punctuation(10, "window_end"), Punctuation(END_OF_STREAM, "window_end")]
+        with Client(target, timeout=10) as client:
+            subscription = client.subscribe("q")
+            assert read_to_end(subscription) == want
+            assert subscription.offset == 1
+        assert asyncio.run(asyncio.wait_for(read_to_end_async(target, "q"), WAIT)) == want
+        assert len(closed) == 2 and all(done.wait(WAIT) for done in closed)
+    finally:
+        server.stop(None)

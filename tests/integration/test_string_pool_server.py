@@ -121,7 +121,8 @@ def test_late_rows_show_the_strings_of_a_column_no_query_reads(server: Server) -
     late = Subscription(mirror.stub, f"{query}.late", from_oldest=True)
     mirror.ingest("late", "p", [packets("e", 20, 0), T0 + 2 * MINUTE, packets("f", 10, 1), CLOSE])
     expected = mirror.engine.poll(f"{query}.late")
-    assert sum(t.num_rows for t in expected) == 10 and "f-dest-9" in expected[0].column("destIP").to_pylist()
+    tables = [t for t in expected if isinstance(t, pa.Table)]
+    assert sum(t.num_rows for t in tables) == 10 and "f-dest-9" in tables[0].column("destIP").to_pylist()
     assert_same(late.reach(expected), expected, "the late side stream")
 
 

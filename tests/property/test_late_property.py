@@ -21,6 +21,7 @@ from harness import (
     counts_behind,
     extents,
     key_of,
+    late_rows,
     run,
 )
 from hypothesis import given, settings
@@ -167,4 +168,4 @@ def test_update_example_revises_an_emitted_window() -> None:
         (0, "y", 1, 0),
         (10, "x", 1, 0),
     ]
-    assert [r["ts"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()] == [5]
+    assert [r["ts"] for r in late_rows(engine, q)] == [5]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from harness import check_query, columns, counts_behind, extents, make_engine
+from harness import check_query, columns, counts_behind, extents, late_rows, make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window, assert_rows_equal, evaluate
@@ -148,6 +148,6 @@ def test_idle_source_stops_holding_back_and_its_behind_tuples_count_where_open(
         expected = evaluate(spec, early + [r for r in rejoin if r["ts"] >= progress])
         missed = behind
     assert_rows_equal(rows, expected, spec)
-    late = [r for t in engine.poll(f"{q}.late") for r in t.to_pylist()]
+    late = late_rows(engine, q)
     assert sorted(r["ts"] for r in late) == sorted(r["ts"] for r in missed)
     assert engine.stats()["streams"]["A"]["behind"] == len(behind)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import pytest
-from harness import columns
+from harness import columns, late_rows
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -394,7 +394,7 @@ def run_join(sql: str, sources: Sources, events: list[Event], late: str) -> Engi
                     out.windows.append((row["window_start"], row["n"]))
                 else:
                     out.pairs.append((row["a"], row["b"]))
-    out.late = [row["id"] for t in engine.poll("q.late") for row in t.to_pylist()]
+    out.late = [row["id"] for row in late_rows(engine, "q")]
     assert engine.stats()["queries"]["q"]["late"] == len(out.late)
     return out
 

@@ -43,6 +43,7 @@ from harness import (
     check_late,
     check_query,
     key_of,
+    late_rows,
     make_engine,
     run,
 )
@@ -455,7 +456,7 @@ def test_a_late_tuple_merges_shown_sessions_under_update() -> None:
     assert [(r["window_start"], r["window_end"], r["n"], r["s"], r["revision"]) for r in rows] == [
         (36, 50, 2, 5, 1)
     ]
-    assert [r["ts"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()] == [30]
+    assert [r["ts"] for r in late_rows(engine, q)] == [30]
 
 
 def test_behind_tuples_count_unless_a_session_of_theirs_was_emitted() -> None:
@@ -476,7 +477,7 @@ def test_behind_tuples_count_unless_a_session_of_theirs_was_emitted() -> None:
     engine.close_source("A", "s")
     rows, _ = polled_rows(engine, q)
     assert sorted((r["window_start"], r["window_end"], r["n"]) for r in rows) == [(17, 30, 2), (40, 50, 1)]
-    assert sorted(r["ts"] for t in engine.poll(f"{q}.late") for r in t.to_pylist()) == [3, 12]
+    assert sorted(r["ts"] for r in late_rows(engine, q)) == [3, 12]
 
 
 def test_explain_placement_and_columns() -> None:
@@ -564,5 +565,5 @@ def test_compacted_groups_keep_what_is_gone_while_it_matters() -> None:
         ("g10", 25, 35),
         ("g4001", 30, 40),
     ]
-    late = [(r["k"], r["ts"]) for t in engine.poll(f"{q}.late") for r in t.to_pylist()]
+    late = [(r["k"], r["ts"]) for r in late_rows(engine, q)]
     assert late == [("g5", 5), ("g4000", 25)]

@@ -26,6 +26,7 @@ from harness import (
     columns,
     counts_behind,
     ident,
+    late_rows,
     make_engine,
     polled,
 )
@@ -192,7 +193,7 @@ def test_behind_tuples_count_per_query_in_shared_slices(
         expected, late = behind_expectation(spec, obs[i], counts[i])
         assert_rows_equal(obs[i].rows, expected, spec)
         check_emission(obs[i], spec, expected)
-        got_late = [row for item in engine.poll(f"q{i}.late") for row in item.to_pylist()]
+        got_late = late_rows(engine, f"q{i}")
         assert Counter(map(ident, got_late)) == Counter(map(ident, late)), i
         assert stats[f"q{i}"]["late"] == len(late)
     readers = [engine._queries[f"q{i}"].plan.reader for i in counts]

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
-from lowtide import Engine, LateTuple
+from lowtide import END_OF_STREAM, Engine, LateTuple, Punctuation
 
 FIXED_10 = "SELECT count(*) AS n, sum(v) AS s [RANGE 10, WA ts] FROM A"
 SLIDING = "SELECT count(*) AS n, sum(v) AS s [RANGE 10, SLIDE 5, WA ts] FROM A"
@@ -114,3 +115,20 @@ def test_tuple_windows_take_behind_tuples_until_the_stream_ends() -> None:
     with pytest.raises(LateTuple):
         engine.push("A", {"v": [3], "ts": [5]}, source="b")  # a new source after the end: late
     assert [(r["window_start"], r["n"]) for r in rows(engine)] == [(0, 2)]
+
+
+def test_the_late_side_stream_follows_the_querys_punctuation_to_its_end() -> None:
+    """``poll("q.late")``: the late tuples, each query punctuation after them as a marker
+    ``q.window_end`` (the unread ones collapsed into the last), the end of stream last."""
+    engine = transcript(FIXED_10, 5, [2, 3, 7, 8], 11)
+    engine.punctuate("A", 25, source="s")  # two rises, unread: one marker
+    assert engine.poll("q.late") == [Punctuation(30, "q.window_end")]  # 20, then 30
+    engine.push("A", {"v": [4], "ts": [4]}, source="s")  # [0, 10) was emitted: late
+    engine.punctuate("A", 31, source="s")
+    engine.close_source("A", "s")
+    late = engine.poll("q.late")
+    assert [type(item) for item in late] == [pa.Table, Punctuation]
+    assert late[0].column("ts").to_pylist() == [4]
+    assert late[1] == Punctuation(END_OF_STREAM, "q.window_end")
+    engine.push("A", {"v": [1], "ts": [1]}, source="other")  # after the end: counted only
+    assert engine.poll("q.late") == [] and engine.stats()["queries"]["q"]["late"] == 2

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.errors import CorruptState, OutOfRange
-from lowtide.punctuation.model import Punctuation
+from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.server.hub import ENTRY_BYTES, Closed, Hub, Log, Logged, Subscription, item_bytes
 
 T = TypeVar("T")
@@ -163,6 +163,27 @@ def test_a_clean_close_comes_after_the_backlog_and_a_failure_names_its_status() 
         assert await take(subscription, 1) == [1]
         assert await subscription.next() == Closed("ABORTED", "worker died")
         assert await take(hub.subscribe(True), 2) == [0, 1]  # after the end: the retained, then it
+
+    run(scenario())
+
+
+def test_the_end_of_stream_ends_every_subscription_after_it_and_nothing_follows_it() -> None:
+    """A subscription that has read the end-of-stream punctuation, or starts at or past it (from
+    now, from an offset), ends cleanly at once; what is published after the end is not kept."""
+
+    async def scenario() -> None:
+        hub = Hub(retained_items=10, retained_bytes=1 << 30, max_subscriber_bytes=1 << 20)
+        live = hub.subscribe(False, 1)  # waiting for offset 1: the end-of-stream punctuation
+        waiting = asyncio.ensure_future(live.next())
+        await asyncio.sleep(0)
+        hub.publish([Punctuation(1, "ts"), Punctuation(END_OF_STREAM, "ts")])
+        assert taken(await waiting) == 1
+        assert await asyncio.wait_for(live.next(), 60) == Closed()  # not waiting for more
+        hub.publish([Punctuation(END_OF_STREAM, "ts"), table(1)])  # after the end: dropped
+        assert hub.next_offset == 2
+        assert await take(hub.subscribe(True), 2) == [0, 1]
+        for late in (hub.subscribe(False), hub.subscribe(True, 2), hub.subscribe(True, 9)):
+            assert await asyncio.wait_for(late.next(), 60) == Closed()
 
     run(scenario())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from harness import late_rows
 
 from lowtide import Engine
 
@@ -37,7 +38,7 @@ def test_explain_shows_which_queries_read_the_slices() -> None:
 
 
 def late(engine: Engine, query: str) -> list[int]:
-    return [r["ts"] for item in engine.poll(f"{query}.late") for r in item.to_pylist()]
+    return [r["ts"] for r in late_rows(engine, query)]
 
 
 def test_a_tuple_behind_punctuation_is_late_only_for_the_readers_whose_window_it_missed() -> None:
