@@ -10,24 +10,19 @@ query's rows equal the in-process engine's on the same data, each exactly once.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from server_harness import Server, start_server
+from cluster import Cluster, retrying, rows
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, Punctuation
 from lowtide.clients import Client
-from lowtide.errors import LowtideError
 
 pytestmark = pytest.mark.xdist_group("durability")
 
@@ -75,57 +70,6 @@ def expected() -> dict[str, Counter[tuple[Any, ...]]]:
     return {name: rows(engine.poll(name)) for name in QUERIES}
 
 
-def rows(items: list[Any]) -> Counter[tuple[Any, ...]]:
-    found: Counter[tuple[Any, ...]] = Counter()
-    for item in items:
-        if isinstance(item, pa.Table):
-            found.update(tuple(row.values()) for row in item.to_pylist())
-    return found
-
-
-class Cluster:
-    """The server of the moment, on one port and one state directory; restarted after kills."""
-
-    def __init__(self, state_dir: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.config = {"state_dir": str(state_dir), "retained_items": 100_000, "checkpoint_interval_s": 0.5}
-        self.target = f"127.0.0.1:{self.port}"
-        self.server: Server = start_server(config=self.config, port=self.port)
-        self.kills: list[str] = []
-
-    def kill(self, what: str) -> None:
-        server = self.server
-        victims = {
-            "worker": server.worker_pids()[-1:],
-            "front": [server.pid],
-            "everything": [server.pid, *server.worker_pids()],
-        }[what]
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
-        self.kills.append(what)
-        if what != "worker":
-            server.process.wait(30)
-            server.exit_code = 0  # killed on purpose
-            self.server = start_server(config=self.config, port=self.port)
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
-def retrying(work: Callable[[], None], deadline: float) -> None:
-    """``work()`` again after any failure a crash can cause, until it completes."""
-    while True:
-        try:
-            work()
-            return
-        except (LowtideError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def produce(cluster: Cluster, source: str, deadline: float, acknowledged: list[int]) -> None:
     """Every round of ``source``; ``acknowledged[0]``: the rounds the server acknowledged."""
     stream = SOURCES[source]
@@ -167,7 +111,7 @@ def subscribe(cluster: Cluster, query: str, got: list[tuple[int, Any]], deadline
 
 
 def test_kill_9_anything_at_any_time_and_every_window_comes_once(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path / "state")
+    cluster = Cluster(tmp_path / "state", checkpoint_interval_s=0.5)
     deadline = time.monotonic() + 90
     try:
         with Client(cluster.target, timeout=30) as client:
@@ -204,7 +148,9 @@ def test_kill_9_anything_at_any_time_and_every_window_comes_once(tmp_path: Path)
             with Client(cluster.target, timeout=10) as client:
                 progress["streams"] = {s["name"]: s["low_watermark"] for s in client.list_streams()}
                 progress["queries"] = {q["name"]: q["low_watermark"] for q in client.list_queries()}
-        assert not any(t.is_alive() for t in threads), f"not done: {progress}\n{cluster.server.stderr_tail()}"
+        assert not any(t.is_alive() for t in threads), (
+            f"not done: {progress}\n{cluster.server.stderr_tail() if cluster.server else ''}"
+        )
         assert len(cluster.kills) >= 3, cluster.kills
         want = expected()
         for name, got in results.items():

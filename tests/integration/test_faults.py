@@ -19,14 +19,10 @@ runs N (``--fault-seed S`` starts elsewhere).
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,11 +30,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import Server, start_server
+from cluster import Cluster, retrying, rows
+from server_harness import start_server
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, Punctuation
 from lowtide.clients import Client
-from lowtide.errors import LowtideError
 from lowtide.punctuation.model import TIME_END, TIME_MIN
 from lowtide.schema import MAX_COLUMNS
 
@@ -141,60 +137,6 @@ def expected(scenario: Scenario) -> dict[str, Counter[tuple[Any, ...]]]:
     return {name: rows(engine.poll(name)) for name in scenario.queries}
 
 
-def rows(items: list[Any]) -> Counter[tuple[Any, ...]]:
-    found: Counter[tuple[Any, ...]] = Counter()
-    for item in items:
-        if isinstance(item, pa.Table):
-            found.update(tuple(row.values()) for row in item.to_pylist())
-    return found
-
-
-class Cluster:
-    """The server of the moment on one port and one state directory."""
-
-    def __init__(self, state_dir: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.state_dir = state_dir
-        self.config = {"state_dir": str(state_dir), "retained_items": 100_000, "checkpoint_interval_s": 0.3}
-        self.target = f"127.0.0.1:{self.port}"
-        self.server: Server | None = start_server(config=self.config, port=self.port)
-
-    def kill(self, what: str, restart: bool = True) -> None:
-        server = self.server
-        assert server is not None
-        victims = {
-            "worker": server.worker_pids()[-1:],
-            "front": [server.pid],
-            "everything": [server.pid, *server.worker_pids()],
-        }[what]
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
-        if what != "worker":
-            server.process.wait(30)
-            server.exit_code = 0  # killed on purpose
-            self.server = start_server(config=self.config, port=self.port) if restart else None
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
-def retrying(work: Callable[[], None]) -> None:
-    """``work()`` again after any failure a crash or a restart can cause, until it completes."""
-    deadline = time.monotonic() + RETRY_FOR
-    while True:
-        try:
-            work()
-            return
-        except (LowtideError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def produce(cluster: Cluster, scenario: Scenario, rounds: range, close: bool) -> None:
     """Send ``rounds`` under their batch ids, punctuating above what the server recovered."""
 
@@ -212,7 +154,7 @@ def produce(cluster: Cluster, scenario: Scenario, rounds: range, close: bool) ->
                 if close:
                     producer.close()
 
-    retrying(run)
+    retrying(run, time.monotonic() + RETRY_FOR)
 
 
 def read_all(cluster: Cluster, query: str) -> list[tuple[int, Any]]:
@@ -229,7 +171,9 @@ def read_all(cluster: Cluster, query: str) -> list[tuple[int, Any]]:
         raise ConnectionError(f"{query} ended before the end of the stream")
 
     done = threading.Event()
-    reader = threading.Thread(target=lambda: (retrying(run), done.set()), daemon=True)
+    reader = threading.Thread(
+        target=lambda: (retrying(run, time.monotonic() + RETRY_FOR), done.set()), daemon=True
+    )
     reader.start()
     assert done.wait(RETRY_FOR + 10), f"{query} stopped at {got[-1] if got else 'nothing'}"
     return got
@@ -264,7 +208,7 @@ def refused(state_dir: Path, config: dict[str, Any], port: int) -> str | None:
 
 
 def run(scenario: Scenario, state_dir: Path) -> None:
-    cluster = Cluster(state_dir)
+    cluster = Cluster(state_dir, checkpoint_interval_s=0.3)
     try:
         with Client(cluster.target, timeout=30) as client:
             client.create_stream("s", scenario.schema, sources=[SOURCE])
@@ -291,7 +235,7 @@ def run(scenario: Scenario, state_dir: Path) -> None:
             assert str(state_dir) in line, f"{scenario.damage} of {hit}: the refusal names no file: {why}"
             print(f"seed {scenario.seed}: {scenario.damage} of {hit} refused: {line}")
             return
-        cluster.server = start_server(config=cluster.config, port=cluster.port)
+        cluster.start()
         produce(cluster, scenario, range(scenario.rounds), close=True)
         want = expected(scenario)
         for name in scenario.queries:
