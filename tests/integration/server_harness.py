@@ -67,6 +67,19 @@ class Server:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def checkpoints(self) -> int:
+        """The checkpoints this server has reported taking (one stderr line each)."""
+        text = self.stderr.read_text(errors="replace") if self.stderr.exists() else ""
+        return text.count("lowtide: checkpoint at change")
+
+    def await_checkpoint(self, timeout: float = 30.0) -> None:
+        """Wait until the server reports a checkpoint taken after this call began."""
+        taken = self.checkpoints()
+        deadline = time.monotonic() + timeout
+        while self.checkpoints() == taken:
+            assert time.monotonic() < deadline, f"no checkpoint within {timeout} s:\n{self.stderr_tail()}"
+            time.sleep(0.05)
+
     def worker_pids(self) -> list[int]:
         """The worker processes (children running ``spawn_main``), oldest first."""
         found = []

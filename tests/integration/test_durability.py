@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from cluster import rows
 from conftest import lowtide_command
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import Server, running_server, start_server
@@ -67,14 +68,6 @@ def expected(sql: str) -> Counter[tuple[Any, ...]]:
     for source in ("a", "b"):
         engine.close_source("s", source)
     return rows([item for item in engine.poll("q")])
-
-
-def rows(items: list[Any]) -> Counter[tuple[Any, ...]]:
-    found: Counter[tuple[Any, ...]] = Counter()
-    for item in items:
-        if isinstance(item, pa.Table):
-            found.update(tuple(row.values()) for row in item.to_pylist())
-    return found
 
 
 def kill9(server: Server) -> None:
@@ -191,7 +184,7 @@ def test_a_killed_worker_is_restored_and_its_queries_go_on(state_dir: Path) -> N
         )
         subscriber.start()
         feed(client, range(8))
-        time.sleep(1)  # a checkpoint or two
+        server.await_checkpoint()  # the recovery restores it, then replays the log after it
         os.kill(server.worker_pids()[0], signal.SIGKILL)
         feed(client, range(8, 12))
         os.kill(server.worker_pids()[-1], signal.SIGKILL)
@@ -267,10 +260,7 @@ def killed_after_a_checkpoint(state_dir: Path) -> tuple[Path, Path]:
         client.create_stream("s", SCHEMA, sources=["a", "b"])
         client.register_query(TUMBLING, name="tumbling")
         feed(client, range(8))
-        taken = server.stderr_tail().count("checkpoint at change")
-        deadline = time.monotonic() + 30
-        while server.stderr_tail().count("checkpoint at change") == taken and time.monotonic() < deadline:
-            time.sleep(0.1)
+        server.await_checkpoint()
     kill9(server)
     (state_dir / "checkpoints" / f"{2**63:020d}").mkdir()
     (segment,) = sorted((state_dir / "log").glob("*.seg"))
@@ -390,9 +380,7 @@ def test_checkpoints_are_reported_and_their_files_match_the_manifest(state_dir: 
         client.create_stream("s", SCHEMA, sources=["a", "b"])
         client.register_query(TUMBLING, name="tumbling")
         feed(client, range(4))
-        deadline = time.monotonic() + 30
-        while "lowtide: checkpoint at change" not in server.stderr_tail() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        server.await_checkpoint()
         assert server.metrics_url is not None
         with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
             families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
@@ -459,7 +447,7 @@ def test_early_results_go_on_alike_when_a_worker_dies(state_dir: Path) -> None:
         subscriber.start()
         for i in range(ROUNDS):
             if i == 6:
-                time.sleep(0.5)  # a checkpoint or two
+                server.await_checkpoint()
                 os.kill(server.worker_pids()[0], signal.SIGKILL)
             feed(client, range(i, i + 1))
             time.sleep(0.05)

@@ -218,10 +218,12 @@ def run(scenario: Scenario, state_dir: Path) -> None:
         for at, what in sorted(scenario.kills.items()):
             produce(cluster, scenario, range(done, at + 1), close=False)
             done = at + 1
-            time.sleep(0.4)  # a checkpoint or two between kills
+            assert cluster.server is not None
+            cluster.server.await_checkpoint()  # a recovery restores one, then replays the log after it
             cluster.kill(what)
         produce(cluster, scenario, range(done, scenario.rounds), close=False)
-        time.sleep(0.4)
+        assert cluster.server is not None
+        cluster.server.await_checkpoint()
         if scenario.ending == "kill":
             cluster.kill("worker")  # then the rest: a crash with a worker already gone
             cluster.kill("everything", restart=False)

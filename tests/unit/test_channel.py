@@ -5,9 +5,11 @@ the rings of servers that are gone are removed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import select
+from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -75,79 +77,79 @@ def test_messages_of_every_size_arrive_whole_and_in_order() -> None:
         assert np.array_equal(arrays["v"], np.full(1000, i, np.int64))
 
 
+@contextlib.contextmanager
+def pipe_and_ring(ring: int = RING) -> Iterator[tuple[shared_memory.SharedMemory, Connection, Connection]]:
+    """A ring and a one-way pipe (read end, write end) in this process, removed afterwards."""
+    segment = create_segment(ring)
+    read_end, write_end = mp.Pipe(duplex=False)
+    try:
+        yield segment, read_end, write_end
+    finally:
+        segment.close()
+        segment.unlink()
+
+
 def test_a_frame_larger_than_the_pipe_waits_pending_and_goes_whole() -> None:
     """The front's writer never blocks: what the pipe cannot take stays pending, then goes."""
-    segment = create_segment(RING)
-    read_end, write_end = mp.Pipe(duplex=False)
-    os.set_blocking(write_end.fileno(), False)
-    os.set_blocking(read_end.fileno(), False)
-    writer = ChannelWriter(segment, write_end, msg.TO_WORKER)
-    reader = ChannelReader(segment, read_end, msg.TO_WORKER)
-    big = msg.Strings(7, [f"value-{i}" for i in range(400_000)])  # a header of several MiB
-    writer.try_send(big)
-    assert writer.pending
-    got = []
-    while writer.pending or not got:
-        got.extend(reader.receive())  # a partial frame is never a message
-        writer.flush()
-    got.extend(reader.receive())
-    assert [m for m, _ in got] == [big]
-    segment.close()
-    segment.unlink()
+    with pipe_and_ring() as (segment, read_end, write_end):
+        os.set_blocking(write_end.fileno(), False)
+        os.set_blocking(read_end.fileno(), False)
+        writer = ChannelWriter(segment, write_end, msg.TO_WORKER)
+        reader = ChannelReader(segment, read_end, msg.TO_WORKER)
+        big = msg.Strings(7, [f"value-{i}" for i in range(400_000)])  # a header of several MiB
+        writer.try_send(big)
+        assert writer.pending
+        got = []
+        while writer.pending or not got:
+            got.extend(reader.receive())  # a partial frame is never a message
+            writer.flush()
+        got.extend(reader.receive())
+        assert [m for m, _ in got] == [big]
 
 
 def test_columns_larger_than_the_ring_travel_in_the_header() -> None:
-    segment = create_segment(4096)
-    read_end, write_end = mp.Pipe(duplex=False)
-    os.set_blocking(write_end.fileno(), False)
-    writer = ChannelWriter(segment, write_end, msg.TO_WORKER)
-    reader = ChannelReader(segment, read_end, msg.TO_WORKER)
-    wide = {"a": np.arange(10_000, dtype=np.int64), "b": np.ones(3, np.bool_)}
-    writer.try_send(msg.Batch("q", 0, False, 10_000), wide)
-    writer.try_send(msg.Batch("q", 0, False, 3), {"c": np.arange(3, dtype=np.int32)})  # the ring again
-    while writer.pending:
-        writer.flush()
-    first, second = reader.recv(), reader.recv()
-    assert first[0] == msg.Batch("q", 0, False, 10_000)
-    assert all(np.array_equal(first[1][k], wide[k]) for k in wide)
-    assert np.array_equal(second[1]["c"], np.arange(3, dtype=np.int32))
-    segment.close()
-    segment.unlink()
+    with pipe_and_ring(4096) as (segment, read_end, write_end):
+        os.set_blocking(write_end.fileno(), False)
+        writer = ChannelWriter(segment, write_end, msg.TO_WORKER)
+        reader = ChannelReader(segment, read_end, msg.TO_WORKER)
+        wide = {"a": np.arange(10_000, dtype=np.int64), "b": np.ones(3, np.bool_)}
+        writer.try_send(msg.Batch("q", 0, False, 10_000), wide)
+        writer.try_send(msg.Batch("q", 0, False, 3), {"c": np.arange(3, dtype=np.int32)})  # the ring again
+        while writer.pending:
+            writer.flush()
+        first, second = reader.recv(), reader.recv()
+        assert first[0] == msg.Batch("q", 0, False, 10_000)
+        assert all(np.array_equal(first[1][k], wide[k]) for k in wide)
+        assert np.array_equal(second[1]["c"], np.arange(3, dtype=np.int32))
 
 
 def test_a_channel_out_of_step_is_an_error_not_a_skipped_message() -> None:
-    segment = create_segment(RING)
-    read_end, write_end = mp.Pipe(duplex=False)
-    writer = ChannelWriter(segment, write_end, msg.TO_FRONT)
-    reader = ChannelReader(segment, read_end, msg.TO_FRONT)
-    writer.send(msg.Epoch("q"))
-    os.write(write_end.fileno(), b"\x06" * 64)  # bytes that are not the next frame
-    writer.send(msg.Epoch("q"))
-    assert reader.recv()[0] == msg.Epoch("q")
-    with pytest.raises(ChannelBroken):
-        reader.recv()
-    segment.close()
-    segment.unlink()
+    with pipe_and_ring() as (segment, read_end, write_end):
+        writer = ChannelWriter(segment, write_end, msg.TO_FRONT)
+        reader = ChannelReader(segment, read_end, msg.TO_FRONT)
+        writer.send(msg.Epoch("q"))
+        os.write(write_end.fileno(), b"\x06" * 64)  # bytes that are not the next frame
+        writer.send(msg.Epoch("q"))
+        assert reader.recv()[0] == msg.Epoch("q")
+        with pytest.raises(ChannelBroken):
+            reader.recv()
 
 
 def test_a_frame_cut_short_by_the_writers_death_is_no_message() -> None:
-    segment = create_segment(RING)
-    read_end, write_end = mp.Pipe(duplex=False)
-    writer = ChannelWriter(segment, write_end, msg.TO_FRONT)
-    writer.send(msg.Epoch("q"))
-    writer.send(msg.Failed("q", "y" * 10_000))
-    os.set_blocking(read_end.fileno(), False)
-    whole = os.read(read_end.fileno(), 1 << 20)
-    os.write(write_end.fileno(), whole[:-10])  # the same two frames, the second cut short
-    write_end.close()
-    reader = ChannelReader(segment, read_end, msg.TO_FRONT)
-    got = []
-    with pytest.raises(EOFError):
-        for message, _ in reader.receive():
-            got.append(message)
-    assert got == [msg.Epoch("q")]
-    segment.close()
-    segment.unlink()
+    with pipe_and_ring() as (segment, read_end, write_end):
+        writer = ChannelWriter(segment, write_end, msg.TO_FRONT)
+        writer.send(msg.Epoch("q"))
+        writer.send(msg.Failed("q", "y" * 10_000))
+        os.set_blocking(read_end.fileno(), False)
+        whole = os.read(read_end.fileno(), 1 << 20)
+        os.write(write_end.fileno(), whole[:-10])  # the same two frames, the second cut short
+        write_end.close()
+        reader = ChannelReader(segment, read_end, msg.TO_FRONT)
+        got = []
+        with pytest.raises(EOFError):
+            for message, _ in reader.receive():
+                got.append(message)
+        assert got == [msg.Epoch("q")]
 
 
 def test_rings_of_servers_that_are_gone_are_removed() -> None:
