@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from lowtide.clock import ManualClock
 from lowtide.errors import (
     AlreadyExists,
     CorruptState,
@@ -31,7 +32,6 @@ from lowtide.errors import (
 )
 from lowtide.handles import Query
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.testing import ManualClock
 
 if TYPE_CHECKING:
     from lowtide.engine import Engine, Limits, SlowFlush

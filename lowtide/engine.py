@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.clock import Clock, WallClock
 from lowtide.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -56,7 +57,6 @@ from lowtide.results import Fields, Sink, to_table
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.stream import Stream, select_rows
 from lowtide.strings import PoolLimits, StringPool
-from lowtide.testing import Clock, WallClock
 
 DEFAULT_SOURCE = "default"
 MAX_QUERY_BYTES = 64 * 1024

@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 
 from lowtide import __version__, errors
 from lowtide.batch import Batch
+from lowtide.clock import ManualClock
 from lowtide.engine import Limits, SlowFlush
 from lowtide.errors import (
     InvalidArgument,
@@ -58,7 +59,6 @@ from lowtide.server.metrics import ServerMetrics
 from lowtide.server.ports import ensure_free
 from lowtide.server.runtime import FrontEngine
 from lowtide.server.workers import WorkerPool
-from lowtide.testing import ManualClock
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")

@@ -20,6 +20,7 @@ from harness import Recorder
 from strategies import Close, Event, Push, Sources
 
 from lowtide.batch import Batch
+from lowtide.clock import ManualClock
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.state import as_dict, pack, unpack
 from lowtide.punctuation.generators import Generator
@@ -39,7 +40,6 @@ from lowtide.query.sharing import Shares
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.stream import Stream
 from lowtide.strings import StringPool
-from lowtide.testing import ManualClock
 
 
 @dataclass(frozen=True)
