@@ -36,7 +36,6 @@ from lowtide.names import check_name, check_source, unknown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.state import State, as_dict, as_float, as_int
 from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import (
@@ -55,6 +54,7 @@ from lowtide.query.reads import columns_read
 from lowtide.query.sharing import Shares, share_key
 from lowtide.results import Fields, Sink, to_table
 from lowtide.schema import Schema, to_arrow_table
+from lowtide.snapshot import State, as_dict, as_float, as_int
 from lowtide.stream import Stream, select_rows
 from lowtide.strings import PoolLimits, StringPool
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lowtide.operators.state import State, pack_parts
 from lowtide.server import messages as msg
 from lowtide.server.checkpoint import Checkpoint, CheckpointStore, worker_file
 from lowtide.server.front_state import Message, door_state, output_state
+from lowtide.snapshot import State, pack_parts
 
 if TYPE_CHECKING:
     from lowtide.server.front import Front

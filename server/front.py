@@ -40,7 +40,6 @@ from lowtide.errors import (
 )
 from lowtide.ipc import read_ipc
 from lowtide.names import shown, unknown
-from lowtide.operators.state import as_dict
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
@@ -59,6 +58,7 @@ from lowtide.server.metrics import ServerMetrics
 from lowtide.server.ports import ensure_free
 from lowtide.server.runtime import FrontEngine
 from lowtide.server.workers import WorkerPool
+from lowtide.snapshot import as_dict
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")

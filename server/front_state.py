@@ -6,7 +6,7 @@ registered (their ``RegisterQuery`` records, with the slices each read), the app
 The output side (taken when the last worker echoed the barrier): per query the meld's
 punctuation, its counters, whether it failed, its result stream; per hub the next offset and the
 retained items; and what result streams sent to workers in between (see
-:mod:`lowtide.server.checkpoint`). Plain data only (:mod:`lowtide.operators.state`): numbers,
+:mod:`lowtide.server.checkpoint`). Plain data only (:mod:`lowtide.snapshot`): numbers,
 strings, numpy arrays; tables travel as Arrow IPC bytes.
 """
 
@@ -20,11 +20,11 @@ import pyarrow as pa
 
 from lowtide.handles import Item
 from lowtide.ipc import read_ipc
-from lowtide.operators.state import State, as_array, as_dict, as_int, as_list, as_str
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import input_log as records
 from lowtide.server.batches import AppliedBatches
 from lowtide.server.hub import Hub
+from lowtide.snapshot import State, as_array, as_dict, as_int, as_list, as_str
 
 if TYPE_CHECKING:
     from lowtide.server.front import Front

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from state_files import files, frame_starts
 
-from lowtide.operators.state import pack_parts
 from lowtide.server.checkpoint import MANIFEST, CheckpointStore
 from lowtide.server.input_log import (
     Batch,
@@ -26,6 +25,7 @@ from lowtide.server.input_log import (
     segment_name,
 )
 from lowtide.server.journal import StateDirectory
+from lowtide.snapshot import pack_parts
 
 RECORDS = 20
 
