@@ -47,10 +47,10 @@ from lowtide.server import auth
 from lowtide.server import input_log as records
 from lowtide.server import messages as msg
 from lowtide.server.batches import AppliedBatches, PartialBatch
-from lowtide.server.checkpoint import Checkpoint
-from lowtide.server.checkpointer import Checkpointer
+from lowtide.server.checkpoint_coordinator import CheckpointCoordinator
+from lowtide.server.checkpoint_store import Checkpoint
 from lowtide.server.config import ServerConfig
-from lowtide.server.front_state import restore_catalog, restore_output
+from lowtide.server.front_snapshot import restore_catalog, restore_output
 from lowtide.server.hub import Closed, Entry, Hub
 from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
@@ -232,7 +232,11 @@ class Front:
         self.catalog_streams: dict[str, records.CreateStream] = {}
         self.catalog_queries: dict[str, records.RegisterQuery] = {}
         self.generation = 0  # recoveries so far: work begun against an older engine is redone
-        self.checkpoints = Checkpointer(self) if self.state is not None else None
+        self.checkpoints = (
+            CheckpointCoordinator(self, self.workers, self.journal, self.state, config, self.metrics)
+            if self.state is not None
+            else None
+        )
         self._resetting: set[int] = set()  # workers whose messages are moot until they reset
         self._recovered = asyncio.Event()  # clear while recoveries are due or running
         self._recoveries_due = 1 if self.state is not None else 0  # the start's own, see recover()

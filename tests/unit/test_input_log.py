@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from state_files import files, frame_starts
 
-from lowtide.server.checkpoint import MANIFEST, CheckpointStore
+from lowtide.server.checkpoint_store import MANIFEST, CheckpointStore
 from lowtide.server.input_log import (
     Batch,
     Damaged,
