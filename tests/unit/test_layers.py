@@ -23,7 +23,10 @@ def _typing_only(tree: ast.Module) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.If):
             test = node.test
-            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if isinstance(test, ast.Attribute):  # typing.TYPE_CHECKING
+                name = test.attr
+            else:
+                name = test.id if isinstance(test, ast.Name) else ""
             if name == "TYPE_CHECKING":
                 nodes.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
     return nodes
@@ -107,7 +110,7 @@ def test_cycles_finds_a_cycle_and_only_a_cycle() -> None:
 
 def test_no_import_cycle_among_server_modules() -> None:
     graph = server_imports(typing=False)
-    assert "lowtide.server.front" in graph and graph["lowtide.server.front"]
+    assert graph.get("lowtide.server.front")  # the modules are there to be read
     assert cycles(graph) == []
 
 
