@@ -37,7 +37,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from lowtide.server.config import ServerConfig
-    from lowtide.server.front import serve
+    from lowtide.server.serve import serve
 
     config = ServerConfig.load(
         args.config,
