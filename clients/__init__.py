@@ -14,10 +14,10 @@ the server loads gRPC.
 from __future__ import annotations
 
 import os
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lowtide.errors import DeadlineExceeded, ServerError, ServerUnavailable
+from lowtide.lazy import loader
 
 if TYPE_CHECKING:
     from lowtide.clients._wire import IngestResult
@@ -42,22 +42,17 @@ def default_grpc_verbosity(level: str) -> None:
 
 default_grpc_verbosity("NONE")  # before any import of grpc: it reads this once
 
-_LAZY = {
-    "IngestResult": "lowtide.clients._wire",
-    **dict.fromkeys(
-        ("AsyncClient", "AsyncProducer", "AsyncSubscription", "Client", "Producer", "Subscription"),
-        "lowtide.clients.client",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lowtide.clients' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = loader(
+    __name__,
+    {
+        "IngestResult": "lowtide.clients._wire",
+        **dict.fromkeys(
+            ("AsyncClient", "AsyncProducer", "AsyncSubscription", "Client", "Producer", "Subscription"),
+            "lowtide.clients.client",
+        ),
+    },
+    globals(),
+)
 
 
 __all__ = [

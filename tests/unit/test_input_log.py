@@ -127,7 +127,7 @@ def test_a_damaged_frame_before_the_last_is_damage(tmp_path: Path) -> None:
 
 
 def extent_of(state: Path, manifest: Path) -> Extent:
-    """What a manifest written now would say of the log (as the checkpointer writes it)."""
+    """What a manifest written now would say of the log (as the checkpoint coordinator writes it)."""
     last = segments(state)[-1]
     return Extent(RECORDS, last.name, last.stat().st_size, manifest)
 
