@@ -185,7 +185,7 @@ class Server:
     ) -> Server:
         """``config``: more TOML lines for the state directory's server."""
         script = Path(sys.executable).with_name("lowtide")
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.cli"]
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.clients.cli"]
         command += ["serve", "--host", "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", "0"]
         if state_dir is not None:
             assert scratch is not None

@@ -217,7 +217,7 @@ class Server:
     @staticmethod
     def start(workers: int = 2) -> Server:
         script = Path(sys.executable).with_name("lowtide")
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.cli"]
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.clients.cli"]
         command += [
             "serve",
             "--host",

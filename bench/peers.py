@@ -557,7 +557,7 @@ def measure(
         timed[name] = (full, paced, loads)
     spark = None
     if not args.no_spark:
-        from lowtide.spark_demo import local_session
+        from lowtide.clients.demos.spark import local_session
 
         spark = local_session("lowtide-peers", cores=2)
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")

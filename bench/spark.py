@@ -2,7 +2,7 @@
 
 Every mode is a Structured Streaming query on ``local[2]`` over one of two sources:
 
-* ``--source files``: the demo's disordered packet files (``lowtide.spark_demo``: srcIP string
+* ``--source files``: the demo's disordered packet files (``lowtide.clients.demos.spark``: srcIP string
   over 1,000 addresses, len int32, ts timestamp; rows shuffled within a file, files overlapping
   3 s), ``--per-batch`` files a micro-batch, ``trigger(availableNow=True)``;
 * ``--source rate``: Spark's ``rate-micro-batch`` source, ``--rows`` rows a micro-batch in 2
@@ -44,10 +44,17 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from lowtide.clients import Client
+from lowtide.clients.demos.server import local_server
+from lowtide.clients.demos.spark import (
+    SCHEMA,
+    SPARK_SCHEMA,
+    START_MS,
+    local_session,
+    window_sql,
+    write_packet_files,
+)
 from lowtide.clients.spark import LowtideSink
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
-from lowtide.server_demo import local_server
-from lowtide.spark_demo import SCHEMA, SPARK_SCHEMA, START_MS, local_session, window_sql, write_packet_files
 
 RANGE_S, SLIDE_S = 10, 5
 MODES = ("source", "handoff", "spark", "driver", "parallel")

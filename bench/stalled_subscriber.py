@@ -60,7 +60,7 @@ def start(workers: int, max_subscriber_bytes: int, retained_bytes: int) -> e2e.S
     config = Path(tempfile.mkdtemp(prefix="lowtide-bench-")) / "lowtide.toml"
     config.write_text(f"max_subscriber_bytes = {max_subscriber_bytes}\nretained_bytes = {retained_bytes}\n")
     script = Path(sys.executable).with_name("lowtide")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.clients.cli"]
     command += ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", "0"]
     command += ["--workers", str(workers), "--metrics-port", "0"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

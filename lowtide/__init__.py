@@ -6,9 +6,9 @@ The engine (``Engine``, ``Limits``, ``SlowFlush``) loads on first use, so ``impo
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lowtide.clock import ManualClock
 from lowtide.errors import (
     AlreadyExists,
     CorruptState,
@@ -30,24 +30,19 @@ from lowtide.errors import (
     UnsupportedQuery,
 )
 from lowtide.handles import Query
+from lowtide.lazy import loader
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.testing import ManualClock
 
 if TYPE_CHECKING:
     from lowtide.engine import Engine, Limits, SlowFlush
 
 __version__ = "0.1.0"
 
-_LAZY = {"Engine": "lowtide.engine", "Limits": "lowtide.engine", "SlowFlush": "lowtide.engine"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lowtide' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = loader(
+    __name__,
+    {"Engine": "lowtide.engine", "Limits": "lowtide.engine", "SlowFlush": "lowtide.engine"},
+    globals(),
+)
 
 
 __all__ = [

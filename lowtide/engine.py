@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.clock import Clock, WallClock
 from lowtide.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -35,7 +36,6 @@ from lowtide.names import check_name, check_source, unknown
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.state import State, as_dict, as_float, as_int
 from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import (
@@ -54,9 +54,9 @@ from lowtide.query.reads import columns_read
 from lowtide.query.sharing import Shares, share_key
 from lowtide.results import Fields, Sink, to_table
 from lowtide.schema import Schema, to_arrow_table
+from lowtide.snapshot import State, as_dict, as_float, as_int
 from lowtide.stream import Stream, select_rows
 from lowtide.strings import PoolLimits, StringPool
-from lowtide.testing import Clock, WallClock
 
 DEFAULT_SOURCE = "default"
 MAX_QUERY_BYTES = 64 * 1024

@@ -115,7 +115,7 @@ class StartupFailure(LowtideError):
 
 class CorruptState(LowtideError):
     """A state snapshot that cannot be read (truncated, damaged, an unknown format version) or
-    that does not fit the operators it is restored into (``lowtide.operators.state``)."""
+    that does not fit the operators it is restored into (``lowtide.snapshot``)."""
 
     status = "DATA_LOSS"
 

@@ -20,14 +20,14 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from lowtide.batch import Batch
+from lowtide.clock import Clock
 from lowtide.errors import NotFound, RegressingPunctuation
 from lowtide.operators.input import Input
-from lowtide.operators.state import State, as_bool, as_dict, as_float, as_int, as_list, as_str
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN, Punctuation
 from lowtide.schema import Schema, admit, code_kept
+from lowtide.snapshot import State, as_bool, as_dict, as_float, as_int, as_list, as_str
 from lowtide.strings import PoolLimits, StringPool
-from lowtide.testing import Clock
 
 
 @dataclass

@@ -27,7 +27,6 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -35,9 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowtide.errors import CorruptState, ResourceExhausted
-
-if TYPE_CHECKING:
-    from lowtide.operators.state import State
+from lowtide.snapshot import State, as_array, as_dict, as_int
 
 NULL_CODE = -1
 _HOLDER_BITS = 63  # bits 0..62 name streams; bit 63 pins
@@ -281,8 +278,6 @@ class StringPool:
     def restore(self, state: State) -> None:
         """Take the codes and holders of a :meth:`snapshot`, into an empty pool. A snapshot of
         format 1 (strings in code order, no holders) loads with every string pinned."""
-        from lowtide.operators.state import as_array, as_dict, as_int  # clients load this module: no engine
-
         if len(self):
             raise ValueError("a pool restores only while empty")
         saved = as_dict(state, "strings")

@@ -75,7 +75,11 @@ from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
 from lowtide.operators.result_rows import Having, ResultRows
-from lowtide.operators.state import (
+from lowtide.operators.window_ids import admit_behind, touched_windows, window_rows
+from lowtide.operators.windows import Sliding, Window, in_completed_window
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.schema import ColumnType
+from lowtide.snapshot import (
     ARRAY,
     FLOAT,
     INT,
@@ -90,10 +94,6 @@ from lowtide.operators.state import (
     declare,
     fields,
 )
-from lowtide.operators.window_ids import admit_behind, touched_windows, window_rows
-from lowtide.operators.windows import Sliding, Window, in_completed_window
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.schema import ColumnType
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]

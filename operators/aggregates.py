@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from lowtide.batch import Batch
 from lowtide.errors import CorruptState
 from lowtide.operators import aggregate_kernels as k
-from lowtide.operators.state import State, as_array, as_dict, as_list, as_str, fields
 from lowtide.schema import FLOAT64, INT64, ColumnType
+from lowtide.snapshot import State, as_array, as_dict, as_list, as_str, fields
 from lowtide.strings import NULL_CODE
 
 I64 = npt.NDArray[np.int64]

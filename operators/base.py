@@ -5,7 +5,7 @@ punctuation to the operators connected downstream. It never sorts its input and 
 tuple back to restore order: whatever it holds is state that punctuation eventually releases.
 Each subclass states in its docstring what its output punctuation promises.
 
-Each subclass also names its state in ``STATE`` (see :mod:`lowtide.operators.state`): restored into
+Each subclass also names its state in ``STATE`` (see :mod:`lowtide.snapshot`): restored into
 the same operator planned again, it resumes exactly where the snapshot was taken. The counters
 and the last punctuation emitted are every operator's state. And each says how its input may be
 split across workers, :meth:`Operator.placement` (see :mod:`lowtide.operators.placement`): one
@@ -20,8 +20,8 @@ from typing import ClassVar
 
 from lowtide.batch import Batch
 from lowtide.operators.placement import ONE_WORKER, Placement
-from lowtide.operators.state import DATA, INT, Keep, Stateful, declare
 from lowtide.punctuation.model import Punctuation
+from lowtide.snapshot import DATA, INT, Keep, Stateful, declare
 
 
 class Operator(Stateful, ABC):

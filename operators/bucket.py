@@ -29,9 +29,9 @@ from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
-from lowtide.operators.state import ARRAY, INT, NESTED, Keep, declare
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.snapshot import ARRAY, INT, NESTED, Keep, declare
 
 I64 = npt.NDArray[np.int64]
 

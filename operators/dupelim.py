@@ -18,8 +18,8 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import ONE_WORKER, Placement
-from lowtide.operators.state import NESTED, Keep, declare
 from lowtide.punctuation.model import Punctuation
+from lowtide.snapshot import NESTED, Keep, declare
 
 
 class DupElim(Operator):

@@ -40,12 +40,12 @@ from lowtide.operators.placement import Placement
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.select import Predicate
-from lowtide.operators.state import NESTED, Keep, declare
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind
 from lowtide.operators.windows import Sliding, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
+from lowtide.snapshot import NESTED, Keep, declare
 
 I64 = npt.NDArray[np.int64]
 B1 = npt.NDArray[np.bool_]

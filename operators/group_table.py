@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.errors import CorruptState
-from lowtide.operators.state import State, as_array, as_bool, as_int, fields
+from lowtide.snapshot import State, as_array, as_bool, as_int, fields
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

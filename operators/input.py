@@ -28,9 +28,9 @@ from lowtide.batch import Batch
 from lowtide.errors import ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
-from lowtide.operators.state import INT, Keep, declare
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
+from lowtide.snapshot import INT, Keep, declare
 
 # Which tuples behind punctuation are late for a query, given every stream's published progress.
 LateRule: TypeAlias = Callable[[Batch, Mapping[str, int]], npt.NDArray[np.bool_]]

@@ -15,8 +15,8 @@ from typing import ClassVar
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
-from lowtide.operators.state import DATA, Keep, declare
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
+from lowtide.snapshot import DATA, Keep, declare
 
 
 class Meld(Operator):

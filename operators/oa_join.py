@@ -92,8 +92,8 @@ from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import hash_rows
 from lowtide.operators.placement import Placement
-from lowtide.operators.state import EACH, INT, INTS, Keep, State, as_array, as_dict, as_int, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.snapshot import EACH, INT, INTS, Keep, State, as_array, as_dict, as_int, declare, fields
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

@@ -65,11 +65,11 @@ from lowtide.operators.placement import Placement
 from lowtide.operators.result_queue import After, ResultQueue, SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.shared_slices import SharedSlices
-from lowtide.operators.state import INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import Cells, nonempty_cells
 from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.operators.windows import Sliding, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.snapshot import INT, NESTED, OPTIONAL_INT, Keep, declare
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]

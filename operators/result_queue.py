@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.errors import CorruptState
-from lowtide.operators.state import Keep, State, Stateful, as_array, as_int, as_list, as_str, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+from lowtide.snapshot import Keep, State, Stateful, as_array, as_int, as_list, as_str, declare, fields
 
 I64 = npt.NDArray[np.int64]
 

@@ -24,8 +24,8 @@ from lowtide.batch import Batch
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
-from lowtide.operators.state import INT, Keep, State, as_array, declare, fields
 from lowtide.punctuation.model import Punctuation
+from lowtide.snapshot import INT, Keep, State, as_array, declare, fields
 
 Predicate = Callable[[Mapping[str, npt.NDArray[Any]]], Any]
 RERANK = 16  # batches between re-rankings

@@ -74,10 +74,10 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
 from lowtide.operators.result_rows import FINAL, Having, apply_having, key_columns
 from lowtide.operators.session_table import SessionTable
-from lowtide.operators.state import INT, NESTED, Keep, declare
 from lowtide.operators.windows import Session
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
+from lowtide.snapshot import INT, NESTED, Keep, declare
 
 I64 = npt.NDArray[np.int64]
 LateSink = Callable[[Batch], None]

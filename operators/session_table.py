@@ -40,8 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.errors import CorruptState
-from lowtide.operators.state import ARRAY, INT, Keep, State, Stateful, declare
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+from lowtide.snapshot import ARRAY, INT, Keep, State, Stateful, declare
 
 I64 = npt.NDArray[np.int64]
 B1 = npt.NDArray[np.bool_]

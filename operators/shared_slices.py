@@ -47,11 +47,11 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
-from lowtide.operators.state import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
 from lowtide.operators.wid_state import compact_groups
 from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
+from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
 
 if TYPE_CHECKING:
     from lowtide.operators.paned_wid import PanedWIDAggregate

@@ -50,9 +50,9 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import ONE_WORKER, Placement
-from lowtide.operators.state import ARRAY, DATA, INT, NESTED, Keep, State, as_array, declare, fields
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
+from lowtide.snapshot import ARRAY, DATA, INT, NESTED, Keep, State, as_array, declare, fields
 from lowtide.strings import NULL_CODE
 
 I64 = npt.NDArray[np.int64]

@@ -51,12 +51,12 @@ from lowtide.operators.base import Operator
 from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
-from lowtide.operators.state import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind, expand_ranges
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window, WindowLimits, in_completed_window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
+from lowtide.snapshot import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
 
 I64 = npt.NDArray[np.int64]
 LateSink = Callable[[Batch], None]

@@ -33,9 +33,9 @@ from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.result_queue import After, ResultQueue, SlowFlush
 from lowtide.operators.result_rows import ResultRows
-from lowtide.operators.state import INT, INT_MAP, INTS, NESTED, Keep, Stateful, declare
 from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.punctuation.model import NO_PROGRESS
+from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Keep, Stateful, declare
 
 I64 = npt.NDArray[np.int64]
 Cells = tuple[I64, I64, I64]  # the cells (state rows, group ids, window ids) of some windows

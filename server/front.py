@@ -1,10 +1,12 @@
-"""The front process: gRPC (grpc.aio on uvloop) in front of the engine's door and its workers.
+"""The front process's state: the engine's door, the worker pool, the hubs and the journal.
 
-Control calls, ingestion and subscriptions all come here. Batches pass the door (schema, string
-codes, sources, progress, late detection) in :class:`~lowtide.server.runtime.FrontEngine` and go
-to the workers; worker output comes back, is melded per query and waits in a :class:`Hub` for
-subscribers. ``serve`` runs until SIGTERM or SIGINT, then drains: in-flight batches reach the
-workers, their results reach the subscribers, subscriptions end cleanly, the process exits 0.
+Batches pass the door (schema, string codes, sources, progress, late detection) in
+:class:`~lowtide.server.runtime.FrontEngine` and go to the workers; worker output comes back, is
+melded per query and waits in a :class:`Hub` for subscribers. Every change is applied in the
+journal's order (:meth:`Front.apply`), live and at replay, so recovery - from the newest
+checkpoint at start, or after a worker's death - rebuilds exactly what was served. The gRPC calls
+that feed it are in :mod:`lowtide.server.service`; start-up and shutdown in
+:mod:`lowtide.server.serve`.
 """
 
 from __future__ import annotations
@@ -12,205 +14,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import itertools
 import logging
-import re
-import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
-import grpc
-import pyarrow as pa
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
-from lowtide import __version__, errors
 from lowtide.batch import Batch
+from lowtide.clock import ManualClock
 from lowtide.engine import Limits, SlowFlush
-from lowtide.errors import (
-    InvalidArgument,
-    LowtideError,
-    NotFound,
-    ResourceExhausted,
-    StartupFailure,
-)
+from lowtide.errors import LowtideError, StartupFailure
 from lowtide.ipc import read_ipc
-from lowtide.names import shown, unknown
-from lowtide.operators.state import as_dict
-from lowtide.proto import lowtide_pb2 as pb
-from lowtide.proto import lowtide_pb2_grpc as pb_grpc
-from lowtide.punctuation.model import Punctuation
-from lowtide.server import auth
 from lowtide.server import input_log as records
 from lowtide.server import messages as msg
-from lowtide.server.batches import AppliedBatches, PartialBatch
-from lowtide.server.checkpoint import Checkpoint
-from lowtide.server.checkpointer import Checkpointer
+from lowtide.server.batches import AppliedBatches
+from lowtide.server.checkpoint_coordinator import CheckpointCoordinator
+from lowtide.server.checkpoint_store import Checkpoint
 from lowtide.server.config import ServerConfig
-from lowtide.server.front_state import restore_catalog, restore_output
-from lowtide.server.hub import Closed, Entry, Hub
+from lowtide.server.front_snapshot import restore_catalog, restore_output
+from lowtide.server.hub import Hub
 from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.metrics import ServerMetrics
-from lowtide.server.ports import ensure_free
 from lowtide.server.runtime import FrontEngine
 from lowtide.server.workers import WorkerPool
-from lowtide.testing import ManualClock
+from lowtide.snapshot import as_dict
 
-Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")
-_INTEGER = re.compile(r"-?[0-9]{1,19}")  # int() of longer digit strings is slow, or refused
-
-
-def _columns(schema: dict[str, str]) -> list[pb.Column]:
-    return [pb.Column(name=name, type=kind) for name, kind in schema.items()]
-
-
-def _read_arrow(data: bytes, max_rows: int | None = None) -> pa.Table:
-    """A received Arrow IPC stream, checked and validated in full (:func:`lowtide.ipc.read_ipc`):
-    ``SchemaMismatch`` when malformed, ``ResourceExhausted`` past ``max_rows``."""
-    return read_ipc(data, max_rows)
-
-
-def _arrow_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def _subscribe_response(entry: Entry) -> pb.SubscribeResponse | Closed:
-    if isinstance(entry, Closed):
-        return entry
-    offset, item = entry
-    if isinstance(item, Punctuation):
-        return pb.SubscribeResponse(
-            punctuation=pb.Punctuation(value=item.value, attribute=item.attribute), offset=offset
-        )
-    return pb.SubscribeResponse(arrow=_arrow_bytes(item), offset=offset)
-
-
-async def _abort(
-    context: grpc.aio.ServicerContext[Any, Any], exc: LowtideError, extra: tuple[tuple[str, str], ...] = ()
-) -> None:
-    await context.abort(
-        grpc.StatusCode[exc.status],
-        str(exc),
-        trailing_metadata=(("lowtide-error", type(exc).__name__), *extra),
-    )
-
-
-class _Undecodable:
-    """A request message that does not parse (bad UTF-8 in a string field, a truncated field):
-    gRPC would answer UNKNOWN before any handler ran; it reaches the handler as this instead,
-    which answers INVALID_ARGUMENT."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _decoder(message: Any) -> Callable[[bytes], Any]:
-    def decode(data: bytes) -> Any:
-        try:
-            return message.FromString(data)
-        except Exception as exc:  # protobuf's DecodeError, whatever its parser raises
-            detail = str(exc).rsplit(": ", 1)[-1]  # after "Error parsing message with type '...'"
-            return _Undecodable(f"malformed {message.DESCRIPTOR.name} message: {detail}")
-
-    return decode
-
-
-def _decoded(request: Any) -> Any:
-    """``request`` as it is; InvalidArgument for one that did not parse."""
-    if isinstance(request, _Undecodable):
-        raise InvalidArgument(request.reason)
-    return request
-
-
-def add_service(service: Service, server: grpc.aio.Server) -> None:
-    """What the generated ``add_LowtideServicer_to_server`` does, with request decoders that let
-    a malformed message reach its handler (see :class:`_Undecodable`)."""
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    described = pb.DESCRIPTOR.services_by_name["Lowtide"]
-    handlers = {}
-    for method in described.methods:
-        make = kinds[(method.client_streaming, method.server_streaming)]
-        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
-        handlers[method.name] = make(
-            getattr(service, method.name), _decoder(request), response.SerializeToString
-        )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(described.full_name, handlers),))
-    server.add_registered_method_handlers(described.full_name, handlers)  # type: ignore[attr-defined]
-
-
-class _Tally:
-    """One Ingest call so far: the index of the message at hand (0-based) and what was applied.
-
-    A rejection stops the call at that message, whole: the messages before it were applied, the
-    ones after it were not read. Its trailing metadata says which (``lowtide-message``) and what
-    the call applied before it (``lowtide-applied``: tuples,batches,duplicates), so a producer can
-    name the batch and resend what follows it.
-    """
-
-    def __init__(self) -> None:
-        self.message = -1
-        self.tuples = self.batches = self.duplicates = 0
-
-    async def count(self, requests: AsyncIterator[pb.IngestRequest]) -> AsyncIterator[pb.IngestRequest]:
-        async for request in requests:
-            self.message += 1
-            _decoded(request)
-            yield request
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        applied = f"{self.tuples},{self.batches},{self.duplicates}"
-        return (("lowtide-message", str(max(self.message, 0))), ("lowtide-applied", applied))
-
-
-async def _abort_unexpected(context: grpc.aio.ServicerContext[Any, Any], exc: Exception, call: str) -> None:
-    """The safety net under every call: an exception no lowtide check raised on purpose ends the
-    call with a status and a one-line reason, never the process. Its traceback goes to the log.
-
-    RecursionError (something nested too deeply) is the request's fault: INVALID_ARGUMENT;
-    MemoryError: RESOURCE_EXHAUSTED; anything else is a bug of ours: INTERNAL, ``internal error:
-    <class>: <first line>``.
-    """
-    lines = str(exc).strip().splitlines()
-    first = type(exc).__name__ + (f": {lines[0]}" if lines else "")
-    log.error("%s failed: %s", call, first, exc_info=exc)
-    if isinstance(exc, RecursionError):
-        await _abort(context, InvalidArgument("the request nests too deeply"))
-    elif isinstance(exc, MemoryError):
-        await _abort(context, ResourceExhausted(f"out of memory serving {call}"))
-    else:
-        reason = " ".join(f"internal error: {first}".split())
-        await context.abort(grpc.StatusCode.INTERNAL, reason[: errors.MAX_REASON])
-
-
-def translated(handler: Handler) -> Handler:
-    """Map lowtide errors to their gRPC status; the exception's class travels in metadata. Any
-    other exception becomes a status too (:func:`_abort_unexpected`)."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: Service, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            return await handler(self, _decoded(request), context)
-        except grpc.aio.AbortError:
-            raise  # a status already set (context.abort raises this)
-        except LowtideError as exc:
-            await _abort(context, exc)
-        except Exception as exc:
-            await _abort_unexpected(context, exc, handler.__name__)
-
-    return wrapper  # type: ignore[return-value]
 
 
 class Front:
@@ -232,7 +62,11 @@ class Front:
         self.catalog_streams: dict[str, records.CreateStream] = {}
         self.catalog_queries: dict[str, records.RegisterQuery] = {}
         self.generation = 0  # recoveries so far: work begun against an older engine is redone
-        self.checkpoints = Checkpointer(self) if self.state is not None else None
+        self.checkpoints = (
+            CheckpointCoordinator(self, self.workers, self.journal, self.state, config, self.metrics)
+            if self.state is not None
+            else None
+        )
         self._resetting: set[int] = set()  # workers whose messages are moot until they reset
         self._recovered = asyncio.Event()  # clear while recoveries are due or running
         self._recoveries_due = 1 if self.state is not None else 0  # the start's own, see recover()
@@ -588,318 +422,3 @@ class Front:
         self.metrics.close()
         if self.state is not None:
             self.state.close()
-
-
-class Service(pb_grpc.LowtideServicer):
-    def __init__(self, front: Front) -> None:
-        self.front = front
-
-    @property
-    def engine(self) -> FrontEngine:
-        return self.front.engine  # a new one after a recovery
-
-    @translated
-    async def CreateStream(self, request: pb.CreateStreamRequest, context: Any) -> pb.CreateStreamResponse:
-        schema: dict[str, str] = {}
-        for column in request.schema:
-            if column.name in schema:
-                raise InvalidArgument(f"column {shown(column.name)} appears more than once in the schema")
-            schema[column.name] = column.type
-        record = records.CreateStream(
-            time.time(),
-            request.name,
-            schema,
-            progressing=request.progressing or "ts",
-            punctuation=request.punctuation or "explicit",
-            sources=list(request.sources),
-            idle_timeout=request.idle_timeout_s or None,
-        )
-        self.engine.check_stream(
-            record.name, schema, record.progressing, record.punctuation, record.sources, record.idle_timeout
-        )
-        await self.front.submit(record)
-        return pb.CreateStreamResponse()
-
-    @translated
-    async def DropStream(self, request: pb.DropStreamRequest, context: Any) -> pb.DropStreamResponse:
-        self.engine.check_drop_stream(request.name)  # nothing that cannot apply is logged
-        await self.front.submit(records.DropStream(time.time(), request.name))
-        return pb.DropStreamResponse()
-
-    @translated
-    async def ListStreams(self, request: pb.ListStreamsRequest, context: Any) -> pb.ListStreamsResponse:
-        streams = self.engine.stats()["streams"]
-        return pb.ListStreamsResponse(
-            streams=[
-                pb.StreamInfo(
-                    name=s["name"],
-                    schema=_columns(s["schema"]),
-                    progressing=s["progressing"],
-                    punctuation=s["punctuation"],
-                    sources=s["sources"],
-                    low_watermark=s["low_watermark"],
-                    tuples_ingested=streams[s["name"]]["ingested"],
-                    late_tuples=streams[s["name"]]["late"],
-                    source_punctuation=s["source_punctuation"],
-                    declared_sources=s["declared"],
-                )
-                for s in self.engine.list_streams()
-            ]
-        )
-
-    @translated
-    async def RegisterQuery(self, request: pb.RegisterQueryRequest, context: Any) -> pb.RegisterQueryResponse:
-        text = request.allowed_lateness  # a number of units, else a duration: the planner checks both
-        lateness: str | int | None = int(text) if _INTEGER.fullmatch(text) else (text or None)
-        record = records.RegisterQuery(
-            time.time(), request.sql, request.name or None, request.late or "drop", lateness
-        )
-        self.engine.check_query(record.sql, record.name, record.late, record.allowed_lateness)
-        name = await self.front.submit(record)
-        running = self.engine.remote[name].running
-        return pb.RegisterQueryResponse(
-            name=name,
-            columns=[pb.Column(name=n, type=t.name) for n, t in running.plan.schema],
-            plan=running.plan.explain(),
-        )
-
-    @translated
-    async def ExplainQuery(self, request: pb.ExplainQueryRequest, context: Any) -> pb.ExplainQueryResponse:
-        return pb.ExplainQueryResponse(plan=self.engine.explain(request.sql))
-
-    @translated
-    async def DropQuery(self, request: pb.DropQueryRequest, context: Any) -> pb.DropQueryResponse:
-        self.engine.check_drop_query(request.name)
-        await self.front.submit(records.DropQuery(time.time(), request.name))
-        return pb.DropQueryResponse()
-
-    @translated
-    async def ListQueries(self, request: pb.ListQueriesRequest, context: Any) -> pb.ListQueriesResponse:
-        infos = []
-        for q in self.engine.list_queries():
-            remote = self.engine.remote[q["name"]]
-            infos.append(
-                pb.QueryInfo(
-                    name=q["name"],
-                    sql=q["sql"],
-                    late=q["late"],
-                    columns=[pb.Column(name=n, type=t.name) for n, t in remote.running.plan.schema],
-                    results=q["results"],
-                    late_tuples=q["late_tuples"],
-                    low_watermark=remote.meld.low_watermark,
-                    time_unit=q["time_unit"],
-                )
-            )
-        return pb.ListQueriesResponse(queries=infos)
-
-    @translated
-    async def Ingest(
-        self, request_iterator: AsyncIterator[pb.IngestRequest], context: Any
-    ) -> pb.IngestResponse:
-        tally = _Tally()
-        try:
-            return await self._ingest(tally.count(request_iterator), tally)
-        except LowtideError as exc:  # names the message it stopped at (see _Tally)
-            await _abort(context, exc, tally.metadata())
-            raise  # not reached: abort raises
-
-    async def _ingest(
-        self, request_iterator: AsyncIterator[pb.IngestRequest], tally: _Tally
-    ) -> pb.IngestResponse:
-        front = self.front  # its engine is read at each use: a recovery replaces it
-        stream = source = ""
-        partial: PartialBatch | None = None  # a multi-part batch until its last part arrives
-        async for request in request_iterator:
-            if not stream:
-                stream, source = request.stream, request.source or "default"
-                if not stream:
-                    raise NotFound("the first Ingest message must name the stream")
-                front.engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
-            item = request.WhichOneof("item")
-            if item == "arrow":
-                batch_id, parts = request.batch_id, max(1, request.batch_parts)
-                if partial is None:
-                    duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
-                    releases = front.engine.pool.releases
-                    partial = PartialBatch(batch_id, parts, duplicate, front.generation, releases)
-                partial.check(batch_id, parts)
-                # Each part is checked and coded on arrival, while the client sends the next.
-                if partial.duplicate:
-                    admitted = None
-                else:
-                    table = _read_arrow(request.arrow, front.engine.limits.max_batch_rows)
-                    admitted = front.engine.admit(stream, table, validated=True)
-                    partial.payloads.append(request.arrow)
-                if not partial.take(admitted):
-                    continue
-                whole, partial = partial, None
-                applied = front.applied_batches(stream, source)
-                # Checked again at the end: another call may have applied the same id meanwhile.
-                if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
-                    tally.duplicates += 1
-                    continue
-                if whole.coded_by(front.generation, front.engine.pool.releases):  # else when applied
-                    front.engine.check_batch(
-                        stream, whole.admitted, source
-                    )  # nothing logged that cannot apply
-                record = records.Batch(time.time(), stream, source, whole.batch_id, tuple(whole.payloads))
-                rows = await front.submit(record, (whole.releases, whole.admitted), whole.generation)
-                if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
-                    tally.duplicates += 1
-                    continue
-                front.metrics.ingest_batch(stream, rows, time.perf_counter() - whole.began)
-                tally.tuples += rows
-                tally.batches += 1
-                await front.workers.wait_for_room()
-            elif partial is not None:
-                raise InvalidArgument(partial.cut_short())
-            elif item == "punctuation":
-                front.engine.check_punctuation(stream, request.punctuation, source)
-                await front.submit(records.Punctuate(time.time(), stream, source, request.punctuation))
-            elif item == "close":
-                front.engine.check_close(stream, source)
-                await front.submit(records.CloseSource(time.time(), stream, source))
-        if partial is not None:
-            raise InvalidArgument(partial.cut_short())
-        low = front.engine.low_watermark(stream) if stream else 0
-        return pb.IngestResponse(
-            tuples=tally.tuples, batches=tally.batches, duplicates=tally.duplicates, low_watermark=low
-        )
-
-    async def Subscribe(
-        self, request: pb.SubscribeRequest, context: Any
-    ) -> AsyncIterator[pb.SubscribeResponse]:
-        """Every failure ends the call with a status, as :func:`translated` does for the others."""
-        try:
-            async for response in self._subscribe(_decoded(request), context):
-                yield response
-        except grpc.aio.AbortError:
-            raise
-        except LowtideError as exc:
-            await _abort(context, exc)
-        except Exception as exc:
-            await _abort_unexpected(context, exc, "Subscribe")
-
-    async def _subscribe(
-        self, request: pb.SubscribeRequest, context: Any
-    ) -> AsyncIterator[pb.SubscribeResponse]:
-        hub = self.front.hubs.get(request.query)
-        if hub is None:
-            await _abort(context, unknown("query", request.query, self.front.hubs))
-            return
-        from_offset = request.from_offset if request.HasField("from_offset") else None
-        if from_offset is not None and from_offset < 0:
-            raise InvalidArgument(f"from_offset must be 0 or more, got {from_offset}")
-        subscription = hub.subscribe(request.from_oldest, from_offset)
-        try:
-            while True:
-                # The table stays out of this frame: while a slow reader parks the send, only the
-                # serialized message is held here (the hub charges it as the item in flight).
-                response = _subscribe_response(await subscription.next())
-                if isinstance(response, Closed):
-                    if response.status is not None:
-                        # A limit passed (state, backlog) names its class like every other error.
-                        kind = (
-                            ResourceExhausted.__name__ if response.status == ResourceExhausted.status else ""
-                        )
-                        metadata = (("lowtide-error", kind),) if kind else ()
-                        code = grpc.StatusCode[response.status]
-                        await context.abort(code, response.reason, trailing_metadata=metadata)
-                    return
-                yield response
-        finally:
-            hub.unsubscribe(subscription)
-
-    @translated
-    async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
-        return pb.HealthResponse(status="SERVING", workers=self.front.workers.size, version=__version__)
-
-
-async def _serve(config: ServerConfig) -> int:
-    security = auth.load(config)  # TLS files and tokens are read and checked before anything starts
-    # Both ports are taken before any worker starts: a start that fails says why in one line.
-    ensure_free(config.host, config.port, "gRPC")
-    if config.metrics_port > 0:
-        ensure_free(config.metrics_host, config.metrics_port, "metrics")
-    front = Front(config)
-    options = [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
-    ]
-    server = grpc.aio.server(options=options, interceptors=security.interceptors)
-    add_service(Service(front), server)
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (
-        pb.DESCRIPTOR.services_by_name["Lowtide"].full_name,
-        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-    )
-    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
-    address = f"{config.host}:{config.port}"
-    try:
-        if security.credentials is not None:
-            port = server.add_secure_port(address, security.credentials)
-        else:
-            port = server.add_insecure_port(address)
-    except RuntimeError:  # taken since ensure_free looked
-        raise StartupFailure(f"cannot serve gRPC on {address}: address already in use") from None
-    metrics_url = "off"
-    if config.metrics_port >= 0:
-        try:
-            bound = front.metrics.serve(config.metrics_host, config.metrics_port)
-        except OSError as exc:
-            reason = (exc.strerror or str(exc)).lower()
-            where = f"{config.metrics_host}:{config.metrics_port}"
-            raise StartupFailure(f"cannot serve metrics on {where}: {reason}") from None
-        metrics_url = f"http://{config.metrics_host}:{bound}/metrics"
-    if security.notice:
-        print(security.notice, file=sys.stderr)
-    if security.warning:
-        print(security.warning, file=sys.stderr)
-    if not config.state_dir:
-        print("lowtide: no --state-dir: streams, queries and windows live in memory only", file=sys.stderr)
-    await front.start()
-    await front.sync()  # every worker is up and answering before the server says it serves
-    if front.state is not None:
-        began = time.monotonic()
-        try:
-            replayed, torn = await front.recover()
-        except StartupFailure:
-            await front.stop()  # the workers and their shared memory go; the state directory stays as it was
-            raise
-        if torn is not None:
-            print(
-                f"lowtide: dropped a torn last record (never acknowledged): {torn.dropped} bytes at "
-                f"the end of {torn.path}",
-                file=sys.stderr,
-            )
-        print(
-            f"lowtide: state in {config.state_dir}: {len(front.engine.list_streams())} streams, "
-            f"{len(front.engine.remote)} queries, {replayed} logged changes replayed in "
-            f"{time.monotonic() - began:.2f} s",
-            file=sys.stderr,
-        )
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # before the ready line: a SIGTERM after it drains
-        loop.add_signal_handler(sig, stopping.set)
-    print(
-        f"lowtide serving on {config.host}:{port} with {config.workers} workers; metrics on {metrics_url}",
-        flush=True,
-    )
-    await stopping.wait()
-    await health_servicer.enter_graceful_shutdown()
-    stopped = asyncio.ensure_future(server.stop(grace=10))
-    await front.stop()
-    await stopped
-    return 0
-
-
-def serve(config: ServerConfig) -> int:
-    """Run a server until SIGTERM or SIGINT; returns the exit code."""
-    import uvloop
-
-    return uvloop.run(_serve(config))

@@ -11,7 +11,7 @@ cost of the positional tuple it replaces: no class reference is pickled and look
 so a code means the same class at both ends; codes are never stored.
 
 A checkpoint keeps the batches and punctuation a query's result stream sent to workers while its
-barriers were out (:mod:`lowtide.server.front_state`), as plain data: :func:`to_record` and
+barriers were out (:mod:`lowtide.server.front_snapshot`), as plain data: :func:`to_record` and
 :func:`from_record` give that form, ``["batch", query, input, late, rows]`` or
 ``["punctuate", query, input, attribute, value, sent_at]``, the positional headers of before.
 """

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.clock import Clock
 from lowtide.engine import Engine, Limits, RunningQuery, SlowFlush
 from lowtide.operators.input import Input
 from lowtide.punctuation.model import Punctuation
@@ -32,7 +33,6 @@ from lowtide.server.partitioning import Partitioning, partitioning_of, split
 from lowtide.server.worker import decode_columns
 from lowtide.server.workers import WorkerPool
 from lowtide.strings import StringPool
-from lowtide.testing import Clock
 
 MAX_RELEASING = 1_000  # punctuation still waiting for some of a query's workers to release it
 

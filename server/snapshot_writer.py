@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from lowtide.operators.state import State, pack_parts
 from lowtide.server.files import write_parts_atomically
+from lowtide.snapshot import State, pack_parts
 
 _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork

@@ -33,7 +33,6 @@ from lowtide.batch import Batch
 from lowtide.errors import CorruptState, ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
-from lowtide.operators.state import State, as_dict, fields, unpack
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
@@ -44,6 +43,7 @@ from lowtide.schema import ColumnType, Schema
 from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelReader, ChannelWriter
 from lowtide.server.snapshot_writer import Written, write_in_child
+from lowtide.snapshot import State, as_dict, fields, unpack
 from lowtide.strings import StringPool
 
 

@@ -20,8 +20,8 @@ from harness import Recorder
 from strategies import Close, Event, Push, Sources
 
 from lowtide.batch import Batch
+from lowtide.clock import ManualClock
 from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.state import as_dict, pack, unpack
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
@@ -37,9 +37,9 @@ from lowtide.query.plan_state import (
 from lowtide.query.planner import Context, Plan, plan_query
 from lowtide.query.sharing import Shares
 from lowtide.schema import Schema, to_arrow_table
+from lowtide.snapshot import as_dict, pack, unpack
 from lowtide.stream import Stream
 from lowtide.strings import StringPool
-from lowtide.testing import ManualClock
 
 
 @dataclass(frozen=True)

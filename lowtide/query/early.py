@@ -13,7 +13,7 @@ The pieces, and who owns them:
   landmark, sessions; never tuple windows) into the plan's :class:`Early`, and adds the column
   :data:`~lowtide.operators.result_rows.FINAL` after ``revision``;
 * the engine keeps an :class:`EmitTimer` per such query on its clock (``Engine(clock=...)``,
-  :class:`~lowtide.testing.ManualClock` in tests): whenever it runs its clock (``tick``) a due
+  :class:`~lowtide.clock.ManualClock` in tests): whenever it runs its clock (``tick``) a due
   timer fires once, however many periods passed, and the plan's operators emit
   (``Plan.emit_partials`` -> :meth:`~lowtide.operators.base.Operator.emit_partials`, the hook a
   window operator overrides);

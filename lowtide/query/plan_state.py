@@ -2,7 +2,7 @@
 
 A worker checkpoints between two calls (no batch half processed): one :func:`snapshot_plan` per
 query, one :func:`snapshot_share` per share (``for share in shares``, each under its
-:func:`share_key`), every part taken at that same point, then :func:`~lowtide.operators.state.pack`.
+:func:`share_key`), every part taken at that same point, then :func:`~lowtide.snapshot.pack`.
 A share's operators (Input, [Select], Bucket, Shared Slices) outlive the query that started them,
 so they are saved with the share and not with any plan; a plan's snapshot covers the rest of its
 graph (:func:`owned_operators`) and names the share it reads.
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
-from lowtide.operators.state import State, as_list, as_str, fields
 from lowtide.query.planner import Plan
 from lowtide.query.sharing import Share, share_key
+from lowtide.snapshot import State, as_list, as_str, fields
 
 
 def owned_operators(plan: Plan) -> list[Operator]:

@@ -6,8 +6,8 @@
   walks the stream's flatbuffers to find them); arrays built with ``pa.Array.from_buffers``
   (string offsets that run backwards or past their data, validity bitmaps that disagree with
   their null count) and columns of every Arrow type a batch might carry (``odd_columns``).
-* **The service in-process** (``InProcess``): the real ``Service`` and ``Front`` of
-  ``lowtide.server.front`` over workers that take every message and run nothing, driven with a
+* **The service in-process** (``InProcess``): the real ``Service`` (``lowtide.server.service``)
+  and ``Front`` (``lowtide.server.front``) over workers that take every message and run nothing, driven with a
   context whose ``abort`` raises like grpc.aio's. ``outcome`` runs one call and returns its
   status: ``OK`` or the code it aborted with. Any other exception escapes - on a real server it
   would have been an UNKNOWN status.
@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.server import messages as msg
 from lowtide.server.config import ServerConfig
-from lowtide.server.front import Front, Service
+from lowtide.server.front import Front
+from lowtide.server.service import Service
 
 SCALE = int(os.environ.get("LOWTIDE_FUZZ_EXAMPLES", "1") or "1")
 ALLOWED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED", "OUT_OF_RANGE"}

@@ -32,12 +32,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def lowtide_command() -> list[str]:
-    """The installed ``lowtide`` script beside this interpreter, else ``python -m lowtide.cli``."""
+    """The installed ``lowtide`` script beside this interpreter, else ``python -m lowtide.clients.cli``."""
     script = Path(sys.executable).with_name("lowtide")
     if script.exists():
         return [str(script)]
     found = shutil.which("lowtide")
-    return [found] if found else [sys.executable, "-m", "lowtide.cli"]
+    return [found] if found else [sys.executable, "-m", "lowtide.clients.cli"]
 
 
 @dataclass

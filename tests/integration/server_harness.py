@@ -30,7 +30,7 @@ STOP_TIMEOUT = 30.0
 # The ``serve`` entry point itself, independent of the CLI: argv is config path, workers, metrics
 # port, port.
 SERVE = (
-    "import sys; from lowtide.server.front import serve; from lowtide.server.config import ServerConfig; "
+    "import sys; from lowtide.server.serve import serve; from lowtide.server.config import ServerConfig; "
     "sys.exit(serve(ServerConfig.load(sys.argv[1] or None, host='127.0.0.1', port=int(sys.argv[4]), "
     "workers=int(sys.argv[2]), metrics_port=int(sys.argv[3]))))"
 )

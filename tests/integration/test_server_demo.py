@@ -12,8 +12,8 @@ import io
 import pytest
 from rich.console import Console
 
-from lowtide import server_demo
-from lowtide.demo import LINKS, link_ticks
+from lowtide.clients.demos import server as server_demo
+from lowtide.clients.demos.in_process import LINKS, link_ticks
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,7 @@ from conftest import START_TIMEOUT, start_server, stop_server
 
 from lowtide import END_OF_STREAM, NotFound, Punctuation, SchemaMismatch
 from lowtide.clients import Client
-from lowtide.clients.spark import LowtideSink
-from lowtide.spark_demo import (
+from lowtide.clients.demos.spark import (
     SCHEMA,
     SPARK_SCHEMA,
     WINDOWS,
@@ -37,6 +36,7 @@ from lowtide.spark_demo import (
     window_sql,
     write_packet_files,
 )
+from lowtide.clients.spark import LowtideSink
 
 pytest.importorskip("pyspark")
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]

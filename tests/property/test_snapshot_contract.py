@@ -60,12 +60,12 @@ from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.state import as_list, pack, unpack
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.query import FromStream, parse_query
 from lowtide.query.plan_state import share_key
 from lowtide.schema import FLOAT64, INT64
+from lowtide.snapshot import as_list, pack, unpack
 
 SCALE = int(os.environ.get("LOWTIDE_SNAPSHOT_EXAMPLES", "1") or "1")
 

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 import readme_path
 
-from lowtide.cli import build_parser
-from lowtide.cli_io import read_batches
+from lowtide.clients.cli import build_parser
+from lowtide.clients.cli.io import read_batches
 from lowtide.schema import Schema, check
 from lowtide.server.config import ServerConfig
 
@@ -105,7 +105,7 @@ def test_the_five_minute_path_uses_what_the_repository_has() -> None:
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     assert set(path.make_targets) <= targets, path.make_targets
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts.get("lowtide") == "lowtide.cli:main"  # what `make setup` puts in .venv/bin
+    assert scripts.get("lowtide") == "lowtide.clients.cli:main"  # what `make setup` puts in .venv/bin
     parser = build_parser()
     for command in [["serve", *path.serve], *path.commands]:
         parser.parse_args(command)  # SystemExit (a usage error) fails the test

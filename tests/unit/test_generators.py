@@ -94,7 +94,7 @@ def test_generator_specs() -> None:
 def test_demo_runs_and_summarises() -> None:
     from rich.console import Console
 
-    from lowtide.demo import run
+    from lowtide.clients.demos.in_process import run
 
     console = Console(file=open("/dev/null", "w"), width=120)  # noqa: SIM115
     summary = run(seconds=70, rate=2_000, console=console)

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from state_files import files, frame_starts
 
-from lowtide.operators.state import pack_parts
-from lowtide.server.checkpoint import MANIFEST, CheckpointStore
+from lowtide.server.checkpoint_store import MANIFEST, CheckpointStore
 from lowtide.server.input_log import (
     Batch,
     Damaged,
@@ -26,6 +25,7 @@ from lowtide.server.input_log import (
     segment_name,
 )
 from lowtide.server.journal import StateDirectory
+from lowtide.snapshot import pack_parts
 
 RECORDS = 20
 
@@ -127,7 +127,7 @@ def test_a_damaged_frame_before_the_last_is_damage(tmp_path: Path) -> None:
 
 
 def extent_of(state: Path, manifest: Path) -> Extent:
-    """What a manifest written now would say of the log (as the checkpointer writes it)."""
+    """What a manifest written now would say of the log (as the checkpoint coordinator writes it)."""
     last = segments(state)[-1]
     return Extent(RECORDS, last.name, last.stat().st_size, manifest)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lowtide.operators.state import State, as_array, as_dict, unpack
 from lowtide.server.snapshot_writer import Written, write_in_child
+from lowtide.snapshot import State, as_array, as_dict, unpack
 
 
 def written(state_of: Callable[[], State], path: Path) -> tuple[Written, float]:

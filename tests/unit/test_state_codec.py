@@ -1,4 +1,4 @@
-"""The state codec (lowtide.operators.state): exact round trips, and a clear error for any damage.
+"""The state codec (lowtide.snapshot): exact round trips, and a clear error for any damage.
 
 ``unpack(pack(s))`` gives ``s`` back exactly - dtypes, shapes, int64 extremes, NaN, -0.0, empty
 arrays, key order. Bytes cut short, flipped anywhere, of another version, or with a forged header
@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lowtide.errors import CorruptState
-from lowtide.operators.state import MAGIC, VERSION, State, pack, unpack
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.plan_state import restore_plan, snapshot_plan
 from lowtide.query.planner import Context, plan_query
 from lowtide.schema import Schema
+from lowtide.snapshot import MAGIC, VERSION, State, pack, unpack
 from lowtide.strings import StringPool
 
 I64 = np.iinfo(np.int64)

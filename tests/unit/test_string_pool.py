@@ -11,7 +11,7 @@ import pytest
 
 from lowtide import Engine, Limits, Punctuation
 from lowtide.errors import CorruptState, ResourceExhausted
-from lowtide.operators.state import pack, unpack
+from lowtide.snapshot import pack, unpack
 from lowtide.strings import NULL_CODE, StringPool
 
 WINDOW = "[RANGE 10, SLIDE 10, WA ts]"

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lowtide.errors import CorruptState, StartupFailure
-from lowtide.operators.state import State, unpack
 from lowtide.server.files import write_atomically, write_parts_atomically
 from lowtide.server.input_log import Extent
+from lowtide.snapshot import State, unpack
 
 MANIFEST = "MANIFEST.json"
 FRONT = "front.state"

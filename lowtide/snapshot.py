@@ -1,4 +1,4 @@
-"""Operator state as plain data, and as bytes: what a checkpoint keeps of an operator graph.
+"""State as plain data, and as bytes: what a checkpoint keeps of operators, the door and the front.
 
 A snapshot is a :data:`State`: nested ``dict`` (``str`` keys) and ``list`` of numpy arrays (numeric
 or fixed-width unicode, never object dtype) and Python ``int``, ``float``, ``bool``, ``str`` and

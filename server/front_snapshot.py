@@ -6,34 +6,48 @@ registered (their ``RegisterQuery`` records, with the slices each read), the app
 The output side (taken when the last worker echoed the barrier): per query the meld's
 punctuation, its counters, whether it failed, its result stream; per hub the next offset and the
 retained items; and what result streams sent to workers in between (see
-:mod:`lowtide.server.checkpoint`). Plain data only (:mod:`lowtide.operators.state`): numbers,
-strings, numpy arrays; tables travel as Arrow IPC bytes.
+:mod:`lowtide.server.checkpoint_store`). Plain data only (:mod:`lowtide.snapshot`): numbers,
+strings, numpy arrays; tables travel as Arrow IPC bytes. It reads and restores the front through
+:class:`FrontParts` alone, never the whole front.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from lowtide.handles import Item
 from lowtide.ipc import read_ipc
-from lowtide.operators.state import State, as_array, as_dict, as_int, as_list, as_str
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import input_log as records
 from lowtide.server.batches import AppliedBatches
 from lowtide.server.hub import Hub
+from lowtide.snapshot import State, as_array, as_dict, as_int, as_list, as_str
 
 if TYPE_CHECKING:
-    from lowtide.server.front import Front
+    from lowtide.server.runtime import FrontEngine
 
 Message = tuple[int, tuple[Any, ...], dict[str, Any] | None]  # worker, header, arrays
 
 
+class FrontParts(Protocol):
+    """What of the front a snapshot holds: the door's engine, the catalog as created, the applied
+    batch ids, the hubs; ``apply`` re-creates the catalog at restore."""
+
+    engine: FrontEngine
+    catalog_streams: dict[str, records.CreateStream]
+    catalog_queries: dict[str, records.RegisterQuery]
+    applied: dict[tuple[str, str], AppliedBatches]
+    hubs: dict[str, Hub]
+
+    def apply(self, record: records.Record, prepared: Any = None) -> Any: ...
+
+
 # -- the door -------------------------------------------------------------------------------------
-def door_state(front: Front, seq: int) -> State:
+def door_state(front: FrontParts, seq: int) -> State:
     engine = front.engine
     return {
         "seq": seq,
@@ -58,7 +72,7 @@ def _fields(record: records.Record) -> dict[str, State]:
 
 
 # -- the output side ------------------------------------------------------------------------------
-def output_state(front: Front, channel: list[Message]) -> State:
+def output_state(front: FrontParts, channel: list[Message]) -> State:
     engine = front.engine
     queries: dict[str, State] = {}
     for name, remote in engine.remote.items():
@@ -115,7 +129,7 @@ def _restore_hub(hub: Hub, state: State, live: bool) -> None:
 
 
 # -- restore --------------------------------------------------------------------------------------
-def restore_catalog(front: Front, door: State) -> None:
+def restore_catalog(front: FrontParts, door: State) -> None:
     """Streams and queries as they were at the checkpoint (queries post ``register`` to workers)."""
     saved = as_dict(door, "front door")
     engine = front.engine
@@ -139,7 +153,7 @@ def restore_catalog(front: Front, door: State) -> None:
         front.applied[(as_str(e["stream"], "stream"), as_str(e["source"], "source"))] = ids
 
 
-def restore_output(front: Front, output: State, live_hubs: bool) -> list[Message]:
+def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Message]:
     """Melds, counters, failures and hubs; returns the messages to send the workers again."""
     saved = as_dict(output, "front output")
     engine = front.engine

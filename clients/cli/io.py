@@ -3,14 +3,14 @@
 ``read_batches`` streams a CSV, JSONL or Parquet file (chosen by extension, optionally compressed
 ``.gz``/``.bz2``/``.zst``) as Arrow tables of exactly ``batch_rows`` rows (the last fewer), so a
 batch's rows depend on the file and ``batch_rows`` alone and a batch's index can name it (see
-:mod:`lowtide.cli_batch_ids`). Columns are read with the stream's types so a string column of
-digits stays a string; a CSV file has a header row naming the stream's columns (or, with
-``header=False``, has them in the stream's order); timestamps written as text are read by
-:mod:`lowtide.cli_timestamps`, which names the first row that does not parse. Progress is counted
-in bytes of the file (CSV, JSONL) or rows (Parquet); the readers parse one 4 MiB block at a time so
-the bytes read track the bytes sent. ``writer_for`` prints result tables as a table, JSON lines or
-CSV; ``Collated`` and ``Times`` shape them for reading: one table per punctuation, times as numbers
-or ISO 8601.
+:mod:`lowtide.clients.cli.batch_ids`). Columns are read with the stream's types so a string
+column of digits stays a string; a CSV file has a header row naming the stream's columns (or,
+with ``header=False``, has them in the stream's order); timestamps written as text are read by
+:mod:`lowtide.clients.cli.timestamps`, which names the first row that does not parse. Progress
+is counted in bytes of the file (CSV, JSONL) or rows (Parquet); the readers parse one 4 MiB
+block at a time so the bytes read track the bytes sent. ``writer_for`` prints result tables as a
+table, JSON lines or CSV; ``Collated`` and ``Times`` shape them for reading: one table per
+punctuation, times as numbers or ISO 8601.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from lowtide.cli_timestamps import TimestampText, timestamp_unit
+from lowtide.clients.cli.timestamps import TimestampText, timestamp_unit
 from lowtide.errors import InvalidArgument
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 

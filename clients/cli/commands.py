@@ -1,4 +1,4 @@
-"""What each ``lowtide`` command does (the parser lives in :mod:`lowtide.cli`).
+"""What each ``lowtide`` command does (the parser lives in :mod:`lowtide.clients.cli`).
 
 Commands raise :class:`~lowtide.errors.LowtideError` for every failure; ``cli.main`` prints it as
 one line. Listings go to stdout (a table, or JSON with ``--format json``); so do query names,
@@ -19,8 +19,8 @@ from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from lowtide.cli_batch_ids import BatchIds
-    from lowtide.cli_io import Batches
+    from lowtide.clients.cli.batch_ids import BatchIds
+    from lowtide.clients.cli.io import Batches
     from lowtide.schema import Schema
 
 
@@ -37,7 +37,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from lowtide.server.config import ServerConfig
-    from lowtide.server.front import serve
+    from lowtide.server.serve import serve
 
     config = ServerConfig.load(
         args.config,
@@ -138,14 +138,14 @@ def _query_list(client: Any, args: argparse.Namespace) -> None:
 
 
 def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    from lowtide.cli_io import format_table
+    from lowtide.clients.cli.io import format_table
 
     print(format_table(header, rows))
 
 
 # -- data -------------------------------------------------------------------------------------------
 def _send(client: Any, args: argparse.Namespace) -> None:
-    from lowtide.cli_io import LazyProgress, read_batches
+    from lowtide.clients.cli.io import LazyProgress, read_batches
     from lowtide.schema import Schema
 
     streams = client.list_streams()
@@ -191,7 +191,7 @@ def _send(client: Any, args: argparse.Namespace) -> None:
 def _check_file(batches: Batches, schema: Schema) -> None:
     """Every row of the file against the stream, before any is sent: a bad file sends nothing
     (sent again once fixed, its content - and so its batch ids - would be new)."""
-    from lowtide.cli_io import LazyProgress
+    from lowtide.clients.cli.io import LazyProgress
     from lowtide.schema import check
 
     rows = 0
@@ -209,8 +209,8 @@ def _check_file(batches: Batches, schema: Schema) -> None:
 
 def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:
     """The ids of the file's batches: from ``--batch-id-base``, else from the file's content."""
-    from lowtide.cli_batch_ids import BatchIds, content_base
-    from lowtide.cli_io import LazyProgress
+    from lowtide.clients.cli.batch_ids import BatchIds, content_base
+    from lowtide.clients.cli.io import LazyProgress
 
     if args.batch_id_base is not None:
         return BatchIds(args.batch_id_base, from_content=False)
@@ -222,7 +222,7 @@ def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:
 def _tail(client: Any, args: argparse.Namespace) -> None:
     """Print a query's results, one window-sorted table per punctuation; end at end-of-stream.
     A late side stream's rows are raw input rows, not windows: they print as they come."""
-    from lowtide.cli_io import Collated, Times, writer_for
+    from lowtide.clients.cli.io import Collated, Times, writer_for
 
     iso = args.time_format == "iso" or (args.time_format is None and args.format == "table")
     times = Times(iso, _time_unit(client, args.query) if iso else "")

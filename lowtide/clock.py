@@ -1,4 +1,9 @@
-"""Helpers for tests and for embedding: a manual clock that time-driven features can run on."""
+"""The clocks time-driven features (heartbeats, idle timeouts, EMIT EVERY) read.
+
+Invariant: the engine reads the time only through a :class:`Clock`. :class:`WallClock` is the
+system's; a :class:`ManualClock` moves only when told to, so the server's door can replay the
+log at the times it records and a test can step heartbeats and timeouts deterministically.
+"""
 
 from __future__ import annotations
 

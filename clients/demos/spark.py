@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from lowtide.clients import Client
+from lowtide.clients.demos.in_process import show
 from lowtide.clients.spark import LowtideSink
-from lowtide.demo import show
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 SCHEMA = {"srcIP": "string", "len": "int32", "ts": "timestamp[ms]"}
@@ -152,7 +152,7 @@ def run(
     parallel: bool = False,
     console: Console | None = None,
 ) -> dict[str, float]:
-    from lowtide.server_demo import local_server
+    from lowtide.clients.demos.server import local_server
 
     console = console or Console()
     with (

@@ -28,6 +28,7 @@ import os
 import sys
 
 from lowtide import __version__
+from lowtide.clients import default_grpc_verbosity
 from lowtide.errors import LowtideError
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -242,25 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # gRPC's C core logs on stderr (a CA file it cannot load, failed TLS handshakes) where the
-    # one-line error says it better: silent in the client commands, errors only in the server. A
-    # GRPC_VERBOSITY of the user's own wins; grpc reads it once, at import, so set it first.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR" if args.command == "serve" else "NONE")
+    # one-line error says it better: silent in the client commands (the package's default),
+    # errors only in the server. A GRPC_VERBOSITY of the user's own wins.
+    if args.command == "serve":
+        default_grpc_verbosity("ERROR")
     try:
         if args.command == "demo":
             if args.spark:
-                from lowtide.spark_demo import run as run_spark_demo
+                from lowtide.clients.demos.spark import run as run_spark_demo
 
                 run_spark_demo(workers=args.workers, parallel=args.parallel)
             elif args.in_process:
-                from lowtide.demo import run
+                from lowtide.clients.demos.in_process import run
 
                 run(args.seconds, args.rate)
             else:
-                from lowtide.server_demo import run as run_server_demo
+                from lowtide.clients.demos.server import run as run_server_demo
 
                 run_server_demo(args.seconds, args.rate, args.workers)
             return 0
-        from lowtide.cli_commands import run_command
+        from lowtide.clients.cli.commands import run_command
 
         return run_command(args)
     except LowtideError as exc:
@@ -278,7 +280,3 @@ def main(argv: list[str] | None = None) -> int:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         print(f"lowtide: internal error ({type(exc).__name__}): {reason}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,13 @@
-"""When the server checkpoints, and the checkpoint in progress (see :mod:`lowtide.server.checkpoint`).
+"""When the server checkpoints, and the checkpoint in progress (see
+:mod:`lowtide.server.checkpoint_store`): Flink's checkpoint coordinator.
 
 A checkpoint begins when ``checkpoint_interval_s`` has passed or the log has grown by
 ``checkpoint_log_bytes`` since the last one (and something was logged since). At most one is in
 progress; a worker that dies, or a query registered meanwhile, abandons it (the next one starts
 over). Once it is written, the checkpoints before the last two and the log they alone need go.
+It sees the front only as its collaborators: the parts a snapshot holds
+(:class:`~lowtide.server.front_snapshot.FrontParts`), the workers, the journal's position, the
+state directory, the configuration and the metrics.
 """
 
 from __future__ import annotations
@@ -13,15 +17,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from lowtide.operators.state import State, pack_parts
 from lowtide.server import messages as msg
-from lowtide.server.checkpoint import Checkpoint, CheckpointStore, worker_file
-from lowtide.server.front_state import Message, door_state, output_state
+from lowtide.server.checkpoint_store import Checkpoint, CheckpointStore, worker_file
+from lowtide.server.config import ServerConfig
+from lowtide.server.front_snapshot import FrontParts, Message, door_state, output_state
+from lowtide.server.journal import Journal, StateDirectory
+from lowtide.server.metrics import ServerMetrics
+from lowtide.snapshot import State, pack_parts
 
-if TYPE_CHECKING:
-    from lowtide.server.front import Front
+
+class Workers(Protocol):
+    """The worker pool as a checkpoint uses it: how many, and a message to one."""
+
+    size: int
+
+    def post(self, worker: int, message: msg.ToWorker, arrays: dict[str, Any] | None = None) -> None: ...
 
 
 @dataclass
@@ -38,14 +50,24 @@ class _Pending:
     written: dict[int, tuple[int, int]] = field(default_factory=dict)  # worker -> size, CRC-32
 
 
-class Checkpointer:
-    def __init__(self, front: Front) -> None:
-        assert front.state is not None
+class CheckpointCoordinator:
+    def __init__(
+        self,
+        front: FrontParts,
+        workers: Workers,
+        journal: Journal,
+        state: StateDirectory,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+    ) -> None:
         self.front = front
-        self.log = front.state.log
-        self.store = CheckpointStore(front.state.path / "checkpoints")
-        self.interval = front.config.checkpoint_interval_s
-        self.log_bytes = front.config.checkpoint_log_bytes
+        self.workers = workers
+        self.journal = journal
+        self.metrics = metrics
+        self.log = state.log
+        self.store = CheckpointStore(state.path / "checkpoints")
+        self.interval = config.checkpoint_interval_s
+        self.log_bytes = config.checkpoint_log_bytes
         self.pending: _Pending | None = None
         self.restore_errors: list[str] = []
         self._last = time.monotonic()
@@ -54,7 +76,7 @@ class Checkpointer:
         self._tokens = itertools.count()
 
     def load(self) -> Checkpoint | None:
-        checkpoint = self.store.load(self.front.workers.size)
+        checkpoint = self.store.load(self.workers.size)
         if checkpoint is not None:
             self._covered = checkpoint.seq
         return checkpoint
@@ -64,26 +86,25 @@ class Checkpointer:
             return
         grown = self.log.bytes_written - self._log_mark
         due = time.monotonic() - self._last >= self.interval or grown >= self.log_bytes
-        if due and self.front.journal.applied_through + 1 > self._covered:
+        if due and self.journal.applied_through + 1 > self._covered:
             self.begin()
 
     def begin(self) -> None:
         """Save the door at the current log position and send every worker its barrier."""
-        front = self.front
-        seq = front.journal.applied_through + 1
+        seq = self.journal.applied_through + 1
         directory = self.store.begin(seq)
         pending = _Pending(
             next(self._tokens),
             seq,
-            door_state(front, seq),
+            door_state(self.front, seq),
             directory,
-            set(range(front.workers.size)),
+            set(range(self.workers.size)),
             time.monotonic(),
         )
         self.pending = pending
-        front.engine.recording = pending.channel
-        for worker in range(front.workers.size):
-            front.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
+        self.front.engine.recording = pending.channel
+        for worker in range(self.workers.size):
+            self.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
 
     def answered(self, worker: int, answer: msg.Checkpointed | msg.Persisted | msg.Restored) -> None:
         if isinstance(answer, msg.Restored):
@@ -108,13 +129,12 @@ class Checkpointer:
                 pending.output = output_state(self.front, pending.channel)
         else:
             pending.written[worker] = (answer.size, answer.crc32)
-        if pending.output is not None and len(pending.written) == self.front.workers.size:
+        if pending.output is not None and len(pending.written) == self.workers.size:
             self._complete(pending, pending.output)
 
     def _complete(self, pending: _Pending, output: State) -> None:
-        front = self.front
         self.pending = None
-        written = [pending.written[w] for w in range(front.workers.size)]
+        written = [pending.written[w] for w in range(self.workers.size)]
         try:
             front_parts = pack_parts({"door": pending.door, "output": output})
             size = self.store.commit(pending.seq, front_parts, written, self.log.sync_extent())
@@ -126,7 +146,7 @@ class Checkpointer:
         if oldest is not None:
             self.log.truncate_before(oldest)
         seconds = time.monotonic() - pending.began
-        front.metrics.checkpoint_taken(seconds, size, pending.pauses)
+        self.metrics.checkpoint_taken(seconds, size, pending.pauses)
         print(
             f"lowtide: checkpoint at change {pending.seq}: {size} bytes in {seconds:.3f} s, "
             f"workers paused {max(pending.pauses):.3f} s at most",

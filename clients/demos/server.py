@@ -3,10 +3,10 @@
 Starts ``lowtide serve`` on free loopback ports, creates the links Main1, Main2 and Control and the
 multi-source stream Main (one source per link), registers Q1-2, Q6-8 and Q8-1, and streams the
 links from three producer processes (band disorder, time skew, a lull on Control, as in
-:mod:`lowtide.demo`). Results print as punctuation closes windows, each window once (the rows
-of all workers, gathered up to the punctuation that follows them). The summary counts the tuples
-the server acknowledged to the producers and reads the server's Prometheus exposition for
-punctuation-to-result latency, peak state and late tuples.
+:mod:`lowtide.clients.demos.in_process`). Results print as punctuation closes windows, each
+window once (the rows of all workers, gathered up to the punctuation that follows them). The
+summary counts the tuples the server acknowledged to the producers and reads the server's
+Prometheus exposition for punctuation-to-result latency, peak state and late tuples.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from lowtide.cli_io import Collated
 from lowtide.clients import Client
-from lowtide.demo import LINKS, QUERIES, declare, link_ticks, show
+from lowtide.clients.cli.io import Collated
+from lowtide.clients.demos.in_process import LINKS, QUERIES, declare, link_ticks, show
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 _READY = re.compile(r"serving on (\S+) with \d+ workers; metrics on (\S+)")
@@ -95,7 +95,7 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
 @contextlib.contextmanager
 def local_server(workers: int = 2) -> Iterator[tuple[str, str]]:
     """``lowtide serve`` on free loopback ports for the length of the block: (target, metrics URL)."""
-    command = [sys.executable, "-m", "lowtide.cli", "serve", "--port", "0", "--metrics-port", "0"]
+    command = [sys.executable, "-m", "lowtide.clients.cli", "serve", "--port", "0", "--metrics-port", "0"]
     server = subprocess.Popen([*command, "--workers", str(workers)], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
