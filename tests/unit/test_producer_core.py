@@ -13,7 +13,15 @@ from ingest_rejections import Rejected
 
 from lowtide.clients import _producer_core
 from lowtide.clients._producer_core import IngestCall, ProducerCore, Step
-from lowtide.errors import InvalidArgument, LateTuple, RegressingPunctuation, ServerError, ServerUnavailable
+from lowtide.errors import (
+    InvalidArgument,
+    LateTuple,
+    NotFound,
+    RegressingPunctuation,
+    SchemaMismatch,
+    ServerError,
+    ServerUnavailable,
+)
 from lowtide.punctuation.model import END_OF_STREAM
 
 INFO = {"name": "S", "schema": {"k": "string", "ts": "int64"}, "progressing": "ts", "declared": ["a"]}
@@ -228,7 +236,7 @@ def test_a_rejected_close_leaves_the_producer_open() -> None:
     wire.run()
     core.call_failed(wire.open_call(), Rejected("NotFound", "no source 'a'", 1, "0,0,0"))
     assert wire.run() is Step.RETURN and not core.ended
-    with pytest.raises(Exception, match=r"^close\(\) was rejected: no source 'a'"):
+    with pytest.raises(NotFound, match=r"^close\(\) was rejected: no source 'a'"):
         core.raise_pending()
     core.punctuate(5)  # usable
     assert wire.run() is Step.RETURN
@@ -265,6 +273,6 @@ def test_what_the_client_can_know_raises_at_once_with_nothing_queued() -> None:
     queued = list(core.backlog)
     with pytest.raises(RegressingPunctuation):
         core.punctuate(9)
-    with pytest.raises(Exception, match="lacks the progressing attribute"):
+    with pytest.raises(SchemaMismatch, match="lacks the progressing attribute"):
         core.prepare({"k": ["x"]}, None)
     assert list(core.backlog) == queued and core.sends == 0
