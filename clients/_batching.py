@@ -1,4 +1,4 @@
-"""The producer's batching, shared by the sync and async producers. No I/O, no locks here.
+"""The producer's batching, for its core (:mod:`lowtide.clients._producer_core`). No I/O, no locks here.
 
 A :class:`Batcher` turns one source's sends, punctuation and close into ``IngestRequest``
 messages, in the order they were made. Sends are held back and coalesced until

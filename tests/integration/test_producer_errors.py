@@ -27,7 +27,7 @@ from lowtide import (
     SchemaMismatch,
 )
 from lowtide.clients import AsyncClient, Client
-from lowtide.clients import _producing as producing
+from lowtide.clients import _producer_core as producer_core
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc
 
@@ -227,7 +227,7 @@ def test_a_rejected_batch_with_an_id_and_replays_after_it(target: str, fresh: Ca
 def test_flush_returns_once_everything_is_acknowledged(
     target: str, fresh: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(producing, "CALL_MAX_MESSAGES", 5)  # calls end and begin as they fill up
+    monkeypatch.setattr(producer_core, "CALL_MAX_MESSAGES", 5)  # calls end and begin as they fill up
     stream = fresh("S")
     with Client(target, timeout=10) as client:
         client.create_stream(stream, SCHEMA)

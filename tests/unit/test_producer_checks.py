@@ -7,15 +7,15 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
+from ingest_rejections import Rejected
 
-from lowtide.clients import _producing
-from lowtide.clients._batching import Batcher, Outgoing
+from lowtide.clients import _producer_core
+from lowtide.clients._batching import Batcher
 from lowtide.clients._checks import Contract, RowCheck
-from lowtide.clients._producing import CallLog, ProducerCore
+from lowtide.clients._producer_core import CallLog, ProducerCore
 from lowtide.clients._wire import read_arrow
 from lowtide.clients.spark import LowtideSink
 from lowtide.errors import (
@@ -229,41 +229,22 @@ def test_punctuation_never_goes_back() -> None:
 
 
 # -- a rejected call --------------------------------------------------------------------------------
-class Rejected(grpc.RpcError):
-    """What a failed Ingest call raises in the client: status, reason, trailing metadata."""
-
-    def __init__(self, kind: str, reason: str, message: int | None, applied: str | None = None) -> None:
-        self._kind, self._reason = kind, reason
-        self._metadata = [("lowtide-error", kind)] if kind else []
-        if message is not None:
-            self._metadata.append(("lowtide-message", str(message)))
-        if applied is not None:
-            self._metadata.append(("lowtide-applied", applied))
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.INVALID_ARGUMENT if self._kind else grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return self._reason
-
-    def trailing_metadata(self) -> list[tuple[str, str]]:
-        return self._metadata
-
-
 def a_call(core: ProducerCore) -> CallLog:
     """One call: batch 1, batch 2 (batch_id 5, in 2 parts), punctuation, batch 4."""
+    core.send(pa.table({"k": ["a"], "len": [1], "x": [1.0], "ok": [True], "ts": [1]}), None)
+    core.batcher.max_batch_rows = 1
+    core.send(pa.table({"k": ["a", "b"], "len": [1, 2], "x": [1.0, 2.0], "ok": [True] * 2, "ts": [2, 3]}), 5)
+    core.punctuate(200)
+    core.send(pa.table({"k": ["c"], "len": [1], "x": [1.0], "ok": [True], "ts": [300]}), None)
+    return queued(core)
+
+
+def queued(core: ProducerCore) -> CallLog:
+    """The core's queued messages, taken as one call after its header."""
     log = CallLog()
     log.add(core.batcher.header())
-    entries: list[Outgoing] = []
-    entries += core.send(pa.table({"k": ["a"], "len": [1], "x": [1.0], "ok": [True], "ts": [1]}), None)
-    core.batcher.max_batch_rows = 1
-    entries += core.send(
-        pa.table({"k": ["a", "b"], "len": [1, 2], "x": [1.0, 2.0], "ok": [True] * 2, "ts": [2, 3]}), 5
-    )
-    entries += core.punctuate(200)
-    entries += core.send(pa.table({"k": ["c"], "len": [1], "x": [1.0], "ok": [True], "ts": [300]}), None)
-    for entry in entries:
-        log.add(entry)
+    while core.backlog:
+        log.add(core.backlog.popleft())
     return log
 
 
@@ -299,7 +280,8 @@ def test_a_rejected_punctuation_or_close_is_named_too() -> None:
     result = producer.result  # without the server's count: what came before, replays not told apart
     assert result is not None and (result.tuples, result.batches) == (3, 2)
     closing = core()
-    log = CallLog([closing.batcher.header(), *closing.close()])
+    closing.close()
+    log = queued(closing)
     assert closing.failed(log, Rejected("NotFound", "no source 'a'", 1, "0,0,0")) == []
     assert str(closing.pending[0]) == "close() was rejected: no source 'a'" and not closing.closed
 
@@ -326,7 +308,8 @@ def test_results_add_up_over_calls_and_close_is_seen() -> None:
         tuples, batches, duplicates, low_watermark = 4, 2, 1, 200
 
     producer.succeeded(log, Response())
-    closing = CallLog([producer.batcher.header(), *producer.close()])
+    producer.close()
+    closing = queued(producer)
     producer.succeeded(closing, Response())
     result = producer.result
     assert result is not None and (result.tuples, result.batches, result.duplicates) == (8, 4, 2)
@@ -334,7 +317,7 @@ def test_results_add_up_over_calls_and_close_is_seen() -> None:
 
 
 def test_a_call_ends_at_its_bound_never_inside_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_producing, "CALL_MAX_MESSAGES", 3)
+    monkeypatch.setattr(_producer_core, "CALL_MAX_MESSAGES", 3)
     producer = core()
     log = CallLog()
     full = []
