@@ -70,6 +70,10 @@ class Input(Operator):
         return f"Input {self.stream}"
 
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return Placement.by_row(passes_rows=True)
 
     def process(self, batch: Batch, port: int = 0) -> None:

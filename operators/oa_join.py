@@ -539,9 +539,13 @@ class OAJoin(Operator):
                 self.emit_progress(bound, f"{s.prefix}.{s.ts}")
 
     def placement(self) -> Placement:
+        left, right = self.sides
+        return self.placement_for(left, right)
+
+    @staticmethod
+    def placement_for(left: JoinSide, right: JoinSide) -> Placement:
         """By each side's equality keys (matching tuples meet on one worker); one worker
         without keys."""
-        left, right = self.sides
         return Placement.by_keys(left.keys, right.keys)
 
     def describe(self) -> str:

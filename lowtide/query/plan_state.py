@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.state import State, as_list, as_str, fields
-from lowtide.query.planner import Plan
+from lowtide.query.plan import Plan
 from lowtide.query.sharing import Share, share_key
 
 
