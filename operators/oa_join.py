@@ -60,7 +60,7 @@ longer open - or ``x.ts < out_i``, which implies the former (band: ``out_i <= b_
 ``<query>.late``, in its stream's columns) once; if ``x.ts >= out_i`` it still forms its pairs
 with the partners held (a tuple may so be split, like one a sliding window counts in its open
 windows). It is stored by the usual rule (``ts >= T_i``). :meth:`OAJoin.late_mask` is this test
-as a function of ``(b0, b1)``: the planner's late rule for ``late='error'``.
+as a function of ``(b0, b1)``: the door's late rule for ``late='error'`` (:func:`late_mask_of`).
 
 Implementation. Each input keeps columnar storage (numpy arrays with amortised doubling) and a
 chained hash index: ``heads[hash & mask]`` is the first row of a slot, ``next[row]`` the next row

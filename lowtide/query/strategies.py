@@ -14,10 +14,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
 
 from lowtide.batch import Batch
 from lowtide.operators.adapt_wid import AdaptWIDAggregate
+from lowtide.operators.aggregates import AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.fused_wid import FusedWIDAggregate, fusable
 from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
@@ -40,6 +41,7 @@ from lowtide.query.expr import compile_conjuncts, compile_expr
 from lowtide.query.graph import Graph
 from lowtide.query.sharing import ShareDescription, ShareKey
 from lowtide.query.windowing import SlideByTuple
+from lowtide.schema import ColumnType
 from lowtide.strings import StringPool
 
 # Plain WID updates RANGE / SLIDE cells per tuple; Paned-WID one, plus combining RANGE / pane
@@ -60,6 +62,11 @@ class Feed:
     flush: SlowFlush | None
 
 
+Grouped: TypeAlias = tuple[
+    tuple[str, ...], tuple[ColumnType, ...], tuple[AggregateCall, ...], tuple[str, ...], Having | None
+]
+
+
 @dataclass
 class Env:
     """What building an aggregate takes: the pool (HAVING, WHERE literals; decoding group
@@ -74,6 +81,11 @@ class Env:
         if clause is None:
             return None
         return compile_expr(clause.expr, clause.scope, self.pool, dict(clause.names)).fn
+
+    def grouped(self, a: AggregateDescription) -> Grouped:
+        """What every grouping aggregate operator takes, in its order: group columns and types,
+        aggregate calls, output columns, HAVING."""
+        return a.groups, a.group_types, a.calls, a.columns, self.having(a)
 
 
 class Strategy(ABC):
@@ -114,11 +126,7 @@ class SlideByTupleStrategy(Strategy):
             window.rattr,
             window.slide_rows,
             window.by_rank,
-            a.groups,
-            a.group_types,
-            a.calls,
-            a.columns,
-            env.having(a),
+            *env.grouped(a),
             env.pool.decode,
         )
 
@@ -140,11 +148,7 @@ class SessionStrategy(Strategy):
         assert isinstance(window, Session)
         return SessionAggregate(
             window,
-            a.groups,
-            a.group_types,
-            a.calls,
-            a.columns,
-            env.having(a),
+            *env.grouped(a),
             allowed_lateness=a.lateness,
             late_sink=env.late_sink,
             decode=env.pool.decode,
@@ -232,11 +236,7 @@ class AdaptStrategy(Strategy):
         assert isinstance(a.window, Sliding)
         return AdaptWIDAggregate(
             a.window,
-            a.groups,
-            a.group_types,
-            a.calls,
-            a.columns,
-            env.having(a),
+            *env.grouped(a),
             env.pool.decode,
             late_sink=env.late_sink,
         )
@@ -272,11 +272,7 @@ class FusedStrategy(Strategy):
         return FusedWIDAggregate(
             a.window,
             compile_conjuncts(node.where.conjuncts, node.where.scope, env.pool),
-            a.groups,
-            a.group_types,
-            a.calls,
-            a.columns,
-            env.having(a),
+            *env.grouped(a),
             env.pool.decode,
             node.flush,
             late_sink=env.late_sink,
@@ -307,11 +303,7 @@ class WIDStrategy(Strategy):
         assert isinstance(a.window, Window)
         return WIDAggregate(
             a.window,
-            a.groups,
-            a.group_types,
-            a.calls,
-            a.columns,
-            env.having(a),
+            *env.grouped(a),
             allowed_lateness=a.lateness is not None,
             late_sink=env.late_sink,
             decode=env.pool.decode,

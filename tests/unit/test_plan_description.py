@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from checkpoint import rows_of
 from harness import Recorder
-from thesis import thesis_queries
+from thesis import packet_schema, thesis_queries
 
 from lowtide.batch import Batch
 from lowtide.errors import UnsupportedQuery
@@ -37,19 +37,11 @@ from lowtide.stream import Stream
 from lowtide.strings import StringPool
 from lowtide.testing import ManualClock
 
-PACKET = {
-    "srcIP": "string",
-    "srcPort": "int32",
-    "destIP": "string",
-    "destPort": "int32",
-    "len": "int32",
-    "ts": "timestamp[ms]",
-}
 THESIS = sorted(thesis_queries().items())
 
 
 def schema_of(name: str) -> Schema:
-    return Schema.of({**PACKET, "flags": "string"} if name in ("S0", "S1") else PACKET, "ts")
+    return Schema.of(packet_schema(name), "ts")
 
 
 def streams_of(description: PlanDescription) -> list[str]:
