@@ -571,4 +571,4 @@ def _described(
     )
 
 
-__all__ = ["AGGREGATES", "Catalog", "describe"]
+__all__ = ["Catalog", "describe"]
