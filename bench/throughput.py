@@ -39,13 +39,13 @@ from engine import Workload, baseline, run_query, workload
 from lowtide import Engine
 from lowtide.operators import select
 from lowtide.operators.fused_wid import fusable
-from lowtide.query import planner
+from lowtide.query import strategies
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = 1_000
 TUMBLING = "[RANGE 1 second, WA ts]"
 SLIDING = "[RANGE 10 seconds, SLIDE 1 second, WA ts]"
-PANED_DEFAULT = planner.PANED_MIN_OVERLAP
+PANED_DEFAULT = strategies.PANED_MIN_OVERLAP
 RERANK_DEFAULT = select.RERANK
 
 
@@ -173,9 +173,9 @@ def adjacent_baseline(load: Workload) -> float:
 def measure(case: Case, load: Workload, runs: int) -> Cell:
     """Median tuples/s over ``runs``, and the median ratio of each run to a baseline measured just
     before it (so that load from other processes shifts both alike)."""
-    planner.PANED_MIN_OVERLAP = sys.maxsize if case.plain else PANED_DEFAULT
+    strategies.PANED_MIN_OVERLAP = sys.maxsize if case.plain else PANED_DEFAULT
     select.RERANK = sys.maxsize if case.written_order else RERANK_DEFAULT
-    planner.fusable = fusable if case.fused else (lambda calls, types: False)
+    strategies.fusable = fusable if case.fused else (lambda calls, types: False)
     try:
         operator = operator_of(case.sql)
         part = prefix(load, case.share)
@@ -186,9 +186,9 @@ def measure(case: Case, load: Workload, runs: int) -> Cell:
             timings.append(run_query(case.sql, part, False))
             ratios.append(part.rows / timings[-1][0] / base)
     finally:
-        planner.PANED_MIN_OVERLAP = PANED_DEFAULT
+        strategies.PANED_MIN_OVERLAP = PANED_DEFAULT
         select.RERANK = RERANK_DEFAULT
-        planner.fusable = fusable
+        strategies.fusable = fusable
     seconds = statistics.median(t for t, _, _ in timings)
     return Cell(
         case,

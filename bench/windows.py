@@ -28,7 +28,7 @@ from pathlib import Path
 import engine as workloads
 
 from lowtide import Engine
-from lowtide.query import planner
+from lowtide.query import strategies
 from lowtide.query.sharing import Shares
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,7 +55,7 @@ def run(sqls: list[str], load: workloads.Workload, batches: int, mode: str) -> t
     """Seconds to push ``batches`` batches with their punctuation through every query, and
     seconds until that and the end of the stream (every open window emitted) are done.
     ``mode``: plain (WID), paned (slices per query) or shared (slices shared by the queries)."""
-    planner.PANED_MIN_OVERLAP = sys.maxsize if mode == "plain" else 4
+    strategies.PANED_MIN_OVERLAP = sys.maxsize if mode == "plain" else 4
     engine = OwnSlicesEngine() if mode == "paned" else Engine()
     engine.create_stream("S", {"k": "int64", "len": "int32", "ts": "int64"}, progressing="ts")
     names = [engine.register_query(text, name=f"q{i}") for i, text in enumerate(sqls)]

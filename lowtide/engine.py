@@ -49,7 +49,8 @@ from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
 from lowtide.query.early import EmitTimer, final_rows
-from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.plan import Plan
+from lowtide.query.planner import Context, plan_query
 from lowtide.query.reads import columns_read
 from lowtide.query.sharing import Shares, share_key
 from lowtide.results import Fields, Sink, to_table

@@ -76,7 +76,8 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.window_ids import admit_behind, touched_windows, window_rows
-from lowtide.operators.windows import Sliding, Window, in_completed_window
+from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.windows import Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 from lowtide.snapshot import (
@@ -318,7 +319,7 @@ class LazyBuffer:
             raise CorruptState("state of the lazy buffer does not fit the aggregate: saved by another plan?")
 
 
-class AdaptWIDAggregate(Operator):
+class AdaptWIDAggregate(WindowOperator):
     """WID Aggregate's signature (no lateness) plus the switching thresholds.
 
     ``high`` / ``low``: fixed ``winVol`` thresholds (lazy -> eager above ``high``, eager -> lazy
@@ -435,8 +436,12 @@ class AdaptWIDAggregate(Operator):
         return f"AdaptWID Aggregate {self.results.describe()}: eager or lazy per group (Cond. 6.9)"
 
     def placement(self) -> Placement:
+        return self.placement_for(self.group_columns)
+
+    @staticmethod
+    def placement_for(group_columns: tuple[str, ...]) -> Placement:
         """By the group columns (a time window); one worker without them."""
-        return Placement.by_keys(self.group_columns)
+        return Placement.by_keys(group_columns)
 
     def _thresholds(self) -> None:
         """Cond. 6.9: eager pays ``aggr`` per open window, lazy ``tup`` per active tuple."""
@@ -456,7 +461,7 @@ class AdaptWIDAggregate(Operator):
     def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
         """Which tuples behind punctuation belong to a window emitted once the input
         punctuation is ``punctuation`` (for ``error``)."""
-        return in_completed_window(self.window, batch, punctuation)
+        return late_at(self.window, batch, punctuation)
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n

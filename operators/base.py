@@ -9,7 +9,9 @@ Each subclass also names its state in ``STATE`` (see :mod:`lowtide.snapshot`): r
 the same operator planned again, it resumes exactly where the snapshot was taken. The counters
 and the last punctuation emitted are every operator's state. And each says how its input may be
 split across workers, :meth:`Operator.placement` (see :mod:`lowtide.operators.placement`): one
-worker unless it says otherwise.
+worker unless it says otherwise; ``placement_for``, a static method of the parameters it is built
+with, says the same before it is built (a query's partitioning is known from its description).
+Operators over windows declare more: :mod:`lowtide.operators.window_operator`.
 """
 
 from __future__ import annotations
@@ -76,13 +78,6 @@ class Operator(Stateful, ABC):
         if last is None or value > last:
             self.progress_out[attribute] = value
             self.emit_punctuation(Punctuation(value, attribute))
-
-    def emit_partials(self) -> None:
-        """Early results (``EMIT EVERY``, :mod:`lowtide.query.early`): emit the current rows of
-        every open, non-empty window with ``final = false``, and change nothing any later result
-        depends on. Such rows are for windows not complete yet, so they never fall below the output
-        punctuation already emitted. The window aggregates override this; an operator without
-        windows has nothing to emit."""
 
     def describe(self) -> str:
         """One line for ``explain``: the operator and its parameters."""

@@ -76,10 +76,14 @@ class Bucket(Operator):
         self._partition_counts = np.zeros(0, dtype=np.int64)
 
     def placement(self) -> Placement:
+        return self.placement_for(self.window)
+
+    @staticmethod
+    def placement_for(window: Window) -> Placement:
         """Tuple windows count rows in arrival order: the rows of a partition on one worker
         (PA), or all of them; time windows tag each tuple on its own. Its rows pass on."""
-        if isinstance(self.window, Rows):
-            return Placement.by_keys(self.window.partition, passes_rows=True)  # no PA: one worker
+        if isinstance(window, Rows):
+            return Placement.by_keys(window.partition, passes_rows=True)  # no PA: one worker
         return Placement.by_row(passes_rows=True)
 
     def describe(self) -> str:

@@ -37,6 +37,10 @@ class DupElim(Operator):
         return f"DupElim on {', '.join(self.columns)}"
 
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return ONE_WORKER
 
     def process(self, batch: Batch, port: int = 0) -> None:

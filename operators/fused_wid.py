@@ -42,7 +42,8 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.select import Predicate
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind
-from lowtide.operators.windows import Sliding, in_completed_window
+from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
 from lowtide.snapshot import NESTED, Keep, declare
@@ -120,7 +121,7 @@ def fusable(calls: tuple[AggregateCall, ...], group_types: tuple[ColumnType, ...
     )
 
 
-class FusedWIDAggregate(Operator):
+class FusedWIDAggregate(WindowOperator):
     label = "Fused WID Aggregate"
     STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, state=NESTED)
 
@@ -148,8 +149,12 @@ class FusedWIDAggregate(Operator):
         self.state = WIDState(self, results, flush)
 
     def placement(self) -> Placement:
+        return self.placement_for(self.group_columns)
+
+    @staticmethod
+    def placement_for(group_columns: tuple[str, ...]) -> Placement:
         """WID Aggregate's for a time window: by the group column."""
-        return Placement.by_keys(self.group_columns)
+        return Placement.by_keys(group_columns)
 
     def open_windows(self) -> int:
         return self.state.open_windows()
@@ -206,7 +211,7 @@ class FusedWIDAggregate(Operator):
     def late_mask(self, batch: Batch, punctuation: int) -> B1:
         """Which tuples behind punctuation (before the WHERE) belong to a window emitted once
         the input punctuation is ``punctuation`` (for ``error``)."""
-        return in_completed_window(self.window, batch, punctuation)
+        return late_at(self.window, batch, punctuation)
 
     def emit_partials(self) -> None:
         """Early results: the open windows' current rows, ``final = false``."""

@@ -2,8 +2,9 @@
 
 Tuples at or above the stream's published progress pass on unchanged. Tuples *behind* it
 (DESIGN.md §2) pass on marked ``late`` when the query's window operator counts them (it has a
-``late_rule``, set by the planner; always under ``update``): that operator counts each in every
-window of it not yet emitted and treats only the rest as late for the query. Otherwise they are
+``late_rule``, compiled from the query's description by :mod:`lowtide.query.late_rules`; always
+under ``update``): that operator counts each in every window of it not yet emitted and treats
+only the rest as late for the query. Otherwise they are
 late here and follow the policy: ``drop`` hands them to the late side stream, ``error`` never
 gets here (the engine rejects the whole batch first, asking :meth:`Input.late_count`: the rule
 tells from the punctuation alone which tuples the window operator could no longer count, so the
@@ -70,6 +71,10 @@ class Input(Operator):
         return f"Input {self.stream}"
 
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return Placement.by_row(passes_rows=True)
 
     def process(self, batch: Batch, port: int = 0) -> None:

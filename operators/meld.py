@@ -32,6 +32,10 @@ class Meld(Operator):
         return f"Meld of {self.inputs} inputs"
 
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return Placement.by_row(passes_rows=True)
 
     @property

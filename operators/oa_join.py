@@ -60,7 +60,7 @@ longer open - or ``x.ts < out_i``, which implies the former (band: ``out_i <= b_
 ``<query>.late``, in its stream's columns) once; if ``x.ts >= out_i`` it still forms its pairs
 with the partners held (a tuple may so be split, like one a sliding window counts in its open
 windows). It is stored by the usual rule (``ts >= T_i``). :meth:`OAJoin.late_mask` is this test
-as a function of ``(b0, b1)``: the planner's late rule for ``late='error'``.
+as a function of ``(b0, b1)``: the door's late rule for ``late='error'`` (:func:`late_mask_of`).
 
 Implementation. Each input keeps columnar storage (numpy arrays with amortised doubling) and a
 chained hash index: ``heads[hash & mask]`` is the first row of a slot, ``next[row]`` the next row
@@ -539,9 +539,13 @@ class OAJoin(Operator):
                 self.emit_progress(bound, f"{s.prefix}.{s.ts}")
 
     def placement(self) -> Placement:
+        left, right = self.sides
+        return self.placement_for(left, right)
+
+    @staticmethod
+    def placement_for(left: JoinSide, right: JoinSide) -> Placement:
         """By each side's equality keys (matching tuples meet on one worker); one worker
         without keys."""
-        left, right = self.sides
         return Placement.by_keys(left.keys, right.keys)
 
     def describe(self) -> str:

@@ -67,7 +67,8 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.wid_state import Cells, nonempty_cells
 from lowtide.operators.window_ids import touched_windows, window_rows
-from lowtide.operators.windows import Sliding, in_completed_window
+from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.snapshot import INT, NESTED, OPTIONAL_INT, Keep, declare
 
@@ -84,7 +85,7 @@ def pane_of(window: Sliding) -> Sliding:
     return Sliding(pane, pane, window.attribute)
 
 
-class PanedWIDAggregate(Operator):
+class PanedWIDAggregate(WindowOperator):
     label = "Paned-WID Aggregate"
     # The group table and accumulators it reads are the slices' state, not its own.
     STATE: ClassVar[Mapping[str, Keep]] = declare(
@@ -134,8 +135,12 @@ class PanedWIDAggregate(Operator):
         self.generation = 0
 
     def placement(self) -> Placement:
+        return self.placement_for(self.slices.group_columns)
+
+    @staticmethod
+    def placement_for(group_columns: tuple[str, ...]) -> Placement:
         """The slices': by their group columns (each worker's slices hold whole groups)."""
-        return Placement.by_keys(self.slices.group_columns)
+        return SharedSlices.placement_for(group_columns)
 
     def attach(self) -> None:
         """Start reading the shared slices: from now on (a new generation if tuples arrived
@@ -172,7 +177,7 @@ class PanedWIDAggregate(Operator):
         query has emitted once its input punctuation is ``punctuation`` (for ``error``): those
         :meth:`judge_behind` sends to the late side stream. Its windows end on slice edges, so
         the slices' punctuation ``p // width`` completes exactly the windows ending at or before ``p``."""
-        return in_completed_window(self.window, batch, punctuation)
+        return late_at(self.window, batch, punctuation)
 
     def judge_behind(self, batch: Batch) -> Mask:
         """Which tuples behind punctuation count in a window of this query not yet emitted;

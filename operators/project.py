@@ -34,6 +34,10 @@ class Project(Operator):
         return f"Project {', '.join(self.expressions)}"
 
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return Placement.by_row(passes_rows=False)  # new rows: computed columns
 
     def process(self, batch: Batch, port: int = 0) -> None:

@@ -13,7 +13,7 @@ and the measurements are its state. Placement: any split by row position; its ro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -98,6 +98,15 @@ class _Ranking(Keep):
         return ranked
 
 
+def passing(predicates: Sequence[Predicate], batch: Batch) -> npt.NDArray[np.bool_]:
+    """Which tuples of ``batch`` satisfy every one of ``predicates`` (no operator, no measurement:
+    the door's late rules ask this of a WHERE, lowtide.query.late_rules)."""
+    keep = np.ones(batch.n, np.bool_)
+    for predicate in predicates:
+        keep &= np.broadcast_to(np.asarray(predicate(batch.columns), dtype=np.bool_), (batch.n,))
+    return keep
+
+
 class Select(Operator):
     label = "Select"
     STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, conjuncts=_Ranking(), _batches=INT)
@@ -108,6 +117,10 @@ class Select(Operator):
         self._batches = 0
 
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return Placement.by_row(passes_rows=True)
 
     def describe(self) -> str:
@@ -132,13 +145,6 @@ class Select(Operator):
         self._batches += 1
         if self._batches % RERANK == 0:
             self._rerank()
-
-    def passes(self, batch: Batch) -> npt.NDArray[np.bool_]:
-        """Which tuples of ``batch`` the WHERE keeps (no state change, no measurement)."""
-        keep = np.ones(batch.n, np.bool_)
-        for conjunct in self.conjuncts:
-            keep &= np.broadcast_to(np.asarray(conjunct.predicate(batch.columns), dtype=np.bool_), (batch.n,))
-        return keep
 
     def _evaluate(
         self, conjunct: Conjunct, rows: Mapping[str, npt.NDArray[Any]], n: int

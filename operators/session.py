@@ -74,6 +74,7 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
 from lowtide.operators.result_rows import FINAL, Having, apply_having, key_columns
 from lowtide.operators.session_table import SessionTable
+from lowtide.operators.window_operator import WindowOperator, late_at
 from lowtide.operators.windows import Session
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -98,7 +99,7 @@ def _one_window(n: int) -> tuple[I64, I64]:
     return _WINDOWS[0, :n], _WINDOWS[1, :n]
 
 
-class SessionAggregate(Operator):
+class SessionAggregate(WindowOperator):
     label = "Session Aggregate"
     STATE: ClassVar[Mapping[str, Keep]] = declare(
         Operator.STATE, groups=NESTED, table=NESTED, cells=NESTED, progress_in=INT
@@ -136,8 +137,12 @@ class SessionAggregate(Operator):
         self.progress_in = NO_PROGRESS  # the last input punctuation
 
     def placement(self) -> Placement:
+        return self.placement_for(self.group_columns)
+
+    @staticmethod
+    def placement_for(group_columns: tuple[str, ...]) -> Placement:
         """By the group columns; one worker without them."""
-        return Placement.by_keys(self.group_columns)
+        return Placement.by_keys(group_columns)
 
     def describe(self) -> str:
         by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
@@ -171,7 +176,7 @@ class SessionAggregate(Operator):
         not have; so under ``error`` a batch with any tuple behind punctuation is rejected, as
         before issue 14. Under ``drop`` the rule only makes the Inputs forward such tuples:
         :meth:`process` decides."""
-        return np.ones(batch.n, np.bool_)
+        return late_at(self.window, batch, punctuation)
 
     # -- input ------------------------------------------------------------------------------
     def process(self, batch: Batch, port: int = 0) -> None:

@@ -36,31 +36,52 @@ it: each query planned again joins anew, and its own snapshot holds what it read
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.operators.aggregates import CellState
+from lowtide.operators.aggregates import AggregateCall, CellState
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
+from lowtide.operators.result_queue import ResultQueue
 from lowtide.operators.wid_state import compact_groups
 from lowtide.operators.window_ids import touched_windows, window_rows
+from lowtide.operators.window_operator import WindowOperator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
-
-if TYPE_CHECKING:
-    from lowtide.operators.paned_wid import PanedWIDAggregate
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 
 
-class SharedSlices(Operator):
+class SliceReader(Protocol):
+    """What the slices ask of a reader (a :class:`~lowtide.operators.paned_wid.PanedWIDAggregate`,
+    which imports this module: the slices know their readers by this much only)."""
+
+    calls: tuple[AggregateCall, ...]
+    summaries: tuple[str, ...]  # the columns whose value logs it reads (holistic aggregates)
+    invertible: tuple[str, ...]  # the accumulators its running window keeps
+    queue: ResultQueue
+
+    def late_mask(self, batch: Batch, punctuation: int) -> Mask: ...
+
+    def judge_behind(self, batch: Batch) -> Mask: ...
+
+    def running_holds(self, slices: I64) -> Mask: ...
+
+    def absorb(self, added: Mapping[str, I64], width: int) -> None: ...
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None: ...
+
+    def keep_from(self) -> int: ...
+
+
+class SharedSlices(WindowOperator):
     label = "Shared Slices"
     STATE: ClassVar[Mapping[str, Keep]] = declare(
         Operator.STATE,
@@ -82,7 +103,7 @@ class SharedSlices(Operator):
         self.group_types = group_types
         self.groups = GroupTable(len(group_columns))
         self.cells = CellState(())
-        self.readers: list[PanedWIDAggregate] = []
+        self.readers: list[SliceReader] = []
         self.generation = 0
         self._rows: dict[int, dict[int, int]] = {0: {}}  # generation -> slice -> row
         self._live: dict[int, tuple[I64, I64]] = {}  # generation -> its readers' slices and rows
@@ -97,15 +118,19 @@ class SharedSlices(Operator):
         return f"Shared Slices of {self.width}{by}{shared}: each tuple updates one slice"
 
     def placement(self) -> Placement:
+        return self.placement_for(self.group_columns)
+
+    @staticmethod
+    def placement_for(group_columns: tuple[str, ...]) -> Placement:
         """By the group columns: each worker keeps the slices of its groups."""
-        return Placement.by_keys(self.group_columns)
+        return Placement.by_keys(group_columns)
 
     def restore(self, state: State) -> None:
         super().restore(state)
         self._live.clear()  # a cache of _rows
 
     # -- readers --------------------------------------------------------------------------------
-    def join(self, reader: PanedWIDAggregate) -> int:
+    def join(self, reader: SliceReader) -> int:
         """Add a reader; returns the first generation it reads."""
         if self._rows[self.generation]:  # tuples arrived before this reader: they are not its own
             self.generation += 1
@@ -114,7 +139,7 @@ class SharedSlices(Operator):
         self.readers.append(reader)
         return self.generation
 
-    def leave(self, reader: PanedWIDAggregate) -> None:
+    def leave(self, reader: SliceReader) -> None:
         self.readers.remove(reader)
         # A value log no reader needs would only grow with every tuple.
         self.cells.forget_logs({col for r in self.readers for col in r.summaries})
@@ -152,6 +177,9 @@ class SharedSlices(Operator):
         for reader in self.readers:
             late |= reader.late_mask(batch, punctuation)
         return late
+
+    def emit_partials(self) -> None:
+        """Nothing: the slices are no query's windows; each reader emits its own."""
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n

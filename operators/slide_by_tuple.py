@@ -338,6 +338,10 @@ class SlideByTupleAggregate(Operator):
 
     # -- reporting ------------------------------------------------------------------------
     def placement(self) -> Placement:
+        return self.placement_for()
+
+    @staticmethod
+    def placement_for() -> Placement:
         return ONE_WORKER  # ranks and row numbers are over the whole stream
 
     def describe(self) -> str:

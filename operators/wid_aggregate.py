@@ -53,7 +53,8 @@ from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind, expand_ranges
-from lowtide.operators.windows import Landmark, Rows, Sliding, Window, WindowLimits, in_completed_window
+from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.windows import Landmark, Rows, Sliding, Window, WindowLimits
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 from lowtide.snapshot import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
@@ -63,7 +64,7 @@ LateSink = Callable[[Batch], None]
 LANDMARK_CHUNK = 1 << 16  # result rows per batch of a landmark's windows emitted together
 
 
-class WIDAggregate(Operator):
+class WIDAggregate(WindowOperator):
     label = "WID Aggregate"
     STATE: ClassVar[Mapping[str, Keep]] = declare(
         Operator.STATE,
@@ -109,12 +110,16 @@ class WIDAggregate(Operator):
         self._group_partition = np.zeros(0, np.int64)
 
     def placement(self) -> Placement:
+        return self.placement_for(self.window, self.group_columns)
+
+    @staticmethod
+    def placement_for(window: Window, group_columns: tuple[str, ...]) -> Placement:
         """By the PA columns (a partition's rows are counted on one worker), by the group
         columns of a time window; one worker for landmark and unpartitioned tuple windows."""
-        if isinstance(self.window, Rows):
-            return Placement.by_keys(self.window.partition)
-        if isinstance(self.window, Sliding):
-            return Placement.by_keys(self.group_columns)
+        if isinstance(window, Rows):
+            return Placement.by_keys(window.partition)
+        if isinstance(window, Sliding):
+            return Placement.by_keys(group_columns)
         return ONE_WORKER
 
     def open_windows(self) -> int:
@@ -162,7 +167,7 @@ class WIDAggregate(Operator):
     def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
         """Which tuples (behind punctuation, as they enter the query) belong to a window this
         aggregate has emitted once its input punctuation is ``punctuation`` (for ``error``)."""
-        return in_completed_window(self.window, batch, punctuation)
+        return late_at(self.window, batch, punctuation)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute == "wid_retain":

@@ -1,7 +1,8 @@
 """How a query's input splits across workers without changing its results.
 
 Each operator declares its placement (:mod:`lowtide.operators.placement`); a query's partitioning
-combines those of its plan's operators. It runs on one worker if any operator needs the whole
+combines those of its plan's operators, read off its description before any is built
+(:func:`~lowtide.query.build.placement_of`). It runs on one worker if any operator needs the whole
 input. Otherwise each input is split by the keys of the keyed operators it reaches (the group-by
 columns of a time-window aggregate, a partitioned tuple window's PA columns, a join side's
 equality keys: matching tuples meet on one worker), or by row position if it reaches none. The
@@ -19,11 +20,11 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import hash_rows
 from lowtide.operators.placement import Placement, Split
-from lowtide.query.planner import Plan
+from lowtide.query.build import placement_of
+from lowtide.query.description import PlanDescription
 
 Keys = tuple[str, ...]
 
@@ -42,46 +43,54 @@ class Partitioning:
         return f"split across {workers} workers by {by}"
 
 
-def partitioning_of(plan: Plan) -> Partitioning:
-    """The split of ``plan``'s inputs that every operator's placement allows."""
+def partitioning_of(description: PlanDescription) -> Partitioning:
+    """The split of a query's inputs that every operator's placement allows."""
     single = Partitioning(single=True)
-    placements = {id(op): op.placement() for op in plan.operators}
-    if any(p.split is Split.ONE_WORKER for p in placements.values()):
+    placements = [placement_of(node.kind) for node in description.nodes]
+    if any(p.split is Split.ONE_WORKER for p in placements):
         return single
+    outputs: list[list[tuple[int, int]]] = [[] for _ in description.nodes]
+    for i, node in enumerate(description.nodes):
+        for port, source in enumerate(node.sources):
+            outputs[source].append((i, port))
     reached: set[int] = set()
     keys: list[Keys] = []
-    for _, source in plan.inputs:
-        needed = _keys_needed(source, 0, True, placements, reached)
+    for entry in description.inputs:
+        needed = _keys_needed(entry.node, 0, True, placements, outputs, reached)
         if needed is None or len(needed) > 1:
             return single
         keys.append(needed.pop() if needed else ())
     # An operator no input feeds through the graph reads what all of them fed (Paned-WID reads
     # its slices' state): every input must be split by its keys.
-    for op in plan.operators:
-        placement = placements[id(op)]
-        unread = id(op) not in reached and placement.split is Split.BY_KEYS
+    for i, placement in enumerate(placements):
+        unread = i not in reached and placement.split is Split.BY_KEYS
         if unread and any(k != placement.keys[0] for k in keys):
             return single
     return Partitioning(False, tuple(keys))
 
 
 def _keys_needed(
-    op: Operator, port: int, traced: bool, placements: dict[int, Placement], reached: set[int]
+    node: int,
+    port: int,
+    traced: bool,
+    placements: list[Placement],
+    outputs: list[list[tuple[int, int]]],
+    reached: set[int],
 ) -> set[Keys] | None:
-    """The keys that the plan's operators from ``op`` (entered on ``port``) on need their input
-    split by; None if one needs keys that are not the input's columns (``traced`` False: the rows
-    reaching ``op`` were made by an operator on the way)."""
-    placement = placements.get(id(op))
-    if placement is None:  # past the plan's output
-        return set()
-    reached.add(id(op))
+    """The keys that the operators from ``node`` (entered on ``port``) on need their input split
+    by; None if one needs keys that are not the input's columns (``traced`` False: the rows
+    reaching ``node`` were made by an operator on the way)."""
+    placement = placements[node]
+    reached.add(node)
     needed: set[Keys] = set()
     if placement.split is Split.BY_KEYS:
         if not traced:
             return None
         needed.add(placement.keys[port])
-    for downstream, next_port in op.outputs:
-        more = _keys_needed(downstream, next_port, traced and placement.passes_rows, placements, reached)
+    for downstream, next_port in outputs[node]:
+        more = _keys_needed(
+            downstream, next_port, traced and placement.passes_rows, placements, outputs, reached
+        )
         if more is None:
             return None
         needed |= more

@@ -137,7 +137,7 @@ class FrontEngine(Engine):
     # -- registration ---------------------------------------------------------------------------
     def _subscribers(self, running: RunningQuery) -> list[tuple[str, Input]]:
         plan = running.plan
-        partitioning = partitioning_of(plan)
+        partitioning = partitioning_of(plan.description)
         n = self.workers.size
         single = partitioning.single or n == 1
         workers = [zlib.crc32(running.name.encode()) % n] if single else list(range(n))
@@ -201,7 +201,7 @@ class FrontEngine(Engine):
 
     def explain(self, sql: str) -> str:
         running = self._plan(sql, "explain", LatePolicy.DROP, None)
-        placement = partitioning_of(running.plan).describe(self.workers.size)
+        placement = partitioning_of(running.plan.description).describe(self.workers.size)
         return super().explain(sql) + f"\n(the query {placement})"
 
     def _forget(self, name: str) -> None:

@@ -36,8 +36,9 @@ from lowtide.operators.input import Input
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
+from lowtide.query.plan import Plan
 from lowtide.query.plan_state import restore_plan, restore_share, snapshot_plan, snapshot_share
-from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.planner import Context, plan_query
 from lowtide.query.sharing import Shares, share_key
 from lowtide.schema import ColumnType, Schema
 from lowtide.server import messages as msg

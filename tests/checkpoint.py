@@ -26,6 +26,7 @@ from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
+from lowtide.query.plan import Plan
 from lowtide.query.plan_state import (
     restore_plan,
     restore_share,
@@ -34,7 +35,7 @@ from lowtide.query.plan_state import (
     snapshot_plan,
     snapshot_share,
 )
-from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.planner import Context, plan_query
 from lowtide.query.sharing import Shares
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.snapshot import as_dict, pack, unpack

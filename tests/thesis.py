@@ -1,4 +1,5 @@
-"""The dissertation's queries (tests/data/thesis.sql, a copy of shared/queries/thesis.sql), by label."""
+"""The dissertation's queries (tests/data/thesis.sql, a copy of shared/queries/thesis.sql), by label,
+and the packet schema of the streams they read."""
 
 from __future__ import annotations
 
@@ -7,6 +8,19 @@ from pathlib import Path
 from lowtide.query import split_statements
 
 THESIS_SQL = Path(__file__).resolve().parent / "data" / "thesis.sql"
+# The streams' schema (thesis.sql's header); S0 and S1 add flags: string.
+PACKET = {
+    "srcIP": "string",
+    "srcPort": "int32",
+    "destIP": "string",
+    "destPort": "int32",
+    "len": "int32",
+    "ts": "timestamp[ms]",
+}
+
+
+def packet_schema(stream: str) -> dict[str, str]:
+    return {**PACKET, "flags": "string"} if stream in ("S0", "S1") else PACKET
 
 
 def thesis_queries() -> dict[str, str]:

@@ -8,7 +8,7 @@ so string equality is integer equality.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,28 @@ def compile_expr(
     if isinstance(expr, FuncCall | Star):
         raise UnsupportedQuery(f"function {getattr(expr, 'name', '*')}() is not allowed here")
     raise UnsupportedQuery(f"unsupported expression {expr!r}")
+
+
+def compile_conjuncts(
+    conjuncts: Sequence[Expr], scope: Scope, pool: StringPool
+) -> list[tuple[Callable[[Columns], Any], str]]:
+    """Each conjunct of a WHERE compiled, with its text (for ``explain``)."""
+    return [(compile_expr(c, scope, pool).fn, expr_text(c)) for c in conjuncts]
+
+
+def expr_text(expr: Expr) -> str:
+    """``expr`` written out again (conjuncts in ``explain``, columns in error messages)."""
+    if isinstance(expr, Column):
+        return expr.text
+    if isinstance(expr, Literal):
+        return repr(expr.value)
+    if isinstance(expr, BinaryOp):
+        return f"{expr_text(expr.left)} {expr.op} {expr_text(expr.right)}"
+    if isinstance(expr, FuncCall):
+        return f"{expr.name}({', '.join(expr_text(a) for a in expr.args)})"
+    if isinstance(expr, Star):
+        return "*"
+    return f"{getattr(expr, 'op', '')} {expr_text(getattr(expr, 'operand'))}"  # noqa: B009
 
 
 def _binary(expr: BinaryOp, scope: Scope, pool: StringPool, names: Mapping[Expr, str] | None) -> Compiled:

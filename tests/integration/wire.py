@@ -23,19 +23,12 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
+from thesis import PACKET
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LowtideError, Punctuation
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc
 
-PACKET = {
-    "srcIP": "string",
-    "srcPort": "int32",
-    "destIP": "string",
-    "destPort": "int32",
-    "len": "int32",
-    "ts": "timestamp[ms]",
-}
 ARROW = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "timestamp[ms]": pa.timestamp("ms")}
 CLOSE = "close"
 Item = pa.Table | Punctuation

@@ -51,7 +51,7 @@ from strategies import (
     tumbling_windows,
     tuples,
 )
-from thesis import thesis_queries
+from thesis import packet_schema, thesis_queries
 
 import lowtide.operators
 from lowtide.batch import Batch
@@ -469,14 +469,6 @@ def test_every_operator_kind_has_a_contract_case() -> None:
 
 
 # -- the dissertation's queries ----------------------------------------------------------------------
-PACKET = {
-    "srcIP": "string",
-    "srcPort": "int32",
-    "destIP": "string",
-    "destPort": "int32",
-    "len": "int32",
-    "ts": "timestamp[ms]",
-}
 IPS = st.sampled_from(["a", "b", "c"])
 
 
@@ -511,7 +503,7 @@ def streams_of(sql: str) -> list[str]:
 def test_thesis_queries_restore_exactly(label: str, sql: str, data: st.DataObject) -> None:
     names = streams_of(sql)
     sources = {name: ("link",) for name in names}
-    schemas = {name: {**PACKET, "flags": "string"} if name in ("S0", "S1") else PACKET for name in names}
+    schemas = {name: packet_schema(name) for name in names}
     rows = {name: data.draw(packets(name in ("S0", "S1")), label=f"packets {name}") for name in names}
     events = data.draw(deliveries(rows, sources), label="events")
     case = Case(sources, events, [(0, Registration("q", sql))], flush=data.draw(flushes), schemas=schemas)

@@ -11,7 +11,7 @@ import pytest
 from harness import columns
 from reference import Agg, Spec, Window, assert_rows_equal, evaluate
 from strategies import SCHEMA
-from thesis import thesis_queries
+from thesis import PACKET, thesis_queries
 
 from lowtide import (
     END_OF_STREAM,
@@ -32,14 +32,6 @@ from lowtide.operators.bucket import Bucket
 from lowtide.operators.meld import Meld
 from lowtide.operators.windows import Landmark, Rows, Sliding
 
-PACKET = {
-    "srcIP": "string",
-    "srcPort": "int32",
-    "destIP": "string",
-    "destPort": "int32",
-    "len": "int32",
-    "ts": "timestamp[ms]",
-}
 PACKET_STREAMS = ["Main", "Main1", "Main2", "Control", "M", "M1", "M2", "A", "B", "C", "D", "packets"]
 
 

@@ -1,4 +1,5 @@
-"""How queries split across workers: the server combines each operator's own placement."""
+"""How queries split across workers: the server combines each operator's own placement, read off
+the query's description before anything is built."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import pytest
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
+from lowtide.operators.placement import ONE_WORKER
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
-from lowtide.query.planner import Context, Plan, plan_query
+from lowtide.query.build import placement_of
+from lowtide.query.plan import Plan
+from lowtide.query.planner import Context, plan_query
 from lowtide.schema import Schema
 from lowtide.server.partitioning import Partitioning, partitioning_of
 from lowtide.strings import StringPool
@@ -90,7 +94,14 @@ def plan(sql: str) -> Plan:
 def test_queries_split_as_their_operators_declare(sql: str, label: str, want: Partitioning) -> None:
     planned = plan(sql)
     assert label in {op.label for op in planned.operators}
-    assert partitioning_of(planned) == want
+    assert partitioning_of(planned.description) == want
+
+
+@pytest.mark.parametrize(("sql", "label", "want"), CASES)
+def test_each_node_is_placed_as_its_operator(sql: str, label: str, want: Partitioning) -> None:
+    planned = plan(sql)
+    described = [placement_of(node.kind) for node in planned.description.nodes]
+    assert described == [op.placement() for op in planned.operators]
 
 
 class _Undeclared(Operator):
@@ -106,7 +117,4 @@ class _Undeclared(Operator):
 
 
 def test_an_operator_that_declares_nothing_is_never_split() -> None:
-    planned = plan("SELECT k1, ts FROM A")
-    assert partitioning_of(planned) == by(())
-    planned.operators.append(planned.output.connect(_Undeclared()))
-    assert partitioning_of(planned) == SINGLE
+    assert _Undeclared().placement() == ONE_WORKER
