@@ -1,7 +1,7 @@
 """The front process: gRPC (grpc.aio on uvloop) in front of the engine's door and its workers.
 
 Control calls, ingestion and subscriptions all come here. Batches pass the door (schema, string
-codes, sources, progress, late detection) in :class:`~lowtide.server.runtime.FrontEngine` and go
+codes, sources, progress, late detection) in :class:`~lowtide.server.process_runner.FrontEngine` and go
 to the workers; worker output comes back, is melded per query and waits in a :class:`Hub` for
 subscribers. ``serve`` runs until SIGTERM or SIGINT, then drains: in-flight batches reach the
 workers, their results reach the subscribers, subscriptions end cleanly, the process exits 0.
@@ -56,8 +56,8 @@ from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.metrics import ServerMetrics
 from lowtide.server.ports import ensure_free
-from lowtide.server.runtime import FrontEngine
-from lowtide.server.workers import WorkerPool
+from lowtide.server.process_runner import FrontEngine
+from lowtide.server.local_workers import WorkerPool
 from lowtide.testing import ManualClock
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])

@@ -179,7 +179,7 @@ class Released:
 
 @dataclass(frozen=True, slots=True)
 class Epoch:
-    """After everything one batch or punctuation message made for the query (see melding)."""
+    """After everything one batch or punctuation message made for the query (see ordered_meld)."""
 
     query: str
 

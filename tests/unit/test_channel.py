@@ -27,7 +27,7 @@ from lowtide.server.channel import (
     create_segment,
     remove_stale_segments,
 )
-from lowtide.server.workers import WorkerPool
+from lowtide.server.local_workers import WorkerPool
 
 RING = 1 << 20
 # Header sizes around the pipe's own limits: multiprocessing's 16 KiB split, a 64 KiB default

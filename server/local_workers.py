@@ -28,7 +28,7 @@ from lowtide.server.channel import (
     create_segment,
     remove_stale_segments,
 )
-from lowtide.server.worker import worker_main
+from lowtide.server.worker_process import worker_main
 
 Outgoing = tuple[msg.ToWorker, dict[str, Any] | None]
 OnMessage = Callable[[int, msg.ToFront, dict[str, Any]], None]

@@ -27,10 +27,10 @@ from lowtide.punctuation.policies import LatePolicy
 from lowtide.results import to_table
 from lowtide.schema import ColumnType
 from lowtide.server import messages as msg
-from lowtide.server.melding import OrderedMeld
+from lowtide.server.ordered_meld import OrderedMeld
 from lowtide.server.partitioning import Partitioning, partitioning_of, split
-from lowtide.server.worker import decode_columns
-from lowtide.server.workers import WorkerPool
+from lowtide.server.worker_process import decode_columns
+from lowtide.server.local_workers import WorkerPool
 from lowtide.strings import StringPool
 from lowtide.testing import Clock
 
@@ -87,7 +87,7 @@ class Dispatch(Input):
             return
         pieces = split(batch, query.partitioning.keys[self.index], len(query.workers))
         for worker, rows in zip(query.workers, pieces, strict=True):
-            # An empty piece goes too: every worker answers every message (an epoch, see melding).
+            # An empty piece goes too: every worker answers every message (an epoch, see ordered_meld).
             piece = batch.select(rows)
             message = msg.Batch(query.name, self.index, late, piece.n)
             front.post(worker, message, piece.columns if piece.n else None, self.derived)
