@@ -81,7 +81,7 @@ class Checkpointer:
             time.monotonic(),
         )
         self.pending = pending
-        front.engine.recording = pending.channel
+        front.engine.runner.recording = pending.channel
         for worker in range(front.workers.size):
             front.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
 
@@ -104,7 +104,7 @@ class Checkpointer:
             if not pending.waiting:
                 # Every worker is past the barrier and the melds have released exactly the
                 # output of the records before it: the output side, as of the barrier.
-                self.front.engine.recording = None
+                self.front.engine.runner.recording = None
                 pending.output = output_state(self.front, pending.channel)
         else:
             pending.written[worker] = (answer.size, answer.crc32)
@@ -140,5 +140,5 @@ class Checkpointer:
         pending = self.pending
         if pending is not None:
             self.pending = None
-            self.front.engine.recording = None
+            self.front.engine.runner.recording = None
             self.store.abandon(pending.seq)

@@ -61,8 +61,8 @@ def _fields(record: records.Record) -> dict[str, State]:
 def output_state(front: Front, channel: list[Message]) -> State:
     engine = front.engine
     queries: dict[str, State] = {}
-    for name, remote in engine.remote.items():
-        running = remote.running
+    for name, remote in engine.runner.queries.items():
+        running = engine.query(name)
         queries[name] = {
             "meld": remote.meld.meld.snapshot(),
             "late_dropped": running.late_dropped,
@@ -145,8 +145,8 @@ def restore_output(front: Front, output: State, live_hubs: bool) -> list[Message
     engine = front.engine
     for name, entry in as_dict(saved["queries"], "queries").items():
         e = as_dict(entry, f"query {name}")
-        remote = engine.remote[name]
-        running = remote.running
+        remote = engine.runner.queries[name]
+        running = engine.query(name)
         remote.meld.meld.restore(e["meld"])
         running.late_dropped = as_int(e["late_dropped"], "late_dropped")
         running.sink.results = as_int(e["results"], "results")
@@ -155,14 +155,16 @@ def restore_output(front: Front, output: State, live_hubs: bool) -> list[Message
         if running.derived is not None and e["derived"] is not None:
             running.derived.restore(e["derived"])
         if e["failed"] is not None:
-            engine.fail(remote, as_str(e["failed"], "failure"))
+            engine.runner.fail(remote, as_str(e["failed"], "failure"))
     for key, state in as_dict(saved["hubs"], "hubs").items():
         hub = front.hubs.get(key)
         if hub is not None:
             _restore_hub(hub, state, live_hubs)
             closed = as_dict(state, "hub")["closed"]
             if closed is not None:
-                hub.close(as_str(closed, "status"), engine.remote[key.removesuffix(".late")].failed or "")
+                hub.close(
+                    as_str(closed, "status"), engine.runner.queries[key.removesuffix(".late")].failed or ""
+                )
     return [
         (
             as_int(e["worker"], "worker"),

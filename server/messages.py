@@ -28,7 +28,7 @@ from lowtide.errors import CorruptState
 from lowtide.operators.windows import WindowLimits
 
 if TYPE_CHECKING:
-    from lowtide.engine import SlowFlush
+    from lowtide.operators.result_queue import SlowFlush
 
 
 @dataclass(frozen=True)
