@@ -588,8 +588,9 @@ class Front:
         for task in self._tasks:
             task.cancel()
         try:
-            await self.workers.idle()
-            await self.sync()
+            if not self.exit_code:  # workers that cannot start hold nothing to drain
+                await self.workers.idle()
+                await self.sync()
         except TimeoutError:
             pass
         for hub in self.hubs.values():

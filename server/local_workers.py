@@ -188,6 +188,7 @@ class LocalWorkers:
         self._close(handle)
         if self._stopping:
             return
+        handle.process.join(5)  # its sentinel closes as it exits, a moment before it can be reaped
         code = handle.process.exitcode
         if code is None or code <= 0:  # it served (exit 0) or was killed (a signal): start it again
             self._restart(handle.index, 0)

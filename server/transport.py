@@ -31,7 +31,6 @@ OnGiveUp = Callable[[str], None]
 
 class WorkerTransport(Protocol):
     size: int  # workers
-    restarts: int  # worker deaths so far
 
     def start(self) -> None: ...
 
