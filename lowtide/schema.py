@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,12 +293,12 @@ def code_kept(
     pool: StringPool,
     holder: str,
     reads: Collection[str] | None,
-    behind_of: Callable[[Batch], npt.NDArray[np.bool_]],
+    behind: npt.NDArray[np.bool_],
 ) -> Batch:
     """``batch`` with the string columns :func:`admit` kept as Arrow coded: all rows of a column
-    a query reads now, else the rows behind punctuation only (``behind_of(batch)``: a query's
-    late side stream shows them, nothing else shows a column no query reads). The other rows get
-    ``NULL_CODE``. No limit applies: the batch was accepted."""
+    a query reads now, else the rows ``behind`` punctuation only (a query's late side stream
+    shows them, nothing else shows a column no query reads). The other rows get ``NULL_CODE``.
+    No limit applies: the batch was accepted."""
     kept = {
         name: values
         for name, values in batch.columns.items()
@@ -306,7 +306,6 @@ def code_kept(
     }
     if not kept:
         return batch
-    behind = behind_of(batch)
     read = {name: v for name, v in kept.items() if reads is None or name in reads}
     coded = pool.encode(read, holder)
     rows = pa.array(behind)

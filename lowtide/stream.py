@@ -135,9 +135,12 @@ class Stream:
         ``reads`` (None: all) stay Arrow (see :func:`~lowtide.schema.admit`)."""
         return admit(data, self.schema, pool, self.name, reads, limits)
 
-    def code_kept(self, batch: Batch, pool: StringPool, reads: Collection[str] | None) -> Batch:
-        """An admitted batch with the string columns :meth:`admit` kept coded, as needed now."""
-        return code_kept(batch, self.schema, pool, self.name, reads, self.late_mask)
+    def code_kept(
+        self, batch: Batch, pool: StringPool, reads: Collection[str] | None, behind: npt.NDArray[np.bool_]
+    ) -> Batch:
+        """An admitted batch with the string columns :meth:`admit` kept coded, as needed now
+        (``behind``: its :meth:`late_mask`)."""
+        return code_kept(batch, self.schema, pool, self.name, reads, behind)
 
     def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
         """Which tuples are behind punctuation: below the published progress."""
@@ -221,8 +224,8 @@ class Stream:
             for known in self.sources.values()
         )
 
-    def tick(self) -> None:
-        """Heartbeats and idle timeouts, on the engine's clock."""
+    def tick(self) -> bool:
+        """Heartbeats and idle timeouts, on the engine's clock; whether anything changed."""
         now = self.clock.now()
         changed = False
         if self.generator.kind == "heartbeat" and now >= self._next_heartbeat:
@@ -240,6 +243,7 @@ class Stream:
                 known.idle = idle
         if changed:
             self._publish()
+        return changed
 
     def _coarsen(self, value: int) -> int:
         """A generated punctuation, floored to the granularity and held within the domain: a

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 import grpc.aio
 
-from lowtide.engine import DEFAULT_SOURCE
+from lowtide.door import DEFAULT_SOURCE
 from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied, Unauthenticated
 from lowtide.names import visible_names
 from lowtide.proto import lowtide_pb2 as pb

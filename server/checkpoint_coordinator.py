@@ -102,7 +102,7 @@ class CheckpointCoordinator:
             time.monotonic(),
         )
         self.pending = pending
-        self.front.engine.recording = pending.channel
+        self.front.engine.runner.recording = pending.channel
         for worker in range(self.workers.size):
             self.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
 
@@ -125,7 +125,7 @@ class CheckpointCoordinator:
             if not pending.waiting:
                 # Every worker is past the barrier and the melds have released exactly the
                 # output of the records before it: the output side, as of the barrier.
-                self.front.engine.recording = None
+                self.front.engine.runner.recording = None
                 pending.output = output_state(self.front, pending.channel)
         else:
             pending.written[worker] = (answer.size, answer.crc32)
@@ -160,5 +160,5 @@ class CheckpointCoordinator:
         pending = self.pending
         if pending is not None:
             self.pending = None
-            self.front.engine.recording = None
+            self.front.engine.runner.recording = None
             self.store.abandon(pending.seq)

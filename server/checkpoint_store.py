@@ -11,7 +11,7 @@ barrier reaches it, forks a child that writes its operators' state as of that mo
 the barrier at once (it pauses only for the fork, see :mod:`lowtide.server.snapshot_writer`).
 The output side - melds, hubs, the result streams that feed other queries - is saved when the
 last echo is in: by then exactly the output of the records before ``seq`` has been released (see
-:mod:`lowtide.server.melding`). What the result streams sent to workers between the barrier and
+:mod:`lowtide.server.ordered_meld`). What the result streams sent to workers between the barrier and
 that moment is saved with it and sent again at restore. The manifest follows once every worker
 has reported its file written, with the size and CRC-32 it reported.
 

@@ -1,7 +1,8 @@
 """The front process's state: the engine's door, the worker pool, the hubs and the journal.
 
-Batches pass the door (schema, string codes, sources, progress, late detection) in
-:class:`~lowtide.server.runtime.FrontEngine` and go to the workers; worker output comes back, is
+Batches pass the door (schema, string codes, sources, progress, late detection) of a
+:class:`~lowtide.door.Door` and go to the workers of its
+:class:`~lowtide.server.process_runner.ProcessRunner`; worker output comes back, is
 melded per query and waits in a :class:`Hub` for subscribers. Every change is applied in the
 journal's order (:meth:`Front.apply`), live and at replay, so recovery - from the newest
 checkpoint at start, or after a worker's death - rebuilds exactly what was served. The gRPC calls
@@ -16,15 +17,16 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from lowtide.batch import Batch
 from lowtide.clock import ManualClock
-from lowtide.engine import Limits, SlowFlush
+from lowtide.door import CheckedBatch, Door, Limits
 from lowtide.errors import LowtideError, StartupFailure
 from lowtide.ipc import read_ipc
+from lowtide.operators.result_queue import SlowFlush
 from lowtide.server import input_log as records
 from lowtide.server import messages as msg
 from lowtide.server.batches import AppliedBatches
@@ -35,10 +37,11 @@ from lowtide.server.front_snapshot import restore_catalog, restore_output
 from lowtide.server.hub import Hub
 from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
+from lowtide.server.local_workers import LocalWorkers
 from lowtide.server.metrics import ServerMetrics
-from lowtide.server.runtime import FrontEngine
-from lowtide.server.workers import WorkerPool
+from lowtide.server.process_runner import ProcessRunner
 from lowtide.snapshot import as_dict
+from lowtide.strings import StringPool
 
 log = logging.getLogger("lowtide.server")
 
@@ -49,7 +52,9 @@ class Front:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = ServerMetrics()
-        self.workers = WorkerPool(config.workers, self._on_message, self._on_death)
+        self.workers = LocalWorkers(config.workers, self._on_message, self._on_death, self._give_up)
+        self.stopping = asyncio.Event()  # SIGTERM, SIGINT, or workers that cannot start
+        self.exit_code = 0
         # The door's clock reads the time each change was applied at (the input log records it),
         # so replay runs heartbeats and idle timeouts exactly as they ran.
         self.clock = ManualClock(time.time())
@@ -79,7 +84,7 @@ class Front:
         # Scrapes run on the exposition's thread: they read a copy the event loop refreshes.
         self._snapshot: dict[str, Any] = {"streams": {}, "queries": {}}
 
-    def _new_engine(self) -> FrontEngine:
+    def _new_engine(self) -> Door[ProcessRunner]:
         config = self.config
         limits = Limits(
             config.max_streams,
@@ -91,9 +96,12 @@ class Front:
             max_string_bytes=config.max_string_bytes,
         )
         flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
-        engine = FrontEngine(self.workers, clock=self.clock, limits=limits, flush=flush)
-        engine.on_released = self.metrics.punctuation_to_result
-        return engine
+        pool = StringPool(mirrored=True)  # the workers' pools mirror it (ProcessRunner.sync_strings)
+        runner = ProcessRunner(self.workers, pool, flush, limits.windows)
+        runner.on_released = self.metrics.punctuation_to_result
+        # The hubs number every item of a late side stream, and recovery replays them to the same
+        # offsets; a drain follows each worker message, so what would collapse depends on timing.
+        return Door(runner, pool, self.clock, limits, flush, collapses_late_markers=False)
 
     async def start(self) -> None:
         self.workers.start()
@@ -135,9 +143,9 @@ class Front:
                 self.drop(record.name)
                 del self.catalog_queries[record.name]
             case records.FailQuery():
-                remote = engine.remote.get(record.name)
+                remote = engine.runner.queries.get(record.name)
                 if remote is not None and not remote.failed:
-                    engine.fail(remote, record.reason, record.status)
+                    engine.runner.fail(remote, record.reason, record.status)
                     self._close_failed(record.name, record.status, record.reason)
             case records.Batch():
                 return self._apply_batch(record, prepared)
@@ -149,25 +157,28 @@ class Front:
                 engine.tick()
         return None
 
-    def _apply_batch(self, record: records.Batch, prepared: tuple[int, list[Batch]] | None) -> int:
+    def _apply_batch(self, record: records.Batch, prepared: tuple[int, CheckedBatch] | None) -> int:
         """Apply a batch once per id; returns its rows (0 for a replay of an applied id).
-        ``prepared``: its parts as admitted, and the string pool's releases then."""
+        ``prepared``: the batch as the door checked it when accepted, and the string pool's
+        releases when its parts were admitted."""
         applied = self.applied_batches(record.stream, record.source)
         if record.batch_id and record.batch_id in applied:
             return 0
-        admitted = prepared[1] if prepared is not None else None
+        checked = prepared[1] if prepared is not None else None
         if prepared is not None and prepared[0] != self.engine.pool.releases:
-            admitted = None  # a dropped stream's codes were freed since: they may name others now
-        if admitted is None:  # at replay: checked as it was when accepted (no string limit)
+            checked = None  # a dropped stream's codes were freed since: they may name others now
+        if checked is None:  # at replay: admitted as it was when accepted (no string limit)
             limit = self.engine.limits.max_batch_rows
-            admitted = [
+            parts = [
                 self.engine.admit(record.stream, read_ipc(part, limit), validated=True, limited=False)
                 for part in record.parts
             ]
-        self.engine.push_admitted(record.stream, admitted, record.source)
+        else:
+            parts = checked.parts
+        self.engine.push_admitted(record.stream, checked or parts, record.source)
         if record.batch_id:
             applied.add(record.batch_id)
-        return sum(batch.n for batch in admitted)
+        return sum(batch.n for batch in parts)
 
     async def recover(self) -> tuple[int, TornTail | None]:
         """At start: restore the newest checkpoint of ``--state-dir`` and replay the log after it;
@@ -211,7 +222,7 @@ class Front:
         front_state = as_dict(checkpoint.front, "front state")
         restore_catalog(self, front_state["door"])
         messages = restore_output(self, front_state["output"], live_hubs)
-        self.engine.sync_strings()
+        self.engine.runner.sync_strings()
         for worker in range(self.workers.size):
             self.workers.post(worker, msg.Restore(self.generation, str(checkpoint.worker_path(worker))))
         for worker, record, arrays in messages:
@@ -289,7 +300,7 @@ class Front:
                 items = self.engine.drain(key)
                 if items:
                     hub.publish(items)
-        remote = self.engine.remote.get(name)
+        remote = self.engine.runner.queries.get(name)
         if remote is not None and remote.failed:
             self._close_failed(name, remote.status, remote.failed)
 
@@ -313,11 +324,11 @@ class Front:
             case msg.Synced():
                 self._synced(message.token, worker)
             case _:
-                name = self.engine.on_worker_message(worker, message, arrays)
+                name = self.engine.runner.on_worker_message(worker, message, arrays)
                 if name is not None:
                     self._publish(name)
                 if isinstance(message, msg.Failed):  # the queries sharing its slices failed with it
-                    for remote in self.engine.remote.values():
+                    for remote in self.engine.runner.queries.values():
                         if remote.failed:
                             self._close_failed(remote.name, remote.status, remote.failed)
 
@@ -342,8 +353,15 @@ class Front:
             self._tasks.append(asyncio.get_running_loop().create_task(self._recover_from_death(worker)))
             return
         self.metrics.worker_restarted(worker)
-        for name in self.engine.worker_died(worker):
-            self._close_failed(name, "ABORTED", self.engine.remote[name].failed or "worker died")
+        for name in self.engine.runner.worker_died(worker):
+            self._close_failed(name, "ABORTED", self.engine.runner.queries[name].failed or "worker died")
+
+    def _give_up(self, reason: str) -> None:
+        """A worker cannot be kept running (see :mod:`lowtide.server.local_workers`): the server stops."""
+        if not self.stopping.is_set():
+            print(f"lowtide: {reason}; stopping", file=sys.stderr)
+            self.exit_code = 1
+            self.stopping.set()
 
     async def sync(self) -> None:
         """Wait until every worker has processed everything posted to it so far (or died)."""
@@ -366,7 +384,7 @@ class Front:
                 now = time.monotonic()
                 if now - last_stats >= 1.0:
                     last_stats = now
-                    self.engine.request_stats()
+                    self.engine.runner.request_stats()
                     await self._enforce_state_limit()
                     if self.state is not None:
                         self.state.log.sync_every_second()
@@ -378,33 +396,27 @@ class Front:
 
     async def _enforce_state_limit(self) -> None:
         limit = self.config.max_query_state_bytes
-        for name, remote in list(self.engine.remote.items()):
+        for name, remote in list(self.engine.runner.queries.items()):
             if not remote.failed and self.engine.state_bytes(name) > limit:
                 reason = f"query {name!r} holds {self.engine.state_bytes(name)} bytes of state, over {limit}"
                 await self.submit(records.FailQuery(time.time(), name, "RESOURCE_EXHAUSTED", reason))
 
     def snapshot(self) -> dict[str, Any]:
         stats = self.engine.stats()
+        runner = self.engine.runner
         queries: dict[str, Any] = {}
-        for name, remote in self.engine.remote.items():
-            per_worker = list(remote.worker_stats.values())
-            operators: dict[tuple[int, str], list[int]] = {}
-            for stats_of in per_worker:
-                for index, (label, n_in, n_out) in enumerate(stats_of.get("operators", [])):
-                    counts = operators.setdefault((index, label), [0, 0])
-                    counts[0] += n_in
-                    counts[1] += n_out
+        for name, remote in runner.queries.items():
             queries[name] = {
                 "low_watermark": remote.meld.low_watermark,
-                "late": remote.running.late_dropped,
-                "open_windows": sum(s.get("open_windows", 0) for s in per_worker),
-                "state_bytes": sum(s.get("state_bytes", 0) for s in per_worker),
-                "operators": [(i, label, c[0], c[1]) for (i, label), c in sorted(operators.items())],
+                "late": self.engine.query(name).late_dropped,
+                "open_windows": runner.open_windows(name),
+                "state_bytes": runner.state_bytes(name),
+                "operators": [(i, *counts) for i, counts in enumerate(runner.operators(name))],
             }
         inputs = {s["name"] for s in self.engine.list_streams()}  # not the queries' result streams
         streams = {name: value for name, value in stats["streams"].items() if name in inputs}
         strings = {"front": len(self.engine.pool)}
-        strings.update((f"worker {w}", n) for w, n in sorted(self.engine.worker_strings.items()))
+        strings.update((f"worker {w}", n) for w, n in sorted(runner.worker_strings.items()))
         return {"streams": streams, "queries": queries, "strings": strings}
 
     async def stop(self) -> None:
@@ -412,8 +424,9 @@ class Front:
         for task in self._tasks:
             task.cancel()
         try:
-            await self.workers.idle()
-            await self.sync()
+            if not self.exit_code:  # workers that cannot start hold nothing to drain
+                await self.workers.idle()
+                await self.sync()
         except TimeoutError:
             pass
         for hub in self.hubs.values():

@@ -28,7 +28,8 @@ from lowtide.server.hub import Hub
 from lowtide.snapshot import State, as_array, as_dict, as_int, as_list, as_str
 
 if TYPE_CHECKING:
-    from lowtide.server.runtime import FrontEngine
+    from lowtide.door import Door
+    from lowtide.server.process_runner import ProcessRunner
 
 Message = tuple[int, tuple[Any, ...], dict[str, Any] | None]  # worker, header, arrays
 
@@ -37,7 +38,7 @@ class FrontParts(Protocol):
     """What of the front a snapshot holds: the door's engine, the catalog as created, the applied
     batch ids, the hubs; ``apply`` re-creates the catalog at restore."""
 
-    engine: FrontEngine
+    engine: Door[ProcessRunner]
     catalog_streams: dict[str, records.CreateStream]
     catalog_queries: dict[str, records.RegisterQuery]
     applied: dict[tuple[str, str], AppliedBatches]
@@ -75,8 +76,8 @@ def _fields(record: records.Record) -> dict[str, State]:
 def output_state(front: FrontParts, channel: list[Message]) -> State:
     engine = front.engine
     queries: dict[str, State] = {}
-    for name, remote in engine.remote.items():
-        running = remote.running
+    for name, remote in engine.runner.queries.items():
+        running = engine.query(name)
         queries[name] = {
             "meld": remote.meld.meld.snapshot(),
             "late_dropped": running.late_dropped,
@@ -159,8 +160,8 @@ def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Me
     engine = front.engine
     for name, entry in as_dict(saved["queries"], "queries").items():
         e = as_dict(entry, f"query {name}")
-        remote = engine.remote[name]
-        running = remote.running
+        remote = engine.runner.queries[name]
+        running = engine.query(name)
         remote.meld.meld.restore(e["meld"])
         running.late_dropped = as_int(e["late_dropped"], "late_dropped")
         running.sink.results = as_int(e["results"], "results")
@@ -169,14 +170,16 @@ def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Me
         if running.derived is not None and e["derived"] is not None:
             running.derived.restore(e["derived"])
         if e["failed"] is not None:
-            engine.fail(remote, as_str(e["failed"], "failure"))
+            engine.runner.fail(remote, as_str(e["failed"], "failure"))
     for key, state in as_dict(saved["hubs"], "hubs").items():
         hub = front.hubs.get(key)
         if hub is not None:
             _restore_hub(hub, state, live_hubs)
             closed = as_dict(state, "hub")["closed"]
             if closed is not None:
-                hub.close(as_str(closed, "status"), engine.remote[key.removesuffix(".late")].failed or "")
+                hub.close(
+                    as_str(closed, "status"), engine.runner.queries[key.removesuffix(".late")].failed or ""
+                )
     return [
         (
             as_int(e["worker"], "worker"),

@@ -1,7 +1,7 @@
 """Where a query's output waits for its subscribers, each item numbered by its output offset.
 
 Every item (result table or punctuation) a query emits gets the next offset, 0, 1, 2, ...; the
-query's output is replayable (see :mod:`lowtide.server.melding`), so after a recovery an offset
+query's output is replayable (see :mod:`lowtide.server.ordered_meld`), so after a recovery an offset
 names the same rows as before. A hub keeps one log of items in offset order; each subscription
 reads it at its own offset (nothing is copied per subscriber). Closing a hub ends every
 subscription after what it has not read yet: cleanly (server shutdown, query dropped) or with

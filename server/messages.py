@@ -28,7 +28,7 @@ from lowtide.errors import CorruptState
 from lowtide.operators.windows import WindowLimits
 
 if TYPE_CHECKING:
-    from lowtide.engine import SlowFlush
+    from lowtide.operators.result_queue import SlowFlush
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class Released:
 
 @dataclass(frozen=True, slots=True)
 class Epoch:
-    """After everything one batch or punctuation message made for the query (see melding)."""
+    """After everything one batch or punctuation message made for the query (see ordered_meld)."""
 
     query: str
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from lowtide.engine import MAX_QUERY_BYTES
+from lowtide.door import MAX_QUERY_BYTES
 from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied
 from lowtide.names import shown
 from lowtide.query.ast import FromStream

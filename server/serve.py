@@ -87,13 +87,13 @@ async def _serve(config: ServerConfig) -> int:
             )
         print(
             f"lowtide: state in {config.state_dir}: {len(front.engine.list_streams())} streams, "
-            f"{len(front.engine.remote)} queries, {replayed} logged changes replayed in "
+            f"{len(front.engine.runner.queries)} queries, {replayed} logged changes replayed in "
             f"{time.monotonic() - began:.2f} s",
             file=sys.stderr,
         )
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    stopping = asyncio.Event()
+    stopping = front.stopping
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before the ready line: a SIGTERM after it drains
         loop.add_signal_handler(sig, stopping.set)
@@ -106,7 +106,7 @@ async def _serve(config: ServerConfig) -> int:
     stopped = asyncio.ensure_future(server.stop(grace=10))
     await front.stop()
     await stopped
-    return 0
+    return front.exit_code
 
 
 def serve(config: ServerConfig) -> int:

@@ -20,6 +20,7 @@ import grpc
 import pyarrow as pa
 
 from lowtide import __version__, errors
+from lowtide.door import Door
 from lowtide.errors import InvalidArgument, LowtideError, NotFound, ResourceExhausted
 from lowtide.ipc import read_ipc
 from lowtide.names import shown, unknown
@@ -30,7 +31,7 @@ from lowtide.server import input_log as records
 from lowtide.server.batches import PartialBatch
 from lowtide.server.front import Front
 from lowtide.server.hub import Closed, Entry
-from lowtide.server.runtime import FrontEngine
+from lowtide.server.process_runner import ProcessRunner
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")
@@ -190,7 +191,7 @@ class Service(pb_grpc.LowtideServicer):
         self.front = front
 
     @property
-    def engine(self) -> FrontEngine:
+    def engine(self) -> Door[ProcessRunner]:
         return self.front.engine  # a new one after a recovery
 
     @translated
@@ -251,7 +252,7 @@ class Service(pb_grpc.LowtideServicer):
         )
         self.engine.check_query(record.sql, record.name, record.late, record.allowed_lateness)
         name = await self.front.submit(record)
-        running = self.engine.remote[name].running
+        running = self.engine.query(name)
         return pb.RegisterQueryResponse(
             name=name,
             columns=[pb.Column(name=n, type=t.name) for n, t in running.plan.schema],
@@ -272,13 +273,13 @@ class Service(pb_grpc.LowtideServicer):
     async def ListQueries(self, request: pb.ListQueriesRequest, context: Any) -> pb.ListQueriesResponse:
         infos = []
         for q in self.engine.list_queries():
-            remote = self.engine.remote[q["name"]]
+            remote = self.engine.runner.queries[q["name"]]
             infos.append(
                 pb.QueryInfo(
                     name=q["name"],
                     sql=q["sql"],
                     late=q["late"],
-                    columns=[pb.Column(name=n, type=t.name) for n, t in remote.running.plan.schema],
+                    columns=[pb.Column(name=n, type=t.name) for n, t in remote.query.plan.schema],
                     results=q["results"],
                     late_tuples=q["late_tuples"],
                     low_watermark=remote.meld.low_watermark,
@@ -333,12 +334,13 @@ class Service(pb_grpc.LowtideServicer):
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
                     tally.duplicates += 1
                     continue
+                # Nothing is logged that cannot apply; the judgement travels to the application.
+                checked = None
                 if whole.coded_by(front.generation, front.engine.pool.releases):  # else when applied
-                    front.engine.check_batch(
-                        stream, whole.admitted, source
-                    )  # nothing logged that cannot apply
+                    checked = front.engine.check_batch(stream, whole.admitted, source)
                 record = records.Batch(time.time(), stream, source, whole.batch_id, tuple(whole.payloads))
-                rows = await front.submit(record, (whole.releases, whole.admitted), whole.generation)
+                prepared = (whole.releases, checked) if checked is not None else None
+                rows = await front.submit(record, prepared, whole.generation)
                 if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
                     tally.duplicates += 1
                     continue

@@ -376,7 +376,7 @@ class InProcess:
     def __init__(self) -> None:
         config = ServerConfig(workers=1, metrics_port=-1, max_batch_rows=MAX_ROWS)
         self.front = Front(config)
-        self.front.workers = self.front.engine.workers = NoWorkers()  # type: ignore[assignment]
+        self.front.workers = self.front.engine.runner.workers = NoWorkers()  # type: ignore[assignment]
         self.service = Service(self.front)
         self.loop = asyncio.new_event_loop()
         self.last: Any = None

@@ -23,7 +23,7 @@ from test_security import SCHEMA, counts, first_table
 from lowtide import InvalidArgument, NotFound, PermissionDenied
 from lowtide.clients import Client
 from lowtide.clients._wire import arrow_bytes, translate
-from lowtide.engine import MAX_QUERY_BYTES
+from lowtide.door import MAX_QUERY_BYTES
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.server import auth

@@ -110,7 +110,7 @@ def _call(method: Any, *args: Any) -> Any:
 
 
 def _on_worker(name: str, workers: int = 2) -> int:
-    """The worker a single-worker query runs on (server/runtime.py: crc32 of the name)."""
+    """The worker a single-worker query runs on (server/process_runner.py: crc32 of the name)."""
     return zlib.crc32(name.encode()) % workers
 
 

@@ -27,7 +27,7 @@ from lowtide.server.channel import (
     create_segment,
     remove_stale_segments,
 )
-from lowtide.server.workers import WorkerPool
+from lowtide.server.local_workers import LocalWorkers
 
 RING = 1 << 20
 # Header sizes around the pipe's own limits: multiprocessing's 16 KiB split, a 64 KiB default
@@ -187,7 +187,7 @@ def test_a_worker_whose_channel_falls_out_of_step_is_restarted() -> None:
             deaths.append(index)
             died.set()
 
-        pool = WorkerPool(1, lambda *_: None, on_death, channel_bytes=RING)
+        pool = LocalWorkers(1, lambda *_: None, on_death, lambda _: None, channel_bytes=RING)
         pool.start()
         handle = pool.handles[0]
         pipe = os.readlink(f"/proc/self/fd/{handle.reader.fileno()}")

@@ -1,4 +1,4 @@
-"""A worker process: runs its partition of every query's operator graph.
+"""What runs inside a worker: its partition of every query's operator graph.
 
 The front process owns the door (schemas, string codes, sources, progress, late detection) and
 sends each worker the tuples of the partitions it owns, already split by the query's partitioning
@@ -12,7 +12,9 @@ worker's pool mirrors; queries registered and dropped; batches and punctuation; 
 checkpoint, reset, restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output
 punctuation, late tuples; ``Released`` after the results a punctuation released; ``Epoch`` after
 everything one batch, punctuation or ``Emit`` (early results) message made for a query; the
-answers to the control messages).
+answers to the control messages). A :class:`Worker` only handles messages and sends its answers
+to an :class:`Outbound`; :func:`worker_main` runs one in a process spawned by
+:class:`~lowtide.server.local_workers.LocalWorkers`, over shared-memory channels.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, assert_never
+from typing import Any, Protocol, assert_never
 
 import numpy as np
-import pyarrow as pa
 
 from lowtide.batch import Batch
 from lowtide.errors import CorruptState, ResourceExhausted
@@ -44,43 +45,15 @@ from lowtide.schema import ColumnType, Schema
 from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelReader, ChannelWriter
 from lowtide.server.snapshot_writer import Written, write_in_child
+from lowtide.server.transport import Arrays, encode_columns
 from lowtide.snapshot import State, as_dict, fields, unpack
 from lowtide.strings import StringPool
 
 
-def encode_columns(columns: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
-    """Engine columns as plain arrays; an Arrow list column travels as offsets and values.
+class Outbound(Protocol):
+    """Where a worker's answers go, in order (a :class:`~lowtide.server.channel.ChannelWriter`)."""
 
-    Strings in a list (heavy hitters of a string column) travel as a fixed-width unicode array:
-    an object array would put pointers into this process's memory on the channel.
-    """
-    flat: dict[str, np.ndarray[Any, Any]] = {}
-    for name, values in columns.items():
-        if isinstance(values, pa.ListArray):
-            items = values.values
-            flat[f"{name}\x00offsets"] = values.offsets.to_numpy()
-            flat[f"{name}\x00values"] = (
-                np.asarray(items.to_pylist(), dtype=np.str_)
-                if pa.types.is_string(items.type) or pa.types.is_large_string(items.type)
-                else items.to_numpy(zero_copy_only=False)
-            )
-        else:
-            flat[name] = np.asarray(values)
-    for name, array in flat.items():
-        if array.dtype.hasobject:  # fail the query, rather than the front reading stray pointers
-            raise TypeError(f"column {name!r} holds Python objects, which cannot cross the channel")
-    return flat
-
-
-def decode_columns(flat: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
-    columns: dict[str, Any] = {}
-    for name, values in flat.items():
-        base, _, part = name.partition("\x00")
-        if part == "offsets":
-            columns[base] = pa.ListArray.from_arrays(pa.array(values), pa.array(flat[f"{base}\x00values"]))
-        elif not part:
-            columns[name] = values
-    return columns
+    def send(self, message: msg.ToFront, arrays: Arrays | None = None) -> None: ...
 
 
 class _Forward(Operator):
@@ -88,7 +61,7 @@ class _Forward(Operator):
 
     label = "Forward"
 
-    def __init__(self, query: str, out: ChannelWriter[msg.ToFront]) -> None:
+    def __init__(self, query: str, out: Outbound) -> None:
         super().__init__()
         self.query = query
         self.out = out
@@ -113,9 +86,8 @@ class _Hosted:
 
 
 class Worker:
-    def __init__(self, inbound: ChannelReader[msg.ToWorker], outbound: ChannelWriter[msg.ToFront]) -> None:
-        self.inbound = inbound
-        self.out = outbound
+    def __init__(self, out: Outbound) -> None:
+        self.out = out
         self.reset()
 
     def reset(self) -> None:
@@ -316,12 +288,6 @@ class Worker:
             for name, hosted in self.queries.items()
         }
 
-    def run(self) -> None:
-        while True:
-            message, arrays = self.inbound.recv()
-            if not self.handle(message, arrays):
-                return
-
 
 def worker_main(
     inbound_name: str, inbound_conn: Connection, outbound_name: str, outbound_conn: Connection
@@ -334,12 +300,11 @@ def worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     inbound = shared_memory.SharedMemory(name=inbound_name)
     outbound = shared_memory.SharedMemory(name=outbound_name)
-    worker = Worker(
-        ChannelReader(inbound, inbound_conn, msg.TO_WORKER),
-        ChannelWriter(outbound, outbound_conn, msg.TO_FRONT),
-    )
+    reader = ChannelReader(inbound, inbound_conn, msg.TO_WORKER)
+    worker = Worker(ChannelWriter(outbound, outbound_conn, msg.TO_FRONT))
     try:
-        worker.run()
+        while worker.handle(*reader.recv()):
+            pass
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the front went away: nothing left to serve
     finally:

@@ -1,10 +1,18 @@
-"""The front's side of the worker processes: start, feed in order, listen, notice deaths.
+"""The workers as processes on this machine: a :class:`~lowtide.server.transport.WorkerTransport`.
 
 Each worker has two shared-memory channels (front -> worker, worker -> front). What the front
 posts to a worker goes into that worker's outbox, in order; one task per worker moves the outbox
 into the channel, waiting while the worker is behind. ``wait_for_room`` is the backpressure the
 ingest path awaits: a producer faster than the workers is slowed down by gRPC flow control,
-never dropped. A worker that dies is noticed at once through its process sentinel.
+never dropped. A worker that dies is noticed at once through its process sentinel and started
+again at once.
+
+A worker that cannot start (it exits with an error of its own before it serves: a broken main
+module, shared memory it cannot map) is started again after :data:`START_DELAY_S`, as Flink's
+fixed-delay restart strategy does; after :data:`START_ATTEMPTS` such failures in a row the
+transport gives up (``on_give_up``: the server stops, naming the cause). A worker that served
+ends with exit code 0 (:func:`~lowtide.server.worker_process.worker_main`) or by a signal (killed,
+out of memory): that is a death, recovered however often it happens.
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ import multiprocessing as mp
 import os
 import sys
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from typing import Any
@@ -28,11 +35,12 @@ from lowtide.server.channel import (
     create_segment,
     remove_stale_segments,
 )
-from lowtide.server.worker import worker_main
+from lowtide.server.transport import OnDeath, OnGiveUp, OnMessage
+from lowtide.server.worker_process import worker_main
 
 Outgoing = tuple[msg.ToWorker, dict[str, Any] | None]
-OnMessage = Callable[[int, msg.ToFront, dict[str, Any]], None]
-OnDeath = Callable[[int], None]
+START_ATTEMPTS = 3  # failed starts in a row of one worker before the server stops
+START_DELAY_S = 1.0  # between a failed start and the next attempt
 
 
 @dataclass
@@ -47,15 +55,22 @@ class WorkerHandle:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     closed: bool = False  # its process is gone (while stopping: not spawned again)
+    failed_starts: int = 0  # of this worker, in a row, before this process (see the module)
 
 
-class WorkerPool:
+class LocalWorkers:
     def __init__(
-        self, workers: int, on_message: OnMessage, on_death: OnDeath, channel_bytes: int = 64 << 20
+        self,
+        workers: int,
+        on_message: OnMessage,
+        on_death: OnDeath,
+        on_give_up: OnGiveUp,
+        channel_bytes: int = 64 << 20,
     ) -> None:
         self.size = workers
         self.on_message = on_message
         self.on_death = on_death
+        self.on_give_up = on_give_up
         self.channel_bytes = channel_bytes
         self.max_queued_bytes = 4 << 20  # what may wait ahead of a punctuation: bounds its latency
         self.handles: list[WorkerHandle] = []
@@ -173,9 +188,28 @@ class WorkerPool:
         self._close(handle)
         if self._stopping:
             return
+        handle.process.join(5)  # its sentinel closes as it exits, a moment before it can be reaped
+        code = handle.process.exitcode
+        if code is None or code <= 0:  # it served (exit 0) or was killed (a signal): start it again
+            self._restart(handle.index, 0)
+            return
+        failed = handle.failed_starts + 1
+        if failed >= START_ATTEMPTS:
+            self._stopping = True
+            self.on_give_up(
+                f"worker {handle.index} cannot start: it exited with code {code} {failed} times in a "
+                "row (its error is above)"
+            )
+            return
+        loop.call_later(START_DELAY_S, self._restart, handle.index, failed)
+
+    def _restart(self, index: int, failed_starts: int) -> None:
+        if self._stopping:
+            return
         self.restarts += 1
-        self.handles[handle.index] = self._spawn(handle.index)
-        self.on_death(handle.index)
+        handle = self.handles[index] = self._spawn(index)
+        handle.failed_starts = failed_starts
+        self.on_death(index)
 
     def _close(self, handle: WorkerHandle) -> None:
         handle.closed = True

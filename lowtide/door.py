@@ -1,0 +1,725 @@
+"""The door: streams, sources, progress, strings, the late check, the query catalog, the order.
+
+Everything a query's input passes before it reaches an operator graph, and everything that must
+be decided once for all queries, lives here; the graphs themselves belong to a
+:class:`~lowtide.runner.Runner` (in this process, or the server's workers). The same calls and
+items as the network client, minus the network (DESIGN.md §6). Every call either applies whole or
+raises a :class:`~lowtide.errors.LowtideError` and changes nothing. Time-driven work (heartbeat
+punctuation, idle sources, the early results of ``EMIT EVERY`` queries) runs on the door's clock
+whenever the door is called, or when :meth:`Door.tick` is. A query that passes a limit while it
+runs (:class:`Limits`: windows per step) fails alone: the call that drove it applies to the
+streams and every other query; the failed query takes no more input, and polling it raises the
+:class:`~lowtide.errors.ResourceExhausted` naming it once the results it made before are drained.
+
+Invariant: a batch is judged late once, by :meth:`Door.check_batch`; its judgement travels with it
+(:class:`CheckedBatch`) to :meth:`Door.push_admitted` and is taken again only when a change was
+applied in between (:attr:`Door.changes`), so what applies is what the state at application says.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from lowtide.batch import Batch
+from lowtide.clock import Clock, WallClock
+from lowtide.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    LateTuple,
+    ResourceExhausted,
+    UnsupportedQuery,
+)
+from lowtide.handles import Item, Query
+from lowtide.ipc import validate_table
+from lowtide.names import check_name, check_source, unknown
+from lowtide.operators.input import Input
+from lowtide.operators.result_queue import SlowFlush
+from lowtide.operators.windows import WindowLimits
+from lowtide.punctuation.generators import Generator
+from lowtide.punctuation.model import (
+    END_OF_STREAM,
+    MAX_DERIVED_DEPTH,
+    NO_PROGRESS,
+    Punctuation,
+    check_punctuation_value,
+)
+from lowtide.punctuation.policies import LatePolicy
+from lowtide.query import Query as QueryTree
+from lowtide.query import parse_query
+from lowtide.query.early import EmitTimer, final_rows
+from lowtide.query.plan import Plan
+from lowtide.query.planner import Context, plan_query
+from lowtide.query.reads import columns_read
+from lowtide.query.sharing import Shares, share_key
+from lowtide.results import Fields, Sink, to_table
+from lowtide.runner import PlannedQuery, Runner
+from lowtide.schema import Schema, to_arrow_table
+from lowtide.snapshot import State, as_dict, as_float, as_int
+from lowtide.stream import Stream, select_rows
+from lowtide.strings import PoolLimits, StringPool
+
+DEFAULT_SOURCE = "default"
+MAX_QUERY_BYTES = 64 * 1024
+R = TypeVar("R", bound=Runner)
+
+
+@dataclass
+class Limits:
+    max_streams: int = 1000
+    max_queries: int = 1000
+    max_batch_rows: int = 10_000_000
+    max_query_bytes: int = MAX_QUERY_BYTES  # query text, UTF-8 encoded
+    max_windows_per_tuple: int = WindowLimits.max_windows_per_tuple  # RANGE / SLIDE, at register
+    max_windows_per_step: int = WindowLimits.max_windows_per_step  # landmark windows per punctuation
+    max_strings: int = 5_000_000  # strings the pool holds (see lowtide.strings)
+    max_string_bytes: int = 512 << 20  # ... and their UTF-8 bytes
+
+    @property
+    def windows(self) -> WindowLimits:
+        return WindowLimits(self.max_windows_per_tuple, self.max_windows_per_step)
+
+
+@dataclass
+class RunningQuery:
+    name: str
+    sql: str
+    plan: Plan
+    sink: Sink
+    policy: LatePolicy
+    allowed_lateness: str | int | None = None
+    derived: Stream | None = None
+    subscribers: list[tuple[str, Input]] = field(default_factory=list)  # (stream, what it feeds)
+    late_items: list[Any] = field(default_factory=list)
+    late_dropped: int = 0
+    late_ended: bool = False  # the late side stream took its end-of-stream marker
+    restored_share: str | None = None  # planned again after a restore: the slices it read
+    timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
+    failure: ResourceExhausted | None = None  # a limit failed it while it ran (see the module)
+    reads: frozenset[str] | None = None  # the columns it reads (lowtide.query.reads); None: all
+
+    def strict_inputs(self, stream: str) -> list[Input]:
+        """The query's inputs from ``stream`` that reject a batch with a late tuple (``late =
+        'error'``), unless it failed: each says which tuples behind punctuation are late for it
+        (:meth:`~lowtide.operators.input.Input.late_count`). The door judges by them, wherever
+        the query runs."""
+        if self.failure is not None:
+            return []
+        return [op for s, op in self.plan.inputs if s == stream and op.policy is LatePolicy.ERROR]
+
+    def found_late(self, table: Any, rows: int) -> None:
+        """Late tuples (raw input rows) into the late side stream ``<query>.late``; once it has
+        ended (see :meth:`passed`), they are only counted."""
+        self.late_dropped += rows
+        if not self.late_ended:
+            self.late_items.append(table)
+
+    def passed(self, punctuation: Punctuation, collapse: bool) -> None:
+        """The query's output punctuation, as the late side stream's marker: ``<query>.<attribute>``
+        at the same value, after every late tuple found before it (so the end of the query's
+        output ends its late stream too). Not ``attribute`` itself: late tuples lie below any
+        bound on their own columns. ``collapse``: a marker still unread replaces the previous
+        one of its attribute (the later one says more), so an unpolled late stream stays small."""
+        if self.late_ended:
+            return
+        self.late_ended = punctuation.value >= END_OF_STREAM
+        marker = Punctuation(punctuation.value, f"{self.name}.{punctuation.attribute}")
+        last = self.late_items[-1] if self.late_items else None
+        if collapse and isinstance(last, Punctuation) and last.attribute == marker.attribute:
+            self.late_items[-1] = marker
+        else:
+            self.late_items.append(marker)
+
+
+@dataclass(frozen=True)
+class CheckedBatch:
+    """One batch from ``source`` as :meth:`Door.check_batch` judged it after ``stamp`` changes
+    (:attr:`Door.changes`): its admitted ``parts``, each ``coded`` as it applies (the string
+    columns admit kept as Arrow coded where needed) and which of its tuples are ``behind``
+    punctuation."""
+
+    stream: str
+    source: str
+    parts: list[Batch]
+    coded: list[Batch]
+    behind: list[npt.NDArray[np.bool_]]
+    stamp: int
+
+    def current(self, stream: str, source: str, changes: int) -> bool:
+        """Whether the judgement holds for this batch applied now (nothing changed since)."""
+        return (self.stream, self.source, self.stamp) == (stream, source, changes)
+
+
+class Door(Generic[R]):
+    """The door of one engine, running its queries' graphs on ``runner`` (see the module)."""
+
+    def __init__(
+        self,
+        runner: R,
+        pool: StringPool,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        flush: SlowFlush | None = None,
+        collapses_late_markers: bool = True,
+    ) -> None:
+        """``flush``: smooth emission (§8.3.3) for the time windows of every query; None: each
+        window's results leave as soon as punctuation completes it. ``collapses_late_markers``:
+        consecutive unread markers of a late side stream collapse into the last one (see
+        :meth:`RunningQuery.passed`), unless something numbers every item (the server's hubs)."""
+        self.runner = runner
+        self.clock: Clock = clock or WallClock()
+        self.limits = limits or Limits()
+        self.flush = flush
+        self.pool = pool
+        self.collapses_late_markers = collapses_late_markers
+        # Changes applied so far (and output progress of result streams): a CheckedBatch stamped
+        # with another count is judged again when it applies.
+        self.changes = 0
+        self._streams: dict[str, Stream] = {}
+        self._queries: dict[str, RunningQuery] = {}
+        self._counter = 0
+        self._shares = Shares()
+        self._reads: dict[str, frozenset[str] | None] = {}  # per stream: see string_reads
+
+    # -- streams ------------------------------------------------------------------------------
+    def create_stream(
+        self,
+        name: str,
+        schema: Mapping[str, str],
+        progressing: str = "ts",
+        punctuation: str = "explicit",
+        sources: list[str] | tuple[str, ...] | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        """Create a stream; ``idle_timeout`` is in seconds of wall time."""
+        typed, generator = self.check_stream(name, schema, progressing, punctuation, sources, idle_timeout)
+        self._streams[name] = Stream(name, typed, generator, self.clock, tuple(sources or ()), idle_timeout)
+        self.changes += 1
+
+    def check_stream(
+        self,
+        name: str,
+        schema: Mapping[str, str],
+        progressing: str = "ts",
+        punctuation: str = "explicit",
+        sources: list[str] | tuple[str, ...] | None = None,
+        idle_timeout: float | None = None,
+    ) -> tuple[Schema, Generator]:
+        """Raise what :meth:`create_stream` would raise, changing nothing."""
+        check_name(name, "stream")  # names: see lowtide.names
+        if name in self._streams or name in self._queries:
+            raise AlreadyExists(f"stream {name!r} already exists")
+        if sum(not s.derived for s in self._streams.values()) >= self.limits.max_streams:
+            raise ResourceExhausted(f"at most {self.limits.max_streams} streams")
+        for source in sources or ():
+            check_source(source)
+        typed = Schema.of(schema, progressing)
+        generator = Generator.parse(punctuation, typed.type_of(progressing).unit_ms)
+        if idle_timeout is not None and not (0 < idle_timeout < math.inf):
+            raise InvalidArgument(f"idle_timeout must be a positive number of seconds, got {idle_timeout}")
+        return typed, generator
+
+    def drop_stream(self, name: str) -> None:
+        self.check_drop_stream(name)
+        del self._streams[name]
+        self.changes += 1
+        self.runner.strings_released(self.pool.release(name))
+
+    def check_drop_stream(self, name: str) -> None:
+        stream = self._stream(name)
+        if stream.derived:
+            raise InvalidArgument(f"{name!r} is the result stream of a query; drop the query")
+        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        if readers:
+            raise InvalidArgument(f"stream {name!r} is read by query {readers[0]!r}; drop the query first")
+
+    def list_streams(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in self._streams.values() if not s.derived]
+
+    def low_watermark(self, stream: str) -> int:
+        """The published progress of ``stream`` (NO_PROGRESS before any)."""
+        return self._stream(stream).progress
+
+    def _stream(self, name: str) -> Stream:
+        try:
+            return self._streams[name]
+        except (KeyError, TypeError):
+            raise unknown("stream", name, (n for n, s in self._streams.items() if not s.derived)) from None
+
+    # -- queries ------------------------------------------------------------------------------
+    def register_query(
+        self,
+        sql: str,
+        name: str | None = None,
+        late: str = "drop",
+        allowed_lateness: str | int | None = None,
+        restored_share: str | None = None,
+    ) -> Query:
+        """Register a query; its results are polled by name and readable as a stream.
+
+        ``restored_share``: the query is registered again to restore a checkpoint, and reads the
+        slices of that :func:`~lowtide.query.sharing.share_key` as it did when saved."""
+        if name is None:
+            self._counter += 1
+            name = f"q{self._counter}"
+            while name in self._queries or name in self._streams:
+                self._counter += 1
+                name = f"q{self._counter}"
+        check_name(name, "query")
+        if name in self._queries or name in self._streams:
+            raise AlreadyExists(f"query or stream {name!r} already exists")
+        if len(self._queries) >= self.limits.max_queries:
+            raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
+        policy = LatePolicy.parse(late)
+        running = self._plan(sql, name, policy, allowed_lateness, restored_share)
+        self._attach(running)
+        return Query(name, sql)
+
+    def check_query(
+        self, sql: str, name: str | None = None, late: str = "drop", allowed_lateness: str | int | None = None
+    ) -> None:
+        """Raise what :meth:`register_query` would raise, registering nothing."""
+        if name is not None:
+            check_name(name, "query")
+            if name in self._queries or name in self._streams:
+                raise AlreadyExists(f"query or stream {name!r} already exists")
+        if len(self._queries) >= self.limits.max_queries:
+            raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
+        self._plan(sql, name or "check", LatePolicy.parse(late), allowed_lateness)
+
+    def explain(self, sql: str) -> str:
+        """The operator graph a query would run, one operator a line, from input to output."""
+        running = self._plan(sql, "explain", LatePolicy.DROP, None)
+        plan = running.plan
+        early = f"\n{plan.early.describe()}" if plan.early is not None else ""
+        sink = f"\n{len(plan.operators)}. {running.sink.describe()}"
+        return plan.explain() + sink + early + self.runner.placement(plan)
+
+    def _plan(
+        self,
+        sql: str,
+        name: str,
+        policy: LatePolicy,
+        allowed_lateness: str | int | None,
+        restored_share: str | None = None,
+    ) -> RunningQuery:
+        if not isinstance(sql, str):
+            raise InvalidArgument(f"a query is text, not {type(sql).__name__}")
+        size = len(sql.encode("utf-8", "surrogatepass"))
+        if size > self.limits.max_query_bytes:
+            raise InvalidArgument(f"query of {size} bytes is over the limit of {self.limits.max_query_bytes}")
+        try:
+            return self._planned(parse_query(sql), sql, name, policy, allowed_lateness, restored_share)
+        except RecursionError:  # parse_query bounds nesting; this is the backstop
+            raise InvalidArgument("query nests too deeply") from None
+
+    def _planned(
+        self,
+        query: QueryTree,
+        sql: str,
+        name: str,
+        policy: LatePolicy,
+        allowed_lateness: str | int | None,
+        restored_share: str | None,
+    ) -> RunningQuery:
+        holder: list[RunningQuery] = []
+
+        def on_drop(batch: Batch, fields: Fields) -> None:
+            holder[0].found_late(to_table(batch, fields, self.pool), batch.n)
+
+        ctx = Context(
+            self._schema_of,
+            self.pool,
+            policy,
+            allowed_lateness,
+            on_drop,
+            self._shares,
+            self.flush,
+            restored_share=restored_share,
+            windows=self.limits.windows,
+        )
+        plan = plan_query(query, ctx)
+        depth = max((self._depth(s) for s, _ in plan.inputs), default=0)
+        if depth > MAX_DERIVED_DEPTH:  # see lowtide.punctuation.model: the domain
+            raise UnsupportedQuery(
+                f"query {name!r} would read query results {depth} levels deep, at most {MAX_DERIVED_DEPTH}: "
+                "each level's window_end may pass its input's values by a window"
+            )
+        fields = plan.schema
+        derived = self._derived_stream(name, plan)
+
+        def on_punctuation(punctuation: Punctuation) -> None:
+            holder[0].passed(punctuation, self.collapses_late_markers)
+            if derived is not None and punctuation.attribute == derived.attribute:
+                derived.punctuate(name, punctuation.value)
+                self.changes += 1  # a progress the late rules of its readers read
+
+        sink = Sink(
+            fields,
+            self.pool,
+            plan.progressing,
+            forward=(lambda b: self._forward(derived, name, final_rows(b))) if derived else None,
+            forward_punctuation=on_punctuation,
+        )
+        running = RunningQuery(
+            name,
+            sql,
+            plan,
+            sink,
+            policy,
+            allowed_lateness,
+            derived,
+            restored_share=restored_share,
+            reads=columns_read(query),
+        )
+        holder.append(running)
+        return running
+
+    def _depth(self, stream: str) -> int:
+        """How many queries deep ``stream`` is: 0 for an input stream, else its query's depth."""
+        running = self._queries.get(stream)
+        if running is None:
+            return 0
+        return 1 + max((self._depth(s) for s, _ in running.plan.inputs), default=0)
+
+    @staticmethod
+    def _forward(derived: Stream, name: str, batch: Batch) -> None:
+        """A query's result rows into its result stream (final rows only: see lowtide.query.early)."""
+        if batch.n:
+            derived.ingest(batch, batch.columns[derived.attribute] < derived.progress, name)
+
+    def _derived_stream(self, name: str, plan: Plan) -> Stream | None:
+        if not plan.progressing:
+            return None
+        schema = Schema(plan.schema, plan.progressing[0])
+        return Stream(name, schema, Generator("explicit"), self.clock, (name,), derived=True)
+
+    def _schema_of(self, name: str) -> Schema:
+        """The planner's catalog: FROM reads streams and the results of queries alike."""
+        stream = self._streams.get(name)
+        if stream is None:
+            raise unknown("stream", name, self._streams)
+        return stream.schema
+
+    def _attach(self, running: RunningQuery) -> None:
+        self._reads.clear()
+        self.changes += 1
+        derived = running.derived
+        if derived is not None:
+            self._streams[running.name] = derived
+        self._queries[running.name] = running
+        plan = running.plan
+        schemas = {stream: self._streams[stream].schema for stream, _ in plan.inputs}
+        running.subscribers = self.runner.register(
+            PlannedQuery(
+                running.name,
+                running.sql,
+                running.policy,
+                running.allowed_lateness,
+                running.restored_share,
+                plan,
+                schemas,
+                frozenset(stream for stream in schemas if self._streams[stream].derived),
+                running.sink,
+                running.found_late,
+                partial(self._fail, running),
+            )
+        )
+        if plan.early is not None:
+            running.timer = EmitTimer.started(plan.early, self.clock.now())
+        plan.start()
+        if self._shares.enter(plan):
+            self._regranulate()
+            return  # it reads slices whose input is subscribed and punctuated already
+        for stream_name, op in running.subscribers:
+            stream = self._streams[stream_name]
+            stream.subscribers.append(op)
+            if stream.progress > NO_PROGRESS:
+                op.punctuate(Punctuation(stream.progress, stream.attribute))
+        self._regranulate()
+
+    def _fail(self, running: RunningQuery, exc: ResourceExhausted) -> None:
+        """The runner failed a query while it ran (see :attr:`PlannedQuery.fail`)."""
+        if running.failure is None:
+            self.changes += 1
+            running.failure = ResourceExhausted(f"query {running.name!r} failed: {exc}")
+
+    def share_of(self, query: str) -> str | None:
+        """The :func:`share_key` of the slices ``query`` reads, if it shares any."""
+        share = self.query(query).plan.share
+        return share_key(share) if share is not None else None
+
+    # -- checkpoints: the door's progress (the catalog itself is the input log's records) ------------
+    def snapshot_progress(self) -> State:
+        """The query-name counter, each input stream's progress (a result stream is saved with
+        its query's output) and when each EMIT EVERY query's early results are next due."""
+        return {
+            "counter": self._counter,
+            "streams": {name: s.snapshot() for name, s in self._streams.items() if not s.derived},
+            "emit": {name: q.timer.next_at for name, q in self._queries.items() if q.timer is not None},
+        }
+
+    def restore_progress(self, state: State) -> None:
+        """Take a :meth:`snapshot_progress` once the same streams and queries exist again."""
+        saved = as_dict(state, "engine progress")
+        for name, stream in as_dict(saved["streams"], "streams").items():
+            self._stream(name).restore(stream)
+        self._counter = as_int(saved["counter"], "counter")
+        self.changes += 1
+        for name, next_at in as_dict(saved.get("emit", {}), "emit").items():
+            running = self._queries.get(name)
+            if running is not None and running.timer is not None:
+                running.timer.next_at = as_float(next_at, f"emit timer of {name}")
+
+    def drop_query(self, name: str) -> None:
+        self.check_drop_query(name)
+        running = self._queries[name]
+        self._shares.leave(running.plan)
+        del self._queries[name]
+        self._reads.clear()
+        self.changes += 1
+        for stream_name, op in running.subscribers:
+            if not self._shared_input(op):
+                self._streams[stream_name].subscribers.remove(op)
+        self._streams.pop(name, None)
+        self.runner.drop(name)
+        self._regranulate()
+
+    def check_drop_query(self, name: str) -> None:
+        self.query(name)
+        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        if readers:
+            raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
+
+    def _shared_input(self, op: Input) -> bool:
+        """Whether ``op`` still feeds slices some query reads (a query reading shared slices
+        lists what feeds them among its subscribers)."""
+        return any(
+            q.plan.share is not None and any(o is op for _, o in q.subscribers)
+            for q in self._queries.values()
+        )
+
+    def _regranulate(self) -> None:
+        """Generated punctuation no finer than the windows in use need (gcd of their slides)."""
+        for stream in self._streams.values():
+            slides = [
+                q.plan.slides[stream.name] for q in self._queries.values() if stream.name in q.plan.slides
+            ]
+            stream.granularity = math.gcd(*slides) if slides else 1
+
+    def list_queries(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": q.name,
+                "sql": q.sql,
+                "late": q.policy.value,
+                "columns": [name for name, _ in q.plan.schema],
+                "results": q.sink.results,
+                "late_tuples": q.late_dropped,
+                "time_unit": q.plan.time_unit,
+            }
+            for q in self._queries.values()
+        ]
+
+    def query(self, name: str) -> RunningQuery:
+        """What the door keeps of a registered query; NotFound naming the known ones."""
+        try:
+            return self._queries[name]
+        except (KeyError, TypeError):
+            raise unknown("query", name, self._queries) from None
+
+    # -- data ---------------------------------------------------------------------------------
+    def string_reads(self, stream: str) -> frozenset[str] | None:
+        """The columns of ``stream`` some query reads (None: all): the door codes these string
+        columns whole, of the others only the rows behind punctuation (lowtide.schema)."""
+        if stream not in self._reads:
+            reads: frozenset[str] | None = frozenset()
+            for q in self._queries.values():
+                if reads is not None and any(s == stream for s, _ in q.plan.inputs):
+                    reads = None if q.reads is None else reads | q.reads
+            self._reads[stream] = reads
+        return self._reads[stream]
+
+    def push(self, stream: str, data: Any, source: str = DEFAULT_SOURCE) -> None:
+        """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
+        self.push_admitted(stream, [self.admit(stream, data)], source)
+
+    def admit(self, stream: str, data: Any, validated: bool = False, limited: bool = True) -> Batch:
+        """Check a batch, or one part of a batch, against ``stream``: engine columns, strings coded.
+
+        Nothing is applied (only the string pool grows, within its limits unless not
+        ``limited``: a replay applies what was accepted): ``push_admitted`` applies it. The
+        server admits the parts of a large batch as they arrive and applies them together.
+        Arrow data is validated in full first, unless ``validated`` (the server's
+        :func:`~lowtide.ipc.read_ipc` did it).
+        """
+        target = self._stream(stream)
+        if target.derived:
+            raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
+        table = to_arrow_table(data)
+        if table.num_rows > self.limits.max_batch_rows:  # before any column is converted
+            raise ResourceExhausted(
+                f"batch of {table.num_rows} rows is over the limit of {self.limits.max_batch_rows}"
+            )
+        if not validated:
+            validate_table(table)
+        limits = PoolLimits(self.limits.max_strings, self.limits.max_string_bytes) if limited else None
+        return target.admit(table, self.pool, self.string_reads(stream), limits)
+
+    def push_admitted(
+        self, stream: str, batch: Sequence[Batch] | CheckedBatch, source: str = DEFAULT_SOURCE
+    ) -> None:
+        """Apply the admitted parts of one batch from ``source``, all or none: they are late
+        against the same progress, and the stream advances once, after all of them. A batch
+        :meth:`check_batch` judged applies as judged, unless a change applied since."""
+        target = self._stream(stream)
+        self.tick()
+        if not isinstance(batch, CheckedBatch):
+            checked = self.check_batch(stream, batch, source)
+        elif batch.current(stream, source, self.changes):
+            checked = batch
+        else:
+            checked = self.check_batch(stream, batch.parts, source)
+        target.ingest_parts(list(zip(checked.coded, checked.behind, strict=True)), source)
+        self.changes += 1
+
+    def check_batch(self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE) -> CheckedBatch:
+        """Raise what :meth:`push_admitted` would raise now; else the batch as it would apply now
+        (see :class:`CheckedBatch`). Only the string pool changes (the columns ``admit`` kept
+        as Arrow are coded where the batch needs them)."""
+        target = self._stream(stream)
+        known = target.sources.get(source)
+        if known is None:
+            check_source(source)
+        elif known.closed:
+            raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
+        behind = [target.late_mask(part) for part in parts]
+        reads = self.string_reads(stream)
+        coded = [
+            target.code_kept(part, self.pool, reads, mask) for part, mask in zip(parts, behind, strict=True)
+        ]
+        strict = [op for q in self._queries.values() for op in q.strict_inputs(stream)]
+        n_late = 0
+        if strict and any(mask.any() for mask in behind):
+            # Behind punctuation is late only where a query can no longer count it (§2).
+            rows = [select_rows(part, mask) for part, mask in zip(coded, behind, strict=True)]
+            progress = {name: s.progress for name, s in self._streams.items()}
+            n_late = max(sum(op.late_count(b, progress) for b in rows) for op in strict)
+        if n_late:
+            raise LateTuple(
+                f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "
+                "and a query reading it has late='error'"
+            )
+        return CheckedBatch(stream, source, list(parts), coded, behind, self.changes)
+
+    def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
+        """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""
+        target = self._stream(stream)
+        self.tick()
+        target.punctuate(source, self.check_punctuation(stream, value, source))
+        self.changes += 1
+
+    def check_punctuation(self, stream: str, value: Any, source: str = DEFAULT_SOURCE) -> int:
+        """Raise what :meth:`punctuate` would raise now; the value as an int."""
+        target = self._stream(stream)
+        integral = isinstance(value, int | np.integer) or (
+            isinstance(value, float | np.floating) and bool(np.isfinite(value)) and float(value).is_integer()
+        )
+        if isinstance(value, bool) or not integral:
+            raise InvalidArgument(
+                f"punctuation of stream {stream!r} must be an integer in the units of "
+                f"{target.attribute!r}, got {value!r}"
+            )
+        whole = int(value)
+        if source not in target.sources:
+            check_source(source)
+        target.check_punctuation(source, whole)
+        check_punctuation_value(whole, stream)
+        return whole
+
+    def close_source(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
+        """End ``source``: its punctuation becomes +inf."""
+        self.check_close(stream, source)
+        self._stream(stream).close(source)
+        self.changes += 1
+
+    def check_close(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
+        self._stream(stream).check_source(source)
+
+    def tick(self) -> None:
+        """Run heartbeats and idle timeouts against the engine's clock, then the early results
+        due (each EMIT EVERY query's timer fires at most once a tick)."""
+        for stream in list(self._streams.values()):
+            if not stream.derived and stream.tick():
+                self.changes += 1
+        now = self.clock.now()
+        for running in list(self._queries.values()):
+            if running.timer is not None and running.timer.due(now):
+                running.timer.fire(now)
+                self.runner.emit_early(running.name)
+
+    def tick_due(self, now: float) -> bool:
+        """Whether a :meth:`tick` at ``now`` would move any stream or fire any early results
+        (no state change)."""
+        return any(s.tick_due(now) for s in self._streams.values() if not s.derived) or any(
+            q.timer is not None and q.timer.due(now) for q in self._queries.values()
+        )
+
+    def poll(self, query: str) -> list[Item]:
+        """Result tables and punctuation emitted since the last poll (``"<query>.late"``: the late
+        tuples, and the query's punctuation as markers: see :meth:`RunningQuery.passed`)."""
+        self.tick()
+        return self.drain(query)
+
+    def drain(self, query: str) -> list[Item]:
+        """:meth:`poll` without running the clock first."""
+        if query.endswith(".late") and query[: -len(".late")] in self._queries:
+            running = self._queries[query[: -len(".late")]]
+            items, running.late_items = running.late_items, []
+            return items
+        running = self.query(query)
+        items = running.sink.drain()
+        if not items and running.failure is not None:
+            raise running.failure
+        return items
+
+    # -- observability ------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters for metrics: per stream and per query operator."""
+        return {
+            "streams": {
+                s.name: {
+                    "ingested": s.tuples_ingested,
+                    "behind": s.late_tuples,
+                    "late": s.late_tuples,  # the name before issue 14: tuples behind punctuation
+                    "low_watermark": s.progress,
+                }
+                for s in self._streams.values()
+            },
+            "queries": {
+                q.name: {
+                    "operators": [
+                        {"operator": label, "in": n_in, "out": n_out}
+                        for label, n_in, n_out in self.runner.operators(q.name)
+                    ],
+                    "late": q.late_dropped,
+                    "results": q.sink.results,
+                    "open_windows": self.runner.open_windows(q.name),
+                    "state_bytes": self.state_bytes(q.name),
+                }
+                for q in self._queries.values()
+            },
+        }
+
+    def state_bytes(self, query: str) -> int:
+        self.query(query)  # NotFound for an unknown one
+        return self.runner.state_bytes(query)
+
+
+__all__ = ["DEFAULT_SOURCE", "MAX_QUERY_BYTES", "CheckedBatch", "Door", "Limits", "RunningQuery"]

@@ -1,0 +1,321 @@
+"""The runner of the server: every query's operator graph in worker processes, behind a transport.
+
+The door's subscribers of a query's inputs are :class:`Dispatch` operators: each splits a batch
+by the query's partitioning key and posts the pieces to the workers owning them, and posts every
+punctuation to all of them. Worker outputs come back into an
+:class:`~lowtide.server.ordered_meld.OrderedMeld` per query - results pass through, output
+punctuation is the minimum over the query's workers, in an order replay reproduces - and then
+into the query's sink and late side stream, exactly where an in-process graph would deliver them.
+A query fails when a worker reports it failed, or dies (the front decides: without a state
+directory the queries on it fail here).
+
+Invariant: this module decides what is sent where and how outputs meld; how messages reach the
+workers is the :class:`~lowtide.server.transport.WorkerTransport`'s, so a transport is the whole
+of what another kind of worker (a Ray actor) needs.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, assert_never
+
+import numpy as np
+import numpy.typing as npt
+
+from lowtide.batch import Batch
+from lowtide.operators.input import Input
+from lowtide.operators.result_queue import SlowFlush
+from lowtide.operators.windows import WindowLimits
+from lowtide.punctuation.model import Punctuation
+from lowtide.query.plan import Plan
+from lowtide.results import to_table
+from lowtide.runner import PlannedQuery, Subscribers
+from lowtide.schema import ColumnType
+from lowtide.server import messages as msg
+from lowtide.server.ordered_meld import OrderedMeld
+from lowtide.server.partitioning import Partitioning, partitioning_of, split
+from lowtide.server.transport import Arrays, WorkerTransport, decode_columns
+from lowtide.strings import StringPool
+
+MAX_RELEASING = 1_000  # punctuation still waiting for some of a query's workers to release it
+
+
+@dataclass
+class RemoteQuery:
+    """A query the workers run: where its input goes, how its output melds, how it ended."""
+
+    query: PlannedQuery
+    partitioning: Partitioning
+    workers: list[int]
+    meld: OrderedMeld
+    dispatches: Subscribers = field(default_factory=list)  # of the query feeding its slices, if shared
+    failed: str | None = None
+    status: str = "ABORTED"  # the gRPC code its subscriptions end with once it failed
+    worker_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    released: dict[float, int] = field(default_factory=dict)  # punctuation sent_at -> workers done
+
+    @property
+    def name(self) -> str:
+        return self.query.name
+
+    def port(self, worker: int) -> int:
+        return self.workers.index(worker)
+
+
+class Dispatch(Input):
+    """A stream's subscriber for one input of one query: posts it to the query's workers."""
+
+    label = "Dispatch"
+
+    def __init__(self, runner: ProcessRunner, remote: RemoteQuery, index: int, stream: str) -> None:
+        super().__init__(stream, remote.query.policy, lambda batch: None)
+        self.runner = runner
+        self.remote = remote
+        self.index = index
+        self.derived = stream in remote.query.results_read  # fed by another query's output
+
+    def process(self, batch: Batch, port: int = 0) -> None:
+        self.tuples_in += batch.n
+        self._send(batch, late=False)
+
+    def process_late(self, batch: Batch) -> None:
+        self.late_tuples += batch.n
+        self._send(batch, late=True)
+
+    def _send(self, batch: Batch, late: bool) -> None:
+        remote = self.remote
+        if remote.failed or batch.n == 0:
+            return
+        runner = self.runner
+        runner.sync_strings()
+        if len(remote.workers) == 1:
+            message = msg.Batch(remote.name, self.index, late, batch.n)
+            runner.post(remote.workers[0], message, batch.columns, self.derived)
+            return
+        pieces = split(batch, remote.partitioning.keys[self.index], len(remote.workers))
+        for worker, rows in zip(remote.workers, pieces, strict=True):
+            # An empty piece goes too: every worker answers every message (an epoch, see ordered_meld).
+            piece = batch.select(rows)
+            message = msg.Batch(remote.name, self.index, late, piece.n)
+            runner.post(worker, message, piece.columns if piece.n else None, self.derived)
+
+    def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
+        if self.remote.failed:
+            return
+        message = msg.Punctuate(
+            self.remote.name, self.index, punctuation.attribute, punctuation.value, time.monotonic()
+        )
+        for worker in self.remote.workers:
+            self.runner.post(worker, message, None, self.derived)
+
+
+class ProcessRunner:
+    """The :class:`~lowtide.runner.Runner` of the server's front (see the module)."""
+
+    def __init__(
+        self,
+        workers: WorkerTransport,
+        pool: StringPool,
+        flush: SlowFlush | None = None,
+        windows: WindowLimits | None = None,
+    ) -> None:
+        """``pool``: the door's, which the workers' pools mirror (``pool.mirrored``); ``flush`` and
+        ``windows``: the server's, for every query's graph."""
+        self.workers = workers
+        self.pool = pool
+        self.flush = flush
+        self.windows = windows or WindowLimits()
+        self.queries: dict[str, RemoteQuery] = {}
+        self.worker_strings: dict[int, int] = {}  # what each worker's pool held at its last Stats
+        self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
+        # Shared slices -> the query feeding them (its dispatches outlive it while others read).
+        self._feeders: dict[int, RemoteQuery] = {}
+        # While a checkpoint waits for its barriers: what result streams send to workers meanwhile,
+        # as plain data (messages.to_record).
+        self.recording: list[tuple[int, tuple[Any, ...], dict[str, Any] | None]] | None = None
+
+    def post(self, worker: int, message: msg.QueryInput, arrays: Arrays | None, derived: bool) -> None:
+        """Send a query's input to a worker; recorded for a checkpoint when a result stream sent it."""
+        if derived and self.recording is not None:
+            self.recording.append((worker, msg.to_record(message), arrays))
+        self.workers.post(worker, message, arrays)
+
+    # -- the Runner protocol --------------------------------------------------------------------
+    def register(self, query: PlannedQuery) -> Subscribers:
+        plan = query.plan
+        partitioning = partitioning_of(plan.description)
+        n = self.workers.size
+        single = partitioning.single or n == 1
+        workers = [zlib.crc32(query.name.encode()) % n] if single else list(range(n))
+        feeder = self._feeders.get(id(plan.share)) if plan.joins_share else None
+        if feeder is not None:  # its slices are in the workers of the query that feeds them
+            workers = feeder.workers
+        remote = RemoteQuery(
+            query, partitioning, workers, OrderedMeld(len(workers), query.sink, query.on_late)
+        )
+        self.queries[query.name] = remote
+        self.sync_strings()
+        for worker in workers:
+            self.workers.post(worker, msg.Register(query.name, self._spec(query)))
+        if feeder is not None:
+            remote.dispatches = feeder.dispatches  # the feeder's dispatch sends the tuples once for all
+            return remote.dispatches
+        remote.dispatches = [
+            (stream, self._dispatch(remote, index, stream, planned))
+            for index, (stream, planned) in enumerate(plan.inputs)
+        ]
+        if plan.share is not None:
+            self._feeders[id(plan.share)] = remote
+        return remote.dispatches
+
+    def _dispatch(self, remote: RemoteQuery, index: int, stream: str, planned: Input) -> Dispatch:
+        dispatch = Dispatch(self, remote, index, stream)
+        dispatch.numbers_rows = planned.numbers_rows  # the stream delivers such a batch whole
+        return dispatch
+
+    def _spec(self, query: PlannedQuery) -> msg.QuerySpec:
+        """What a worker needs to build its part of ``query``."""
+        return msg.QuerySpec(
+            query.sql,
+            query.policy.value,
+            query.allowed_lateness,
+            {
+                stream: (tuple((c, t.name) for c, t in schema.columns), schema.progressing)
+                for stream, schema in query.schemas.items()
+            },
+            self.flush,
+            query.restored_share,
+            self.windows,
+        )
+
+    def drop(self, name: str) -> None:
+        remote = self.queries.pop(name, None)
+        if remote is not None:
+            for worker in remote.workers:
+                self.workers.post(worker, msg.Drop(name))
+        live = {id(q.query.plan.share) for q in self.queries.values() if q.query.plan.share is not None}
+        self._feeders = {share: feeder for share, feeder in self._feeders.items() if share in live}
+
+    def emit_early(self, name: str) -> None:
+        """The query's EMIT EVERY timer fired (while a logged change applies: a replay fires it
+        at the same point): its workers emit the open windows' rows, melded like its output."""
+        remote = self.queries.get(name)
+        if remote is not None and not remote.failed:
+            for worker in remote.workers:
+                self.workers.post(worker, msg.Emit(remote.name))
+
+    def strings_released(self, codes: npt.NDArray[np.int64]) -> None:
+        """A dropped stream's strings were freed: the workers forget them too, after the entries
+        added before (a freed code is given out again only after this)."""
+        self.sync_strings()
+        if codes.size:
+            self.workers.broadcast(msg.Forget(codes.tolist()))
+
+    def placement(self, plan: Plan) -> str:
+        return f"\n(the query {partitioning_of(plan.description).describe(self.workers.size)})"
+
+    def operators(self, name: str) -> list[tuple[str, int, int]]:
+        """Summed over the query's workers, as of their last statistics."""
+        totals: list[tuple[str, int, int]] = []
+        for stats in self.queries[name].worker_stats.values():
+            for index, (label, n_in, n_out) in enumerate(stats.get("operators", [])):
+                if index == len(totals):
+                    totals.append((label, 0, 0))
+                _, total_in, total_out = totals[index]
+                totals[index] = (label, total_in + n_in, total_out + n_out)
+        return totals
+
+    def open_windows(self, name: str) -> int:
+        return int(sum(s.get("open_windows", 0) for s in self.queries[name].worker_stats.values()))
+
+    def state_bytes(self, name: str) -> int:
+        return int(sum(s.get("state_bytes", 0) for s in self.queries[name].worker_stats.values()))
+
+    # -- the workers ----------------------------------------------------------------------------
+    def sync_strings(self) -> None:
+        """Broadcast the string pool's new entries, so every worker decodes as the door does."""
+        codes = self.pool.take_unsent()
+        if codes:
+            self.workers.broadcast(msg.Strings(codes, self.pool.values(codes)))
+
+    def on_worker_message(
+        self, worker: int, message: msg.QueryOutput | msg.Stats, arrays: Arrays
+    ) -> str | None:
+        """Apply one message from a worker; returns the name of the query it concerns."""
+        if isinstance(message, msg.Stats):
+            self.worker_strings[worker] = message.strings
+            for name, stats in message.queries.items():
+                if name in self.queries:
+                    self.queries[name].worker_stats[worker] = stats
+            return None
+        remote = self.queries.get(message.query)
+        if remote is None or worker not in remote.workers:
+            return None
+        match message:
+            case msg.Result():
+                remote.meld.result(remote.port(worker), Batch(decode_columns(arrays), message.rows))
+            case msg.Punctuated():
+                remote.meld.punctuation(remote.port(worker), Punctuation(message.value, message.attribute))
+            case msg.Late():
+                fields = tuple((name, ColumnType(kind)) for name, kind in message.columns)
+                table = to_table(Batch(arrays, message.rows), fields, self.pool)
+                remote.meld.late(remote.port(worker), table)
+            case msg.Epoch():
+                remote.meld.epoch(remote.port(worker))
+            case msg.Released():
+                self._released(remote, message.sent_at)
+            case msg.Failed():
+                reason = f"query {remote.name!r} failed on worker {worker}: {message.reason}"
+                self.fail(remote, reason, message.status)
+                if any(feeder is remote for feeder in self._feeders.values()):
+                    # The queries reading the slices it fed get no more tuples: they fail with it.
+                    for other in self.queries.values():
+                        if other.dispatches is remote.dispatches and not other.failed:
+                            self.fail(other, reason)
+            case _:
+                assert_never(message)
+        return remote.name
+
+    def _released(self, remote: RemoteQuery, sent_at: float) -> None:
+        """One of the query's workers released the punctuation sent at ``sent_at``."""
+        done = remote.released.get(sent_at, 0) + 1
+        if done < len(remote.workers):
+            remote.released[sent_at] = done
+            if len(remote.released) > MAX_RELEASING:  # a worker that never answers: forget
+                del remote.released[min(remote.released)]
+        else:
+            remote.released.pop(sent_at, None)
+            if self.on_released is not None:
+                self.on_released(remote.name, time.monotonic() - sent_at)
+
+    def worker_died(self, worker: int) -> list[str]:
+        """Fail every query that had state on ``worker``; returns their names.
+
+        The transport has already started the worker again, with an empty string pool: it gets
+        the door's whole pool first, so the queries registered on it later decode as the door does.
+        """
+        self.sync_strings()
+        codes = self.pool.entries()
+        if codes:
+            self.workers.post(worker, msg.Strings(codes, self.pool.values(codes)))
+        lost = []
+        for remote in self.queries.values():
+            if worker in remote.workers and not remote.failed:
+                self.fail(remote, f"worker {worker} died; query {remote.name!r} lost its window state")
+                lost.append(remote.name)
+        return lost
+
+    def fail(self, remote: RemoteQuery, reason: str, status: str = "ABORTED") -> None:
+        remote.failed = reason
+        remote.status = status
+        for worker in remote.workers:
+            self.workers.post(worker, msg.Drop(remote.name))
+
+    def request_stats(self) -> None:
+        self.workers.broadcast(msg.GetStats())
+
+
+__all__ = ["Dispatch", "ProcessRunner", "RemoteQuery"]

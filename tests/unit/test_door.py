@@ -1,0 +1,163 @@
+"""The door and its runners: a batch is judged late once; the same door runs graphs anywhere.
+
+The second half runs the server's ProcessRunner over a transport whose workers are objects in
+this process (what a Ray transport would replace with actors): the dispatch, the ordered meld and
+the worker code are the server's own, and the output equals the in-process engine's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lowtide import Engine, LateTuple, ManualClock
+from lowtide.door import Door
+from lowtide.handles import Item
+from lowtide.server import messages as msg
+from lowtide.server.process_runner import ProcessRunner
+from lowtide.server.transport import Arrays
+from lowtide.server.worker_process import Worker
+from lowtide.stream import Stream
+from lowtide.strings import StringPool
+
+SCHEMA = {"key": "string", "value": "int64", "ts": "int64"}
+WINDOWED = "SELECT key, sum(value) AS total [RANGE 10, SLIDE 5, WA ts] FROM S GROUP BY key"
+
+
+def rows(ts: list[int], keys: list[str] | None = None) -> pa.Table:
+    keys = keys or [f"k{t % 3}" for t in ts]
+    return pa.table({"key": keys, "value": list(range(len(ts))), "ts": ts})
+
+
+def engine_with_strict_query() -> Engine:
+    engine = Engine(clock=ManualClock())
+    engine.create_stream("S", SCHEMA)
+    engine.register_query(WINDOWED, name="q", late="error")
+    return engine
+
+
+def count_late_masks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often any stream computes which tuples are behind punctuation, from now on."""
+    calls = [0]
+    late_mask = Stream.late_mask
+
+    def counted(self: Stream, batch: Any) -> Any:
+        calls[0] += 1
+        return late_mask(self, batch)
+
+    monkeypatch.setattr(Stream, "late_mask", counted)
+    return calls
+
+
+def test_a_checked_batch_applies_as_judged_when_nothing_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = engine_with_strict_query()
+    engine.punctuate("S", 20)
+    calls = count_late_masks(monkeypatch)
+    parts = [engine.admit("S", rows([25, 30])), engine.admit("S", rows([40]))]
+    checked = engine.check_batch("S", parts)
+    engine.push_admitted("S", checked)
+    assert calls[0] == 2  # once per part, at the check only
+    assert engine.stats()["streams"]["S"]["ingested"] == 3
+    engine.push("S", rows([50]))  # in process: judged once, where it applies
+    assert calls[0] == 3
+
+
+def test_a_change_between_the_check_and_the_application_judges_the_batch_again() -> None:
+    engine = engine_with_strict_query()
+    checked = engine.check_batch("S", [engine.admit("S", rows([12, 14]))])  # on time: progress is none
+    engine.punctuate("S", 20)  # now both tuples are late for the query's windows
+    with pytest.raises(LateTuple):
+        engine.push_admitted("S", checked)
+    assert engine.stats()["streams"]["S"]["ingested"] == 0  # nothing applied
+
+
+def test_a_judgement_holds_for_its_own_stream_and_source_only() -> None:
+    engine = engine_with_strict_query()
+    engine.create_stream("T", SCHEMA)
+    checked = engine.check_batch("S", [engine.admit("S", rows([5]))], source="a")
+    assert checked.current("S", "a", engine.changes)
+    assert not checked.current("S", "b", engine.changes)
+    assert not checked.current("T", "a", engine.changes)
+    engine.create_stream("U", SCHEMA)  # any change applied
+    assert not checked.current("S", "a", engine.changes)
+
+
+class ObjectWorkers:
+    """A WorkerTransport whose workers are :class:`Worker` objects in this process: each message
+    is handled when posted, and the answers go straight back to the runner."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.runner: ProcessRunner | None = None
+        self.workers = [Worker(self._outbound(i)) for i in range(size)]
+
+    def _outbound(self, index: int) -> Any:
+        transport = self
+
+        class Outbound:
+            def send(self, message: msg.ToFront, arrays: Arrays | None = None) -> None:
+                assert transport.runner is not None
+                if isinstance(message, msg.Result | msg.Punctuated | msg.Late | msg.Epoch | msg.Failed):
+                    transport.runner.on_worker_message(index, message, dict(arrays or {}))
+                elif isinstance(message, msg.Released | msg.Stats):
+                    transport.runner.on_worker_message(index, message, {})
+
+        return Outbound()
+
+    def start(self) -> None:
+        pass
+
+    def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
+        copied = {name: np.array(values) for name, values in (arrays or {}).items()}  # as a channel does
+        assert self.workers[worker].handle(message, copied)
+
+    def broadcast(self, message: msg.ToWorker) -> None:
+        for worker in range(self.size):
+            self.post(worker, message)
+
+    async def wait_for_room(self) -> None:
+        pass
+
+    async def idle(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+def door_over_objects(workers: int) -> Door[ProcessRunner]:
+    transport = ObjectWorkers(workers)
+    pool = StringPool(mirrored=True)
+    runner = ProcessRunner(transport, pool)
+    transport.runner = runner
+    return Door(runner, pool, ManualClock(), collapses_late_markers=False)
+
+
+def result_rows(items: list[Item]) -> list[dict[str, Any]]:
+    tables = [item for item in items if isinstance(item, pa.Table)]
+    found = pa.concat_tables(tables).to_pylist() if tables else []
+    return sorted(found, key=lambda row: sorted(row.items()))
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_process_runner_over_another_transport_answers_as_the_engine(workers: int) -> None:
+    door, engine = door_over_objects(workers), Engine(clock=ManualClock())
+    for target in (door, engine):
+        target.create_stream("S", SCHEMA, sources=["a", "b"])
+        target.register_query(WINDOWED, name="q")
+        target.register_query("SELECT key, value FROM S WHERE value > 1", name="passing")
+        target.push("S", rows([1, 3, 7, 12]), source="a")
+        target.push("S", rows([2, 9, 11], ["k9", "k1", "k9"]), source="b")
+        target.punctuate("S", 15, source="a")
+        target.punctuate("S", 15, source="b")
+        target.push("S", rows([4]), source="a")  # late: to the late side stream
+        target.close_source("S", "a")
+        target.close_source("S", "b")
+    for query in ("q", "passing"):
+        assert result_rows(door.poll(query)) == result_rows(engine.poll(query))
+    late = [item for item in door.poll("q.late") if isinstance(item, pa.Table)]
+    assert [row["ts"] for table in late for row in table.to_pylist()] == [4]
+    assert "the query" in door.explain(WINDOWED)  # the runner says where a query runs
