@@ -39,7 +39,7 @@ from lowtide.errors import (
 from lowtide.handles import Item, Query
 from lowtide.ipc import validate_table
 from lowtide.names import check_name, check_source, unknown
-from lowtide.operators.input import Input
+from lowtide.operators.input import Input, LateRule
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.generators import Generator
@@ -53,12 +53,15 @@ from lowtide.punctuation.model import (
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
+from lowtide.query.build import explain
+from lowtide.query.describe import describe
+from lowtide.query.description import PlanDescription, PlanOptions
 from lowtide.query.early import EmitTimer, final_rows
-from lowtide.query.plan import Plan
-from lowtide.query.planner import Context, plan_query
+from lowtide.query.late_rules import late_rules
+from lowtide.query.literals import pin_literals
 from lowtide.query.reads import columns_read
-from lowtide.query.sharing import Shares, share_key
-from lowtide.results import Fields, Sink, to_table
+from lowtide.query.sharing import ShareIndex
+from lowtide.results import Sink
 from lowtide.runner import PlannedQuery, Runner
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.snapshot import State, as_dict, as_float, as_int
@@ -90,28 +93,35 @@ class Limits:
 class RunningQuery:
     name: str
     sql: str
-    plan: Plan
+    description: PlanDescription  # planned once, here; the runner builds it
+    late_rules: tuple[LateRule | None, ...]  # each input's (lowtide.query.late_rules), for error
     sink: Sink
     policy: LatePolicy
-    allowed_lateness: str | int | None = None
     derived: Stream | None = None
     subscribers: list[tuple[str, Input]] = field(default_factory=list)  # (stream, what it feeds)
     late_items: list[Any] = field(default_factory=list)
     late_dropped: int = 0
     late_ended: bool = False  # the late side stream took its end-of-stream marker
-    restored_share: str | None = None  # planned again after a restore: the slices it read
     timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
     failure: ResourceExhausted | None = None  # a limit failed it while it ran (see the module)
     reads: frozenset[str] | None = None  # the columns it reads (lowtide.query.reads); None: all
 
-    def strict_inputs(self, stream: str) -> list[Input]:
-        """The query's inputs from ``stream`` that reject a batch with a late tuple (``late =
-        'error'``), unless it failed: each says which tuples behind punctuation are late for it
-        (:meth:`~lowtide.operators.input.Input.late_count`). The door judges by them, wherever
-        the query runs."""
-        if self.failure is not None:
-            return []
-        return [op for s, op in self.plan.inputs if s == stream and op.policy is LatePolicy.ERROR]
+    @property
+    def streams(self) -> list[str]:
+        """The stream each of its inputs reads, in input order."""
+        return [about.stream for about in self.description.inputs]
+
+    def late_count(self, stream: str, behind: Sequence[Batch], progress: Mapping[str, int]) -> int:
+        """How many of the tuples ``behind`` punctuation on ``stream`` would be late for the query
+        if it rejects them (``late = 'error'``, not failed): its window operator's rule, from the
+        punctuation alone, wherever it runs (no rule: every one); else 0."""
+        if self.failure is not None or self.policy is not LatePolicy.ERROR:
+            return 0
+        rules = [rule for s, rule in zip(self.streams, self.late_rules, strict=True) if s == stream]
+        return max(
+            (sum(b.n if rule is None else int(rule(b, progress).sum()) for b in behind) for rule in rules),
+            default=0,
+        )
 
     def found_late(self, table: Any, rows: int) -> None:
         """Late tuples (raw input rows) into the late side stream ``<query>.late``; once it has
@@ -184,7 +194,7 @@ class Door(Generic[R]):
         self._streams: dict[str, Stream] = {}
         self._queries: dict[str, RunningQuery] = {}
         self._counter = 0
-        self._shares = Shares()
+        self._shared = ShareIndex()  # the slices queries share, as data (the runner's are live)
         self._reads: dict[str, frozenset[str] | None] = {}  # per stream: see string_reads
 
     # -- streams ------------------------------------------------------------------------------
@@ -235,7 +245,7 @@ class Door(Generic[R]):
         stream = self._stream(name)
         if stream.derived:
             raise InvalidArgument(f"{name!r} is the result stream of a query; drop the query")
-        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        readers = [q.name for q in self._queries.values() if name in q.streams]
         if readers:
             raise InvalidArgument(f"stream {name!r} is read by query {readers[0]!r}; drop the query first")
 
@@ -264,7 +274,7 @@ class Door(Generic[R]):
         """Register a query; its results are polled by name and readable as a stream.
 
         ``restored_share``: the query is registered again to restore a checkpoint, and reads the
-        slices of that :func:`~lowtide.query.sharing.share_key` as it did when saved."""
+        slices of that :func:`~lowtide.query.sharing.slices_key` as it did when saved."""
         if name is None:
             self._counter += 1
             name = f"q{self._counter}"
@@ -296,10 +306,18 @@ class Door(Generic[R]):
     def explain(self, sql: str) -> str:
         """The operator graph a query would run, one operator a line, from input to output."""
         running = self._plan(sql, "explain", LatePolicy.DROP, None)
-        plan = running.plan
-        early = f"\n{plan.early.describe()}" if plan.early is not None else ""
-        sink = f"\n{len(plan.operators)}. {running.sink.describe()}"
-        return plan.explain() + sink + early + self.runner.placement(plan)
+        description = running.description
+        early = f"\n{description.early.describe()}" if description.early is not None else ""
+        sink = f"\n{len(description.nodes)}. {running.sink.describe()}"
+        return self._explain(description) + sink + early + self.runner.placement(description)
+
+    def plan_of(self, query: str) -> str:
+        """The operators a registered query runs, one a line from input to output."""
+        return self._explain(self.query(query).description)
+
+    def _explain(self, description: PlanDescription) -> str:
+        share = description.share
+        return explain(description, self._shared.readers().get(share.name, 0) if share is not None else 0)
 
     def _plan(
         self,
@@ -329,30 +347,16 @@ class Door(Generic[R]):
         restored_share: str | None,
     ) -> RunningQuery:
         holder: list[RunningQuery] = []
-
-        def on_drop(batch: Batch, fields: Fields) -> None:
-            holder[0].found_late(to_table(batch, fields, self.pool), batch.n)
-
-        ctx = Context(
-            self._schema_of,
-            self.pool,
-            policy,
-            allowed_lateness,
-            on_drop,
-            self._shares,
-            self.flush,
-            restored_share=restored_share,
-            windows=self.limits.windows,
-        )
-        plan = plan_query(query, ctx)
-        depth = max((self._depth(s) for s, _ in plan.inputs), default=0)
+        options = PlanOptions(policy, allowed_lateness, self.limits.windows, self.flush, restored_share)
+        description = describe(query, self._schema_of, options, self._shared)
+        depth = max((self._depth(about.stream) for about in description.inputs), default=0)
         if depth > MAX_DERIVED_DEPTH:  # see lowtide.punctuation.model: the domain
             raise UnsupportedQuery(
                 f"query {name!r} would read query results {depth} levels deep, at most {MAX_DERIVED_DEPTH}: "
                 "each level's window_end may pass its input's values by a window"
             )
-        fields = plan.schema
-        derived = self._derived_stream(name, plan)
+        fields = description.schema
+        derived = self._derived_stream(name, description)
 
         def on_punctuation(punctuation: Punctuation) -> None:
             holder[0].passed(punctuation, self.collapses_late_markers)
@@ -363,19 +367,18 @@ class Door(Generic[R]):
         sink = Sink(
             fields,
             self.pool,
-            plan.progressing,
+            description.progressing,
             forward=(lambda b: self._forward(derived, name, final_rows(b))) if derived else None,
             forward_punctuation=on_punctuation,
         )
         running = RunningQuery(
             name,
             sql,
-            plan,
+            description,
+            late_rules(description, self.pool),
             sink,
             policy,
-            allowed_lateness,
             derived,
-            restored_share=restored_share,
             reads=columns_read(query),
         )
         holder.append(running)
@@ -386,7 +389,7 @@ class Door(Generic[R]):
         running = self._queries.get(stream)
         if running is None:
             return 0
-        return 1 + max((self._depth(s) for s, _ in running.plan.inputs), default=0)
+        return 1 + max((self._depth(s) for s in running.streams), default=0)
 
     @staticmethod
     def _forward(derived: Stream, name: str, batch: Batch) -> None:
@@ -394,10 +397,10 @@ class Door(Generic[R]):
         if batch.n:
             derived.ingest(batch, batch.columns[derived.attribute] < derived.progress, name)
 
-    def _derived_stream(self, name: str, plan: Plan) -> Stream | None:
-        if not plan.progressing:
+    def _derived_stream(self, name: str, description: PlanDescription) -> Stream | None:
+        if not description.progressing:
             return None
-        schema = Schema(plan.schema, plan.progressing[0])
+        schema = Schema(description.schema, description.progressing[0])
         return Stream(name, schema, Generator("explicit"), self.clock, (name,), derived=True)
 
     def _schema_of(self, name: str) -> Schema:
@@ -414,27 +417,22 @@ class Door(Generic[R]):
         if derived is not None:
             self._streams[running.name] = derived
         self._queries[running.name] = running
-        plan = running.plan
-        schemas = {stream: self._streams[stream].schema for stream, _ in plan.inputs}
+        description = running.description
+        pin_literals(description, self.pool)  # a runner's pool (a mirror's too) compiles them alike
         running.subscribers = self.runner.register(
             PlannedQuery(
                 running.name,
-                running.sql,
-                running.policy,
-                running.allowed_lateness,
-                running.restored_share,
-                plan,
-                schemas,
-                frozenset(stream for stream in schemas if self._streams[stream].derived),
+                description,
+                frozenset(s for s in running.streams if self._streams[s].derived),
                 running.sink,
                 running.found_late,
                 partial(self._fail, running),
             )
         )
-        if plan.early is not None:
-            running.timer = EmitTimer.started(plan.early, self.clock.now())
-        plan.start()
-        if self._shares.enter(plan):
+        if description.early is not None:
+            running.timer = EmitTimer.started(description.early, self.clock.now())
+        self._shared.enter(description.share)
+        if description.share is not None and description.share.joins:
             self._regranulate()
             return  # it reads slices whose input is subscribed and punctuated already
         for stream_name, op in running.subscribers:
@@ -451,9 +449,10 @@ class Door(Generic[R]):
             running.failure = ResourceExhausted(f"query {running.name!r} failed: {exc}")
 
     def share_of(self, query: str) -> str | None:
-        """The :func:`share_key` of the slices ``query`` reads, if it shares any."""
-        share = self.query(query).plan.share
-        return share_key(share) if share is not None else None
+        """The name (:func:`~lowtide.query.sharing.slices_key`) of the slices ``query`` reads, if it
+        shares any."""
+        share = self.query(query).description.share
+        return share.name if share is not None else None
 
     # -- checkpoints: the door's progress (the catalog itself is the input log's records) ------------
     def snapshot_progress(self) -> State:
@@ -480,7 +479,7 @@ class Door(Generic[R]):
     def drop_query(self, name: str) -> None:
         self.check_drop_query(name)
         running = self._queries[name]
-        self._shares.leave(running.plan)
+        self._shared.leave(running.description.share)
         del self._queries[name]
         self._reads.clear()
         self.changes += 1
@@ -493,7 +492,7 @@ class Door(Generic[R]):
 
     def check_drop_query(self, name: str) -> None:
         self.query(name)
-        readers = [q.name for q in self._queries.values() if any(s == name for s, _ in q.plan.inputs)]
+        readers = [q.name for q in self._queries.values() if name in q.streams]
         if readers:
             raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
 
@@ -501,7 +500,7 @@ class Door(Generic[R]):
         """Whether ``op`` still feeds slices some query reads (a query reading shared slices
         lists what feeds them among its subscribers)."""
         return any(
-            q.plan.share is not None and any(o is op for _, o in q.subscribers)
+            q.description.share is not None and any(o is op for _, o in q.subscribers)
             for q in self._queries.values()
         )
 
@@ -509,7 +508,10 @@ class Door(Generic[R]):
         """Generated punctuation no finer than the windows in use need (gcd of their slides)."""
         for stream in self._streams.values():
             slides = [
-                q.plan.slides[stream.name] for q in self._queries.values() if stream.name in q.plan.slides
+                slide
+                for q in self._queries.values()
+                for name, slide in q.description.slides
+                if name == stream.name
             ]
             stream.granularity = math.gcd(*slides) if slides else 1
 
@@ -519,10 +521,10 @@ class Door(Generic[R]):
                 "name": q.name,
                 "sql": q.sql,
                 "late": q.policy.value,
-                "columns": [name for name, _ in q.plan.schema],
+                "columns": [name for name, _ in q.description.schema],
                 "results": q.sink.results,
                 "late_tuples": q.late_dropped,
-                "time_unit": q.plan.time_unit,
+                "time_unit": q.description.time_unit,
             }
             for q in self._queries.values()
         ]
@@ -541,7 +543,7 @@ class Door(Generic[R]):
         if stream not in self._reads:
             reads: frozenset[str] | None = frozenset()
             for q in self._queries.values():
-                if reads is not None and any(s == stream for s, _ in q.plan.inputs):
+                if reads is not None and stream in q.streams:
                     reads = None if q.reads is None else reads | q.reads
             self._reads[stream] = reads
         return self._reads[stream]
@@ -604,13 +606,13 @@ class Door(Generic[R]):
         coded = [
             target.code_kept(part, self.pool, reads, mask) for part, mask in zip(parts, behind, strict=True)
         ]
-        strict = [op for q in self._queries.values() for op in q.strict_inputs(stream)]
+        strict = [q for q in self._queries.values() if q.policy is LatePolicy.ERROR and stream in q.streams]
         n_late = 0
         if strict and any(mask.any() for mask in behind):
             # Behind punctuation is late only where a query can no longer count it (§2).
             rows = [select_rows(part, mask) for part, mask in zip(coded, behind, strict=True)]
             progress = {name: s.progress for name, s in self._streams.items()}
-            n_late = max(sum(op.late_count(b, progress) for b in rows) for op in strict)
+            n_late = max(q.late_count(stream, rows, progress) for q in strict)
         if n_late:
             raise LateTuple(
                 f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "

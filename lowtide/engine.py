@@ -22,7 +22,8 @@ class Engine(Door[LocalRunner]):
     ) -> None:
         """``flush``: smooth emission (§8.3.3) for the time windows of every query; None: each
         window's results leave as soon as punctuation completes it."""
-        super().__init__(LocalRunner(), StringPool(), clock, limits, flush)
+        pool = StringPool()
+        super().__init__(LocalRunner(pool), pool, clock, limits, flush)
 
 
 __all__ = ["DEFAULT_SOURCE", "Engine", "Limits", "Query", "SlowFlush"]

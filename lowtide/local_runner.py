@@ -1,7 +1,8 @@
 """The in-process runner: every query's operator graph runs here, fed directly by the door.
 
-A query's planned Inputs are the subscribers of its input streams, and its output operator feeds
-the door's sink. A configured limit the query passes while it runs (windows per step) fails the
+A query's graph is built here from its description, with the door's string pool and this
+runner's live shared slices; its Inputs are the subscribers of its input streams, and its output
+operator feeds the door's sink. A configured limit the query passes while it runs (windows per step) fails the
 queries reading through the Input it came in by, and only those: their Inputs take nothing more
 and the door hears of it (:attr:`~lowtide.runner.PlannedQuery.fail`); the stream and every other
 query go on.
@@ -15,35 +16,54 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.batch import Batch
 from lowtide.errors import ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
+from lowtide.query.build import BuildContext, build
+from lowtide.query.description import Fields, PlanDescription
 from lowtide.query.plan import Plan
+from lowtide.query.sharing import Shares
+from lowtide.results import to_table
 from lowtide.runner import PlannedQuery, Subscribers
+from lowtide.strings import StringPool
 
 
 @dataclass
 class _Local:
     query: PlannedQuery
+    plan: Plan
     subscribers: Subscribers
     failed: bool = False
 
     @property
     def operators(self) -> list[Operator]:
-        return [*self.query.plan.operators, self.query.sink]
+        return [*self.plan.operators, self.query.sink]
 
 
 class LocalRunner:
-    def __init__(self) -> None:
+    def __init__(self, pool: StringPool) -> None:
+        """``pool``: the door's (the graphs decode and compile with it)."""
+        self.pool = pool
+        self.shares = Shares()  # the live slices queries share here
         self._queries: dict[str, _Local] = {}
 
     def register(self, query: PlannedQuery) -> Subscribers:
-        plan = query.plan
+        plan = build(query.description, BuildContext(self.pool, partial(self._late, query), self.shares))
         plan.output.connect(query.sink)
+        plan.start()
+        self.shares.enter(plan)
         for _, op in plan.inputs:
             op.on_failure = partial(self._fail_readers, op)
-        self._queries[query.name] = _Local(query, list(plan.inputs))
+        self._queries[query.name] = _Local(query, plan, list(plan.inputs))
         return list(plan.inputs)
+
+    def plan(self, name: str) -> Plan:
+        """The operator graph a query runs here."""
+        return self._queries[name].plan
+
+    def _late(self, query: PlannedQuery, batch: Batch, fields: Fields) -> None:
+        query.on_late(to_table(batch, fields, self.pool), batch.n)
 
     def _fail_readers(self, op: Input, exc: ResourceExhausted) -> None:
         """A limit was passed below ``op``: every query reading through it fails (those reading
@@ -60,21 +80,21 @@ class LocalRunner:
             local.query.fail(exc)
 
     def drop(self, name: str) -> None:
-        del self._queries[name]
+        self.shares.leave(self._queries.pop(name).plan)
 
     def emit_early(self, name: str) -> None:
         local = self._queries[name]
         if local.failed:
             return
         try:
-            local.query.plan.emit_partials()
+            local.plan.emit_partials()
         except ResourceExhausted as exc:
             self._fail(local, exc)
 
     def strings_released(self, codes: npt.NDArray[np.int64]) -> None:
         """Nothing to tell: the graphs here decode with the door's own pool."""
 
-    def placement(self, plan: Plan) -> str:
+    def placement(self, description: PlanDescription) -> str:
         return ""
 
     def operators(self, name: str) -> list[tuple[str, int, int]]:

@@ -2,9 +2,10 @@
 
 The door (:mod:`lowtide.door`) owns streams, sources, progress, the string pool, the late check,
 the query catalog and the order changes apply in; a runner owns the operator graphs. The door
-plans a query, then hands the runner a :class:`PlannedQuery`: what the planner produced and the
-query's output ends (the sink for results and output punctuation, the late side stream, its
-failure). The runner answers with what each input stream of the query feeds; the door delivers
+plans a query once, into a :class:`~lowtide.query.description.PlanDescription`, then hands the
+runner a :class:`PlannedQuery`: that description (the runner builds its operators from it, where
+they run) and the query's output ends (the sink for results and output punctuation, the late side
+stream, its failure). The runner answers with what each input stream of the query feeds; the door delivers
 batches and punctuation there, in its order, and nothing else reaches a graph.
 
 Invariant: every runner delivers a query's output into its ends in an order that depends only on
@@ -15,7 +16,7 @@ Runners: :class:`~lowtide.local_runner.LocalRunner` (this process) and the serve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,10 +26,8 @@ import pyarrow as pa
 
 from lowtide.errors import ResourceExhausted
 from lowtide.operators.input import Input
-from lowtide.punctuation.policies import LatePolicy
-from lowtide.query.plan import Plan
+from lowtide.query.description import PlanDescription
 from lowtide.results import Sink
-from lowtide.schema import Schema
 
 Subscribers = list[tuple[str, Input]]  # (input stream, what it feeds), in the plan's input order
 
@@ -38,12 +37,7 @@ class PlannedQuery:
     """One query as the door planned it, and where its output goes."""
 
     name: str
-    sql: str
-    policy: LatePolicy
-    allowed_lateness: str | int | None
-    restored_share: str | None  # planned again after a restore: the slices it read
-    plan: Plan
-    schemas: Mapping[str, Schema]  # each input stream's schema
+    description: PlanDescription  # what to build: operators, late rules, the slices it shares
     results_read: frozenset[str]  # the input streams that are other queries' results
     sink: Sink  # result rows and output punctuation
     on_late: Callable[[pa.Table, int], None]  # late tuples into the late side stream
@@ -70,7 +64,7 @@ class Runner(Protocol):
         """The door's string pool freed ``codes`` (a dropped stream held them)."""
         ...
 
-    def placement(self, plan: Plan) -> str:
+    def placement(self, description: PlanDescription) -> str:
         """What ``explain`` adds about where a query planned so runs ("": nothing to add)."""
         ...
 

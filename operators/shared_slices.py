@@ -112,8 +112,11 @@ class SharedSlices(WindowOperator):
         self.first_open = NO_PROGRESS  # slices below it are complete
 
     def describe(self) -> str:
+        return self.describe_shared(len(self.readers))
+
+    def describe_shared(self, readers: int) -> str:
+        """What ``explain`` says of these slices while ``readers`` queries read them."""
         by = f" by {', '.join(self.group_columns)}" if self.group_columns else ""
-        readers = len(self.readers)
         shared = f", shared with {readers} {'query' if readers == 1 else 'queries'}" if readers else ""
         return f"Shared Slices of {self.width}{by}{shared}: each tuple updates one slice"
 

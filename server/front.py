@@ -97,7 +97,7 @@ class Front:
         )
         flush = SlowFlush(config.flush_every, config.flush_max_windows) if config.flush_every else None
         pool = StringPool(mirrored=True)  # the workers' pools mirror it (ProcessRunner.sync_strings)
-        runner = ProcessRunner(self.workers, pool, flush, limits.windows)
+        runner = ProcessRunner(self.workers, pool)
         runner.on_released = self.metrics.punctuation_to_result
         # The hubs number every item of a late side stream, and recovery replays them to the same
         # offsets; a drain follows each worker message, so what would collapse depends on timing.

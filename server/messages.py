@@ -20,28 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, assert_never
 
 from lowtide.errors import CorruptState
-from lowtide.operators.windows import WindowLimits
 
 if TYPE_CHECKING:
-    from lowtide.operators.result_queue import SlowFlush
-
-
-@dataclass(frozen=True)
-class QuerySpec:
-    """What a worker needs to plan a query exactly as the front planned it."""
-
-    sql: str
-    late: str
-    allowed_lateness: str | int | None
-    schemas: dict[str, tuple[tuple[tuple[str, str], ...], str]]  # stream -> (columns, progressing)
-    flush: SlowFlush | None = None
-    restored_share: str | None = None  # planned again after a restore: the slices it read
-    windows: WindowLimits = field(default_factory=WindowLimits)  # the server's windows per tuple and per step
+    from lowtide.query.description import PlanDescription
 
 
 # -- front -> worker ------------------------------------------------------------------------------
@@ -62,8 +48,10 @@ class Forget:
 
 @dataclass(frozen=True, slots=True)
 class Register:
+    """Build and run a query, as the door planned it (the worker plans nothing itself)."""
+
     query: str
-    spec: QuerySpec
+    description: PlanDescription
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,8 @@ import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.input import Input
-from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.model import Punctuation
-from lowtide.query.plan import Plan
+from lowtide.query.description import PlanDescription
 from lowtide.results import to_table
 from lowtide.runner import PlannedQuery, Subscribers
 from lowtide.schema import ColumnType
@@ -71,7 +69,7 @@ class Dispatch(Input):
     label = "Dispatch"
 
     def __init__(self, runner: ProcessRunner, remote: RemoteQuery, index: int, stream: str) -> None:
-        super().__init__(stream, remote.query.policy, lambda batch: None)
+        super().__init__(stream, remote.query.description.policy, lambda batch: None)
         self.runner = runner
         self.remote = remote
         self.index = index
@@ -115,24 +113,15 @@ class Dispatch(Input):
 class ProcessRunner:
     """The :class:`~lowtide.runner.Runner` of the server's front (see the module)."""
 
-    def __init__(
-        self,
-        workers: WorkerTransport,
-        pool: StringPool,
-        flush: SlowFlush | None = None,
-        windows: WindowLimits | None = None,
-    ) -> None:
-        """``pool``: the door's, which the workers' pools mirror (``pool.mirrored``); ``flush`` and
-        ``windows``: the server's, for every query's graph."""
+    def __init__(self, workers: WorkerTransport, pool: StringPool) -> None:
+        """``pool``: the door's, which the workers' pools mirror (``pool.mirrored``)."""
         self.workers = workers
         self.pool = pool
-        self.flush = flush
-        self.windows = windows or WindowLimits()
         self.queries: dict[str, RemoteQuery] = {}
         self.worker_strings: dict[int, int] = {}  # what each worker's pool held at its last Stats
         self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
-        # Shared slices -> the query feeding them (its dispatches outlive it while others read).
-        self._feeders: dict[int, RemoteQuery] = {}
+        # Shared slices, by name -> the query feeding them (its dispatches outlive it while others read).
+        self._feeders: dict[str, RemoteQuery] = {}
         # While a checkpoint waits for its barriers: what result streams send to workers meanwhile,
         # as plain data (messages.to_record).
         self.recording: list[tuple[int, tuple[Any, ...], dict[str, Any] | None]] | None = None
@@ -145,12 +134,13 @@ class ProcessRunner:
 
     # -- the Runner protocol --------------------------------------------------------------------
     def register(self, query: PlannedQuery) -> Subscribers:
-        plan = query.plan
-        partitioning = partitioning_of(plan.description)
+        description = query.description
+        share = description.share
+        partitioning = partitioning_of(description)
         n = self.workers.size
         single = partitioning.single or n == 1
         workers = [zlib.crc32(query.name.encode()) % n] if single else list(range(n))
-        feeder = self._feeders.get(id(plan.share)) if plan.joins_share else None
+        feeder = self._feeders.get(share.name) if share is not None and share.joins else None
         if feeder is not None:  # its slices are in the workers of the query that feeds them
             workers = feeder.workers
         remote = RemoteQuery(
@@ -159,44 +149,30 @@ class ProcessRunner:
         self.queries[query.name] = remote
         self.sync_strings()
         for worker in workers:
-            self.workers.post(worker, msg.Register(query.name, self._spec(query)))
+            self.workers.post(worker, msg.Register(query.name, description))
         if feeder is not None:
             remote.dispatches = feeder.dispatches  # the feeder's dispatch sends the tuples once for all
             return remote.dispatches
         remote.dispatches = [
-            (stream, self._dispatch(remote, index, stream, planned))
-            for index, (stream, planned) in enumerate(plan.inputs)
+            (about.stream, self._dispatch(remote, index, about.stream, about.numbers_rows))
+            for index, about in enumerate(description.inputs)
         ]
-        if plan.share is not None:
-            self._feeders[id(plan.share)] = remote
+        if share is not None:
+            self._feeders[share.name] = remote
         return remote.dispatches
 
-    def _dispatch(self, remote: RemoteQuery, index: int, stream: str, planned: Input) -> Dispatch:
+    def _dispatch(self, remote: RemoteQuery, index: int, stream: str, numbers_rows: bool) -> Dispatch:
         dispatch = Dispatch(self, remote, index, stream)
-        dispatch.numbers_rows = planned.numbers_rows  # the stream delivers such a batch whole
+        dispatch.numbers_rows = numbers_rows  # the stream delivers such a batch whole
         return dispatch
-
-    def _spec(self, query: PlannedQuery) -> msg.QuerySpec:
-        """What a worker needs to build its part of ``query``."""
-        return msg.QuerySpec(
-            query.sql,
-            query.policy.value,
-            query.allowed_lateness,
-            {
-                stream: (tuple((c, t.name) for c, t in schema.columns), schema.progressing)
-                for stream, schema in query.schemas.items()
-            },
-            self.flush,
-            query.restored_share,
-            self.windows,
-        )
 
     def drop(self, name: str) -> None:
         remote = self.queries.pop(name, None)
         if remote is not None:
             for worker in remote.workers:
                 self.workers.post(worker, msg.Drop(name))
-        live = {id(q.query.plan.share) for q in self.queries.values() if q.query.plan.share is not None}
+        shares = (q.query.description.share for q in self.queries.values())
+        live = {share.name for share in shares if share is not None}
         self._feeders = {share: feeder for share, feeder in self._feeders.items() if share in live}
 
     def emit_early(self, name: str) -> None:
@@ -214,8 +190,8 @@ class ProcessRunner:
         if codes.size:
             self.workers.broadcast(msg.Forget(codes.tolist()))
 
-    def placement(self, plan: Plan) -> str:
-        return f"\n(the query {partitioning_of(plan.description).describe(self.workers.size)})"
+    def placement(self, description: PlanDescription) -> str:
+        return f"\n(the query {partitioning_of(description).describe(self.workers.size)})"
 
     def operators(self, name: str) -> list[tuple[str, int, int]]:
         """Summed over the query's workers, as of their last statistics."""

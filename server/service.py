@@ -255,8 +255,8 @@ class Service(pb_grpc.LowtideServicer):
         running = self.engine.query(name)
         return pb.RegisterQueryResponse(
             name=name,
-            columns=[pb.Column(name=n, type=t.name) for n, t in running.plan.schema],
-            plan=running.plan.explain(),
+            columns=[pb.Column(name=n, type=t.name) for n, t in running.description.schema],
+            plan=self.engine.plan_of(name),
         )
 
     @translated
@@ -279,7 +279,7 @@ class Service(pb_grpc.LowtideServicer):
                     name=q["name"],
                     sql=q["sql"],
                     late=q["late"],
-                    columns=[pb.Column(name=n, type=t.name) for n, t in remote.query.plan.schema],
+                    columns=[pb.Column(name=n, type=t.name) for n, t in remote.query.description.schema],
                     results=q["results"],
                     late_tuples=q["late_tuples"],
                     low_watermark=remote.meld.low_watermark,

@@ -2,9 +2,10 @@
 
 The front process owns the door (schemas, string codes, sources, progress, late detection) and
 sends each worker the tuples of the partitions it owns, already split by the query's partitioning
-key, plus every punctuation. The worker runs the same planner and operators as the in-process
-engine and sends back result batches, output punctuation and late tuples, still as engine
-columns (string codes): the front decodes them once, after melding all workers' outputs.
+key, plus every punctuation. The worker builds each query's operators from the description the
+door planned (it plans nothing itself) and sends back result batches, output punctuation and late
+tuples, still as engine columns (string codes): the front decodes them once, after melding all
+workers' outputs.
 
 The messages in and out are those of :mod:`lowtide.server.messages`: in, the front's
 :data:`~lowtide.server.messages.ToWorker` (the string pool's new and released entries, which the
@@ -35,13 +36,12 @@ from lowtide.errors import CorruptState, ResourceExhausted
 from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.punctuation.model import Punctuation
-from lowtide.punctuation.policies import LatePolicy
-from lowtide.query import parse_query
+from lowtide.query.build import BuildContext, build
+from lowtide.query.description import PlanDescription
 from lowtide.query.plan import Plan
 from lowtide.query.plan_state import restore_plan, restore_share, snapshot_plan, snapshot_share
-from lowtide.query.planner import Context, plan_query
 from lowtide.query.sharing import Shares, share_key
-from lowtide.schema import ColumnType, Schema
+from lowtide.schema import ColumnType
 from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelReader, ChannelWriter
 from lowtide.server.snapshot_writer import Written, write_in_child
@@ -136,11 +136,9 @@ class Worker:
                 raise CorruptState(f"{path} holds no state for the slices {key}")
             restore_share(share, shares[key])
 
-    def register(self, name: str, spec: msg.QuerySpec) -> None:
-        schemas = {
-            stream: Schema(tuple((c, ColumnType(t)) for c, t in columns), progressing)
-            for stream, (columns, progressing) in spec.schemas.items()
-        }
+    def register(self, name: str, description: PlanDescription) -> None:
+        """Build the query's graph as the door described it, with this worker's mirror of the
+        door's string pool and its live slices."""
 
         def on_drop(batch: Batch, fields: tuple[tuple[str, ColumnType], ...]) -> None:
             names = [n for n, _ in fields]
@@ -149,23 +147,12 @@ class Worker:
                 {n: batch.columns[n] for n in names},
             )
 
-        ctx = Context(
-            schemas.__getitem__,
-            self.pool,
-            LatePolicy.parse(spec.late),
-            spec.allowed_lateness,
-            on_drop,
-            self.shares,
-            spec.flush,
-            restored_share=spec.restored_share,
-            windows=spec.windows,
-        )
-        plan = plan_query(parse_query(spec.sql), ctx)
+        plan = build(description, BuildContext(self.pool, on_drop, self.shares))
         plan.start()
         forward = _Forward(name, self.out)
         plan.output.connect(forward)
         inputs = [op for _, op in plan.inputs]
-        self.queries[name] = _Hosted(plan, inputs, forward, spec.flush is not None, plan.operators)
+        self.queries[name] = _Hosted(plan, inputs, forward, description.flushes_slowly, plan.operators)
         if not self.shares.enter(plan):
             self.feeds[name] = inputs
             self.readers[name] = [name]
@@ -210,7 +197,7 @@ class Worker:
                 case msg.Forget():
                     self.pool.forget(message.codes)
                 case msg.Register():
-                    self.register(message.query, message.spec)
+                    self.register(message.query, message.description)
                 case msg.Drop():
                     self.drop(message.query)
                 case msg.GetStats():

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from harness import Recorder
+from planning import Context, plan_query
 from strategies import Close, Event, Push, Sources
 
 from lowtide.batch import Batch
@@ -35,7 +36,6 @@ from lowtide.query.plan_state import (
     snapshot_plan,
     snapshot_share,
 )
-from lowtide.query.planner import Context, plan_query
 from lowtide.query.sharing import Shares
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.snapshot import as_dict, pack, unpack

@@ -316,7 +316,7 @@ def counts_behind(sql: str, sources: Sources) -> bool:
     are late; the other plans (no window, slide-by-tuple) take each of them as late."""
     engine = make_engine(sources)
     name = engine.register_query(sql, name="probe")
-    return all(op.late_rule is not None for _, op in engine.query(name).plan.inputs)
+    return all(op.late_rule is not None for _, op in engine.runner.plan(name).inputs)
 
 
 def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Row], list[Row]]:

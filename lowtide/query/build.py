@@ -5,13 +5,14 @@ Invariant: :func:`build` decides nothing. It instantiates each node as the descr
 (compiling the expressions it carries with the process's string pool), connects each to the
 nodes feeding it, takes the live slices of a share the description joins from the registry by
 name, and sets each Input's late rule from the description (:func:`~lowtide.query.late_rules.late_rules`).
-:func:`placement_of` gives a node's placement before it is built, as its operator would.
+:func:`placement_of` gives a node's placement before it is built, as its operator would;
+:func:`explain` the operator lines of a description without running anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from lowtide.batch import Batch
@@ -90,6 +91,20 @@ def build(description: PlanDescription, ctx: BuildContext) -> Plan:
         assert reader is not None
         live = Share(share.key, inputs[0][1], reader.slices, ops[: ops.index(reader)])
     return Plan(description, ops[-1], inputs, ops, live, reader)
+
+
+def explain(description: PlanDescription, readers: int = 0) -> str:
+    """The operators ``description`` runs, one a line from input to output, as ``explain`` shows
+    them: built alone (its own slices, a scratch string pool) and never run; ``readers``: how many
+    queries read the slices it shares."""
+    if description.share is not None:
+        description = replace(description, share=replace(description.share, joins=False))
+    plan = build(description, BuildContext(StringPool(), lambda batch, fields: None))
+    lines = (
+        op.describe_shared(readers) if isinstance(op, SharedSlices) else op.describe()
+        for op in plan.operators
+    )
+    return "\n".join(f"{i}. {line}" for i, line in enumerate(lines))
 
 
 def _input(op: Operator) -> Input:

@@ -219,6 +219,12 @@ class PlanDescription:
     early: Early | None = None  # EMIT EVERY
     share: ShareDescription | None = None
 
+    @property
+    def flushes_slowly(self) -> bool:
+        """Whether an aggregate of it smooths emission (§8.3.3): its output may leave after the
+        punctuation that completed it."""
+        return any(isinstance(n.kind, AggregateNode) and n.kind.flush is not None for n in self.nodes)
+
 
 __all__ = [
     "AggregateDescription",

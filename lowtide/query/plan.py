@@ -66,9 +66,5 @@ class Plan:
             if isinstance(op, WindowOperator):
                 op.emit_partials()
 
-    def explain(self) -> str:
-        lines = [f"{i}. {op.describe()}" for i, op in enumerate(self.operators)]
-        return "\n".join(lines)
-
 
 __all__ = ["Plan"]

@@ -8,7 +8,7 @@ so they are saved with the share and not with any plan; a plan's snapshot covers
 graph (:func:`owned_operators`) and names the share it reads.
 
 To restore, a fresh process plans the queries again in their registration order, each with
-``Context(restored_share=saved_share(state))`` so that it reads the slices it read before (it
+``PlanOptions(restored_share=saved_share(state))`` so that it reads the slices it read before (it
 joins them, or starts them with their width when their first reader is gone), starts them as
 usual, then calls :func:`restore_plan` for each plan and :func:`restore_share` for each share
 (in any order). From then on every plan emits exactly what it would have emitted had the
@@ -52,14 +52,14 @@ def restore_plan(plan: Plan, state: State) -> None:
     if found["share"] != want:
         raise CorruptState(
             f"the plan reads the slices {want!r}, its state was saved reading {found['share']!r}: "
-            "plan it with Context(restored_share=saved_share(state))"
+            "plan it with PlanOptions(restored_share=saved_share(state))"
         )
     _restore(owned_operators(plan), found["operators"], "plan")
 
 
 def saved_share(state: State) -> str | None:
     """The :func:`share_key` of the slices the plan of ``state`` read (None: none), for the
-    ``restored_share`` of the Context it is planned again with."""
+    ``restored_share`` of the PlanOptions it is planned again with."""
     share = fields(state, ("share", "operators"), "plan")["share"]
     return None if share is None else as_str(share, "plan.share")
 

@@ -485,10 +485,10 @@ def test_explain_placement_and_columns() -> None:
     plan = engine.explain("SELECT k, count(*) AS n [SESSION 30 s, WA ts] FROM A GROUP BY k")
     assert "Session Aggregate n by k, session GAP 30000 on ts" in plan, plan
     q = engine.register_query("SELECT k, count(*) AS n [SESSION 5, WA ts] FROM A GROUP BY k")
-    op = engine.query(q).plan.operators[-1]
+    op = engine.runner.plan(q).operators[-1]
     assert op.label == "Session Aggregate" and op.placement().keys == (("k",),)
     glob = engine.register_query("SELECT count(*) AS n [SESSION 5, WA ts] FROM A")
-    assert engine.query(glob).plan.operators[-1].placement().split.value == "one worker"
+    assert engine.runner.plan(glob).operators[-1].placement().split.value == "one worker"
     columns = {row["name"]: row["columns"] for row in engine.list_queries()}
     assert columns[q] == ["window_start", "window_end", "k", "n", "revision"]
     updated = engine.register_query(
@@ -550,7 +550,7 @@ def test_compacted_groups_keep_what_is_gone_while_it_matters() -> None:
     ts = [0 if i < 3_000 else 20 for i in range(5_000)]
     engine.push("A", {"k": keys, "v": [0] * 5_000, "ts": ts}, source="s")
     engine.punctuate("A", 12, source="s")  # [0, 10) gone for g0..g2999: gone 10 > floor 3, kept
-    op = engine.query(q).plan.operators[-1]
+    op = engine.runner.plan(q).operators[-1]
     assert len(op.groups) == 5_000
     engine.push("A", {"k": ["g5"], "v": [0], "ts": [5]}, source="s")  # would have joined [0, 10)
     engine.punctuate("A", 31, source="s")  # [20, 30) gone for the rest: floor 22 forgets g0..g2999

@@ -124,7 +124,7 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
             want, want_punctuation = polled(own, f"q{i}")
             assert got_punctuation == want_punctuation, (i, call)
             assert_rows_equal(got, want, specs[i])
-    readers = [shared.query(f"q{i}").plan.reader for i in live]
+    readers = [shared.runner.plan(f"q{i}").reader for i in live]
     sharing = len({id(r.slices) for r in readers if r is not None}) < len(readers)
     later_generation = any(r is not None and r.generation > 0 for r in readers)
     tally(f"slices shared: {sharing}, a reader in a later generation: {later_generation}")
@@ -163,7 +163,7 @@ def test_behind_tuples_count_per_query_in_shared_slices(
         for i in (i for i, start in enumerate(starts) if start == call):
             sql = sql_of(specs[i], ["A"])
             engine.register_query(sql, name=f"q{i}")
-            counts[i] = engine.query(f"q{i}").plan.reader is not None or counts_behind(sql, sources)
+            counts[i] = engine.runner.plan(f"q{i}").reader is not None or counts_behind(sql, sources)
         if call == drop_at:  # the query whose Input feeds the slices: the others read on
             engine.drop_query("q0")
             del counts[0]
@@ -196,7 +196,7 @@ def test_behind_tuples_count_per_query_in_shared_slices(
         got_late = late_rows(engine, f"q{i}")
         assert Counter(map(ident, got_late)) == Counter(map(ident, late)), i
         assert stats[f"q{i}"]["late"] == len(late)
-    readers = [engine.query(f"q{i}").plan.reader for i in counts]
+    readers = [engine.runner.plan(f"q{i}").reader for i in counts]
     shared = len({id(r.slices) for r in readers if r is not None}) < len(readers)
     tally(f"slices shared: {shared}, tuples behind punctuation: {min(behind // 5 * 5, 15)}+")
     tally(f"query 0 dropped: {0 not in counts}")

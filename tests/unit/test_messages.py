@@ -10,15 +10,22 @@ from typing import Any
 import pytest
 
 from lowtide.errors import CorruptState
+from lowtide.query import parse_query
+from lowtide.query.describe import describe
+from lowtide.query.description import PlanOptions
+from lowtide.schema import Schema
 from lowtide.server import messages as msg
 
-SPEC = msg.QuerySpec("SELECT * FROM S", "drop", None, {"S": ((("k", "INT64"),), "ts")})
+# A query as the door planned it: what a worker builds (it plans nothing itself).
+SCHEMA = Schema.of({"k": "string", "ts": "int64"}, "ts")
+SQL = "SELECT k, count(*) AS n [RANGE 10, SLIDE 2, WA ts] FROM S WHERE k = 'a' GROUP BY k"
+DESCRIPTION = describe(parse_query(SQL), {"S": SCHEMA}.__getitem__, PlanOptions())
 TO_WORKER: list[msg.ToWorker] = [
     msg.Batch("q", 1, True, 10),
     msg.Punctuate("q", 0, "ts", 5, 1.5),
     msg.Strings([3, 0], ["a", "b"]),
     msg.Forget([3]),
-    msg.Register("q", SPEC),
+    msg.Register("q", DESCRIPTION),
     msg.Drop("q"),
     msg.Emit("q"),
     msg.Sync(4),

@@ -4,6 +4,7 @@ the query's description before anything is built."""
 from __future__ import annotations
 
 import pytest
+from planning import Context, plan_query
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
@@ -13,7 +14,6 @@ from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.build import placement_of
 from lowtide.query.plan import Plan
-from lowtide.query.planner import Context, plan_query
 from lowtide.schema import Schema
 from lowtide.server.partitioning import Partitioning, partitioning_of
 from lowtide.strings import StringPool

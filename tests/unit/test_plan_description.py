@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from checkpoint import rows_of
 from harness import Recorder
+from planning import Context, plan_query
 from thesis import packet_schema, thesis_queries
 
 from lowtide.batch import Batch
@@ -31,7 +32,6 @@ from lowtide.query.describe import describe
 from lowtide.query.description import PlanDescription, PlanOptions
 from lowtide.query.late_rules import late_rules
 from lowtide.query.plan import Plan
-from lowtide.query.planner import Context, plan_query
 from lowtide.query.sharing import ShareIndex, Shares
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.stream import Stream

@@ -102,7 +102,7 @@ def test_a_holistic_query_reads_slices_another_keeps_and_its_log_goes_with_it() 
     engine.punctuate("S", 8)
     medians = {r["window_start"]: r["m"] for r in rows(engine, "m")}
     assert medians == {-6: 3.0, -4: 5.0, -2: 5.0, 0: 5.0}  # ts 9 is in no complete window
-    slices = engine.query("counts").plan.reader.slices  # type: ignore[union-attr]
+    slices = engine.runner.plan("counts").reader.slices  # type: ignore[union-attr]
     assert list(slices.cells.logs) == ["v"]
     engine.drop_query("m")
     assert not slices.cells.logs  # no reader of the values is left: tuples stop logging them

@@ -19,13 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from planning import Context, plan_query
 
 from lowtide.errors import CorruptState
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.plan_state import restore_plan, snapshot_plan
-from lowtide.query.planner import Context, plan_query
 from lowtide.schema import Schema
 from lowtide.snapshot import MAGIC, VERSION, State, pack, unpack
 from lowtide.strings import StringPool

@@ -65,7 +65,7 @@ def started(*sqls: str) -> tuple[Engine, list[Plan]]:
     plans = []
     for i, sql in enumerate(sqls):
         engine.register_query(sql, f"q{i}")
-        plans.append(engine._queries[f"q{i}"].plan)
+        plans.append(engine.runner.plan(f"q{i}"))
     return engine, plans
 
 

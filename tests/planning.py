@@ -1,6 +1,8 @@
-"""The in-process entry to planning: :func:`plan_query` describes a query and builds it at once.
+"""Plan and build a query at once, in the test's process: :func:`plan_query`.
 
-Planning is two steps (:mod:`lowtide.query.describe`, then :mod:`lowtide.query.build`): the
+The product never does both in one call: the door describes a query once and a runner builds
+it where it runs. Tests of operators, partitioning and snapshots want the plan at hand. Planning
+is two steps (:mod:`lowtide.query.describe`, then :mod:`lowtide.query.build`): the
 decisions, into a picklable :class:`~lowtide.query.description.PlanDescription`, and the
 operators. :class:`Context` holds what both take from one process that does both: the catalog,
 the options, its live slices (whose :meth:`~lowtide.query.sharing.Shares.index` tells the
