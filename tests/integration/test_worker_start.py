@@ -23,7 +23,7 @@ if __name__ != "__main__":  # a worker importing the main module again: it canno
     raise RuntimeError("this main module refuses to be imported by a worker")
 
 from lowtide.server.config import ServerConfig
-from lowtide.server.front import serve
+from lowtide.server.serve import serve
 
 sys.exit(serve(ServerConfig.load(None, host="127.0.0.1", port=0, workers=2, metrics_port=-1)))
 """

@@ -141,3 +141,31 @@ def test_the_configuration_table_is_the_servers() -> None:
         key, default = (cell.strip().strip("`") for cell in row.split("|")[1:3])
         if key != "workers":  # the number of cores
             assert tomllib.loads(f"v = {default}")["v"] == getattr(defaults, key), f"default of {key}"
+
+
+def test_the_module_map_is_the_code() -> None:
+    """docs/development.md's module map names every module of the product, and only modules that
+    exist: under each folder's heading (a line that begins with it), a table row's backquoted
+    ``x.py`` is that folder's file, and a ``sub/`` before it names its subfolder."""
+    page = (ROOT / "docs" / "development.md").read_text()
+    section = page[page.index("### Module map") :]
+    folders = {"lowtide", "operators", "punctuation", "server", "clients"}
+    folder = ""
+    named: set[Path] = set()
+    for line in section.splitlines():
+        tokens = re.findall(r"`([\w./]+)`", line)
+        if line.startswith("`") and tokens and tokens[0].rstrip("/") in folders:
+            folder = tokens.pop(0).rstrip("/")
+        sub = ""
+        for token in tokens:
+            if token.endswith("/"):
+                sub = token
+            elif token.endswith((".py", ".lark")) and folder:
+                named.add(Path(folder) / sub / token)
+    missing = sorted(str(p) for p in named if not (ROOT / p).exists())
+    assert not missing, f"the module map names files that do not exist: {missing}"
+    modules = {
+        p.relative_to(ROOT) for f in folders for p in (ROOT / f).rglob("*.py") if p.name != "__init__.py"
+    }
+    unnamed = sorted(str(p) for p in modules - named)
+    assert not unnamed, f"the module map does not name: {unnamed}"
