@@ -36,6 +36,8 @@ from strategies import (
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.operators import paned_wid
 
+pytestmark = pytest.mark.property
+
 
 @settings(max_examples=400, deadline=None)
 @given(
