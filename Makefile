@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
 SOURCES := lowtide operators punctuation clients server tests bench deploy setup.py
 
-.PHONY: setup test lint unit faults demo bench clean
+.PHONY: setup test lint unit test-explore faults demo bench clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,15 @@ unit: setup
 	$(BIN)/pytest -q -rs -n 2 --dist loadgroup tests
 
 test: lint unit
+
+# New hypothesis examples (not in CI; make test draws the same ones every run) from a seed that
+# is printed first and again on a failure: make test-explore SEED=<n> draws them again.
+SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+test-explore: setup
+	@echo "test-explore: --hypothesis-seed=$(SEED)"
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup -p no:cacheprovider --hypothesis-profile=explore \
+		--hypothesis-seed=$(SEED) tests/unit tests/property tests/fuzz \
+		|| { echo "test-explore: failed; again with make test-explore SEED=$(SEED)"; exit 1; }
 
 # The randomized fault suite at length (make test runs its first 3 seeds).
 FAULT_RUNS ?= 30

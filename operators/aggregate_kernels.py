@@ -8,6 +8,8 @@ lookup array covering ``[wid_base, wid_base + len(row_of))``; -1 marks windows t
 
 Costs are O(sum over tuples of wid_end - wid_start); none of the kernels allocates per tuple.
 NaN inputs (nulls of float columns) are skipped by the value kernels, as SQL aggregates skip nulls.
+Callers pass the arrays a kernel only reads through :func:`read_only`: numba compiles one version
+per argument type, and read-only is part of the type.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ import numpy.typing as npt
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Arr = npt.NDArray[Any]
+
+
+def read_only(array: Arr) -> Arr:
+    """A read-only view of ``array``. A batch that came through shared memory is read-only, one
+    built in this process is not: as kernel inputs both are one type, compiled once (a cold start
+    compiles each kernel per dtype only)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 @nb.njit(cache=True, nogil=True)

@@ -292,15 +292,16 @@ class CellState:
     def update(self, batch: Batch, ws: I64, we: I64, wid_base: int, row_of: I64, gid: I64) -> None:
         """Add every tuple of ``batch`` to the cells of its windows ``[ws, we)``."""
         a = self.arrays
+        ws, we = k.read_only(ws), k.read_only(we)
         k.update_count(ws, we, wid_base, row_of, gid, a["n"])
         for name in a:
             kind, _, col = name.partition(":")
             if not col:
                 continue
-            values = batch.columns[col]
+            values = k.read_only(batch.columns[col])
             if kind == "count":
                 if col in self.string_columns:  # the kernel skips NaN: null codes become NaN
-                    values = np.where(values == NULL_CODE, np.nan, 0.0)
+                    values = k.read_only(np.where(values == NULL_CODE, np.nan, 0.0))
                 k.update_count_valid(ws, we, wid_base, row_of, gid, values, a[name])
             elif kind == "sum":
                 k.update_sum(ws, we, wid_base, row_of, gid, values, a[name])

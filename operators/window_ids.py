@@ -101,7 +101,7 @@ def admit_behind(
     and go to ``late`` once (a sliding window may count them still). A landmark's later windows
     all hold a tuple: one that missed its own slide counts in the slide ``floor``. Returns the
     tuples still counted (``wid_start``/``wid_end`` set to their clipped ranges) and the ranges."""
-    missed = ws < floor
+    missed = (ws < floor) & (ws < we)  # a tuple in no window (SLIDE > RANGE) missed none
     if not missed.any():
         return batch, ws, we
     if late is not None:

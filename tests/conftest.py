@@ -1,14 +1,58 @@
-"""Test helpers (reference.py, strategies.py, harness.py) import by name from this folder."""
+"""What every test run shares: the hypothesis profiles, the tier markers, the suite's options.
+
+Invariants: a plain run draws the same hypothesis examples every time (profile ``derandomized``;
+``make test-explore`` loads ``explore``, which draws new ones from ``--hypothesis-seed``), and
+every test under ``tests/integration``, ``tests/fuzz`` and ``tests/property`` carries the marker
+of its folder's tier (collection fails otherwise). Test helpers (reference.py, strategies.py,
+harness.py) import by name from this folder.
+"""
 
 import sys
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+# The folders whose tests carry the marker of that name (pyproject.toml declares them); unit
+# tests need none.
+TIERS = ("integration", "fuzz", "property")
+
+# A property's failure is shown with the blob that replays it (@reproduce_failure); the
+# examples do not depend on the machine's speed (no deadline).
+settings.register_profile("derandomized", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, database=None, deadline=None, print_blob=True)
+settings.load_profile("derandomized")  # --hypothesis-profile explore (make test-explore) overrides
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("lowtide")
     group.addoption("--fault-runs", type=int, default=3, help="scenarios of tests/integration/test_faults.py")
     group.addoption("--fault-seed", type=int, default=0, help="the first scenario's seed")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A test module of a tier folder whose tests lack the tier's marker fails to collect:
+    ``-m 'not integration'`` must mean what it says."""
+    report = yield
+    tier = tier_of(collector.path) if isinstance(collector, pytest.Module) else None
+    if tier is None or report.outcome != "passed":
+        return report
+    unmarked = [node.name for node in report.result if node.get_closest_marker(tier) is None]
+    if unmarked:
+        report.outcome = "failed"
+        report.longrepr = f"tests without @pytest.mark.{tier} (pytestmark): {', '.join(unmarked)}"
+        report.result = []
+    return report
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier marker a test file needs, from its folder under tests/ (None: unit)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None

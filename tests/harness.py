@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 from hypothesis import event as tally
-from reference import Row, Spec, covered, first_open_end, session_counts, session_punctuation
+from reference import Row, Spec, Window, covered, first_open_end, session_counts, session_punctuation
 from strategies import SCHEMA, Close, Event, Punct, Push, Sources
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LateTuple, Punctuation
@@ -283,17 +283,28 @@ def check_query(
 
     ``scale`` multiplies every ts (pass a window scaled alike): far apart values, same windows.
     """
-    from reference import assert_rows_equal, evaluate
-    from strategies import deliveries, sql_of, tuples
+    from strategies import deliveries, tuples
 
     streams = {s: data.draw(tuples(max_size=max_size), label=f"tuples {s}") for s in sources}
     streams = {s: [{**r, "ts": r["ts"] * scale} for r in rows] for s, rows in streams.items()}
     events = data.draw(deliveries(streams, sources), label="events")
+    obs = check_delivery(spec, sources, events, tumbling_form, declared)
+    on_time = sum(row["ts"] >= p for row, p in obs.arrivals)
+    tally(f"tuples: {min(on_time // 10 * 10, 40)}+, rows out: {min(len(obs.rows) // 20 * 20, 60)}+")
+    return obs
+
+
+def check_delivery(
+    spec: Spec, sources: Sources, events: Sequence[Event], tumbling_form: int = 0, declared: bool = True
+) -> Observed:
+    """Run the query over one delivery and check (a) and (c)-(f) against the reference."""
+    from reference import assert_rows_equal, evaluate
+    from strategies import sql_of
+
     partition = spec.window.partition if spec.window.kind == "rows" else ()
     sql = sql_of(spec, list(sources), tumbling_form)
     obs = run(spec, sql, sources, events, partition=partition, declared=declared)
     on_time = [row for row, p in obs.arrivals if row["ts"] >= p]  # all of them when sources are declared
-    tally(f"tuples: {min(len(on_time) // 10 * 10, 40)}+, rows out: {min(len(obs.rows) // 20 * 20, 60)}+")
     if len(on_time) == len(obs.arrivals):
         expected = evaluate(spec, on_time, progress=max_finite(obs.progress))
         late: list[Row] = []
@@ -335,8 +346,13 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
         ]
     tuples = [row for row, _ in arrivals]
     progress = max_finite(obs.progress)
-    if spec.window.kind == "rows":  # numbered as they come: late only once the stream ended
-        late = [row for row, q in zip(tuples, query, strict=True) if q >= END_OF_STREAM]
+    if spec.window.kind == "rows":  # numbered as they come: late only in a window, once the stream ended
+        in_window = in_row_window(spec.window, tuples)
+        late = [
+            row
+            for row, q, inside in zip(tuples, query, in_window, strict=True)
+            if inside and q >= END_OF_STREAM
+        ]
         return evaluate(spec, [row for row, q in zip(tuples, query, strict=True) if q < END_OF_STREAM]), late
     if spec.window.kind == "session":
         judged = session_counts(spec, list(zip(tuples, query, strict=True)))
@@ -347,6 +363,19 @@ def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Ro
         row for row, q in zip(tuples, query, strict=True) if any(end <= q for _, end in extents(spec, row))
     ]
     return expected, late
+
+
+def in_row_window(window: Window, tuples: Sequence[Row]) -> list[bool]:
+    """Whether each tuple, numbered in arrival order within its partition, falls in some window
+    of ``[RANGE r ROWS, SLIDE s ROWS]``: with SLIDE > RANGE the positions between windows do not."""
+    assert window.range is not None
+    numbered: Counter[tuple[Any, ...]] = Counter()
+    inside: list[bool] = []
+    for row in tuples:
+        part = tuple(row[p] for p in window.partition)
+        inside.append(numbered[part] % window.slide < window.range)
+        numbered[part] += 1
+    return inside
 
 
 def extents(spec: Spec, row: Row) -> list[tuple[int, int]]:

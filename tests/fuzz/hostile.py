@@ -14,8 +14,9 @@
 * **The rules** the door must apply, written independently of ``lowtide.names``
   (``stream_name_ok``, ``source_ok``), so the fuzz checks the documented rules, not the code.
 
-``examples(n)`` is every property's ``max_examples``: ``n`` by default (derandomized: the same
-cases on every run), ``n`` times ``LOWTIDE_FUZZ_EXAMPLES`` (randomized) when that is set.
+``examples(n)`` is every property's ``max_examples``: ``n`` by default, ``n`` times
+``LOWTIDE_FUZZ_EXAMPLES`` when that is set. Which cases: the same on every run (the derandomized
+profile of tests/conftest.py), new ones under ``make test-explore``.
 """
 
 from __future__ import annotations
@@ -73,8 +74,6 @@ def examples(n: int) -> settings:
     """Settings of a fuzz property with ``n`` cases by default (see the module docstring)."""
     return settings(
         max_examples=n * SCALE,
-        deadline=None,
-        derandomize=SCALE == 1,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
 

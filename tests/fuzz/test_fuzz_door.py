@@ -8,7 +8,7 @@ taking pytest down. Each property asserts that every outcome is OK or an allowed
 reason - an exception escaping the service would have been UNKNOWN on a real server - and, where
 the rule is known, which of the two it must be.
 
-Cases by default (derandomized; ``LOWTIDE_FUZZ_EXAMPLES=k`` runs k times as many, at random):
+Cases by default (the same every run; ``LOWTIDE_FUZZ_EXAMPLES=k`` runs k times as many):
 10 properties of 300 + 150 + 150 + 200 + 100 + 200 + 200 + 150 + 200 + 200 = 1,850 generated
 cases, plus 24 hand-built payloads (``HAND_BUILT``), the issue's payload (in a subprocess and
 through the service), 15 nesting and 6 size cases and 9 safety-net cases.
@@ -54,6 +54,8 @@ from lowtide import Engine, Limits, LowtideError
 from lowtide.ipc import read_ipc
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.query.parser import MAX_NESTING
+
+pytestmark = pytest.mark.fuzz
 
 # The payload: a string column whose offsets run backwards and far past its 6-byte data
 # buffer. Arrow's cheap checks (first offset 0, last one the data's size) pass it.

@@ -11,7 +11,7 @@ were, and its log holds no internal error.
 
 Cases by default: ``HOSTILE`` (65 hand-built requests) + the issue's payload + a batch of
 timestamps 2^62 ms apart + 200 damaged Arrow streams (``test_damaged_arrow_streams``,
-derandomized; ``LOWTIDE_FUZZ_EXAMPLES`` scales it).
+the same every run; ``LOWTIDE_FUZZ_EXAMPLES`` scales it).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from wire import Failure, Subscription, connect, failure_of, rows
 from lowtide import Punctuation
 from lowtide.proto import lowtide_pb2 as pb
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("fuzz-server")]
+pytestmark = [pytest.mark.fuzz, pytest.mark.integration, pytest.mark.xdist_group("fuzz-server")]
 
 CONFIG = {"max_message_bytes": 4 << 20, "max_batch_rows": 1000}
 REFUSALS = {"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED", "OUT_OF_RANGE"}

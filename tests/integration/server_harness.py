@@ -1,11 +1,14 @@
-"""A real lowtide server subprocess for one test or module, on a free loopback port.
+"""The one way the tests start a real ``lowtide serve``: a subprocess on a free loopback port.
 
-``running_server(workers=2, metrics=True, config={...})`` starts the front process (``--port 0``:
-it picks a free port and prints it on its ready line), yields a :class:`Server` (``target``,
-``port``, ``pid``, ``metrics_url``), and at the end sends SIGTERM and asserts the drain exits 0
-within 30 s. The server's stdout and stderr go to a temporary folder (removed after a clean
-stop, kept after a failure): ``server.stderr_tail()`` is what a failing test prints.
-``config`` becomes a TOML file (keys of ``lowtide.server.config``), passed as the config path.
+``start_server(*options, workers=2, metrics=True, config={...})`` runs the installed ``lowtide
+serve`` (``--port 0``: it picks a free port and prints it on its ready line), waits for that line
+and for every worker to answer, and returns a :class:`Server` (``target``, ``port``, ``pid``,
+``metrics_url``); ``running_server(...)`` does the same for a ``with`` block and at its end sends
+SIGTERM and asserts the drain exits 0 within 30 s. ``config`` becomes a TOML file (keys of
+``lowtide.server.config``) passed with ``--config``; ``options`` are more ``serve`` options, which
+win over it as on any command line. The server's stdout and stderr go to a temporary folder
+(removed after a clean stop in ``running_server``, kept after a failure): ``server.stderr_tail()``
+is what a failing test prints. ``lowtide_command()`` is the CLI the tests run.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from typing import Any
 READY = re.compile(r"lowtide serving on (\S+):(\d+) with (\d+) workers; metrics on (\S+)")
 START_TIMEOUT = 180.0  # seconds: a cold start compiles numba kernels
 STOP_TIMEOUT = 30.0
-# The ``serve`` entry point itself, independent of the CLI: argv is config path, workers, metrics
-# port, port.
-SERVE = (
-    "import sys; from lowtide.server.serve import serve; from lowtide.server.config import ServerConfig; "
-    "sys.exit(serve(ServerConfig.load(sys.argv[1] or None, host='127.0.0.1', port=int(sys.argv[4]), "
-    "workers=int(sys.argv[2]), metrics_port=int(sys.argv[3]))))"
-)
+
+
+def lowtide_command() -> list[str]:
+    """The installed ``lowtide`` script beside this interpreter, else ``python -m lowtide.clients.cli``."""
+    script = Path(sys.executable).with_name("lowtide")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("lowtide")
+    return [found] if found else [sys.executable, "-m", "lowtide.clients.cli"]
 
 
 def _toml(config: dict[str, Any]) -> str:
@@ -116,24 +121,37 @@ class Server:
 
 
 def start_server(
+    *options: str,
     workers: int = 2,
     metrics: bool = True,
     config: dict[str, Any] | None = None,
     port: int = 0,
     own_group: bool = False,
+    warm_up: bool = True,
 ) -> Server:
     """Start a server and wait for its ready line (the caller stops it); ``port`` 0: a free one;
-    ``own_group``: in a process group of its own (as systemd or ``timeout`` start it)."""
+    ``own_group``: in a process group of its own (as systemd or ``timeout`` start it);
+    ``warm_up`` false for a server that wants credentials (TLS, tokens): its tests bring them."""
     folder = Path(tempfile.mkdtemp(prefix="lowtide-it-"))
-    config_path = ""
+    command = [
+        *lowtide_command(),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--metrics-port",
+        "0" if metrics else "-1",
+    ]
     if config:
-        config_path = str(folder / "server.toml")
-        Path(config_path).write_text(_toml(config))
+        (folder / "server.toml").write_text(_toml(config))
+        command += ["--config", str(folder / "server.toml")]
     out, err = folder / "stdout.txt", folder / "stderr.txt"
-    command = [sys.executable, "-c", SERVE, config_path, str(workers), "0" if metrics else "-1", str(port)]
     with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(
-            command,
+            [*command, *options],
             stdout=stdout,
             stderr=stderr,
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
@@ -150,17 +168,18 @@ def start_server(
             tail = "\n".join(err.read_text(errors="replace").splitlines()[-40:])
             raise RuntimeError(f"server did not start (exit {process.returncode}); stderr:\n{tail}")
         time.sleep(0.05)
-    host, port, count, metrics_url = match.groups()
-    try:
-        _warm_up(f"{host}:{port}")
-    except Exception:
-        process.kill()
-        process.wait()
-        raise
+    host, bound, count, metrics_url = match.groups()
+    if warm_up:
+        try:
+            _warm_up(f"{host}:{bound}")
+        except Exception:
+            process.kill()
+            process.wait()
+            raise
     return Server(
         process,
-        f"{host}:{port}",
-        int(port),
+        f"{host}:{bound}",
+        int(bound),
         int(count),
         None if metrics_url == "off" else metrics_url,
         out,
@@ -208,10 +227,14 @@ def _warm_up(target: str) -> None:
 
 @contextlib.contextmanager
 def running_server(
-    workers: int = 2, metrics: bool = True, config: dict[str, Any] | None = None
+    *options: str,
+    workers: int = 2,
+    metrics: bool = True,
+    config: dict[str, Any] | None = None,
+    warm_up: bool = True,
 ) -> Iterator[Server]:
     """A server for the ``with`` block; stopped with SIGTERM at its end (exit 0 asserted)."""
-    server = start_server(workers, metrics, config)
+    server = start_server(*options, workers=workers, metrics=metrics, config=config, warm_up=warm_up)
     try:
         yield server
     except BaseException:

@@ -24,7 +24,7 @@ from cluster import Cluster, retrying, rows
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, Punctuation
 from lowtide.clients import Client
 
-pytestmark = pytest.mark.xdist_group("durability")
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("durability")]
 
 ROUNDS = 80
 SOURCES = {"a": "s", "b": "s", "c": "t"}  # source -> stream
@@ -87,7 +87,7 @@ def produce(cluster: Cluster, source: str, deadline: float, acknowledged: list[i
                         last = 10 * i
                     producer.flush()
                     acknowledged[0] += 1
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # paced on purpose: the kills land mid-stream
                 producer.close()
 
     retrying(run, deadline)
@@ -133,7 +133,7 @@ def test_kill_9_anything_at_any_time_and_every_window_comes_once(tmp_path: Path)
         rng = random.Random(7)
         kinds = ["worker", "front", "everything"]
         for what in [*kinds, *rng.choices(kinds, k=KILLS - len(kinds))]:
-            time.sleep(rng.uniform(0.5, 1.5))
+            time.sleep(rng.uniform(0.5, 1.5))  # when to kill: the behaviour under test
             if not any(t.is_alive() for t in threads[: len(SOURCES)]):
                 break  # the producers are done: nothing left to interrupt
             cluster.kill(what)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import lowtide_command
+from server_harness import lowtide_command
 
 from lowtide.punctuation.model import NO_PROGRESS
 

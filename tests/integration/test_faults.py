@@ -38,7 +38,7 @@ from lowtide.clients import Client
 from lowtide.punctuation.model import TIME_END, TIME_MIN
 from lowtide.schema import MAX_COLUMNS
 
-pytestmark = pytest.mark.xdist_group("durability")
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("durability")]
 
 SOURCE = "src"
 ROWS = 40  # per round

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 import pytest
-from conftest import lowtide_command
+from server_harness import lowtide_command
 
 from lowtide import (
     END_OF_STREAM,

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 import readme_path
-from conftest import lowtide_command, start_server, stop_server
+from server_harness import lowtide_command, running_server
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +22,7 @@ TIMEOUT = 120
 
 def test_the_readme_path_prints_what_the_readme_shows() -> None:
     path = readme_path.path()
-    server = start_server(*path.serve)
-    try:
+    with running_server(*path.serve) as server:
         outputs = []
         for command in path.commands:
             done = subprocess.run(
@@ -39,8 +38,3 @@ def test_the_readme_path_prints_what_the_readme_shows() -> None:
         assert outputs[-1].strip() == path.expected.strip(), (
             f"{shown} printed\n{outputs[-1]}\nthe README shows\n{path.expected}"
         )
-    finally:
-        code = stop_server(server)
-        tail = server.stderr_tail()
-        server.log.unlink(missing_ok=True)
-    assert code == 0, f"lowtide serve exited {code} on SIGTERM; stderr:\n{tail}"

@@ -10,6 +10,7 @@ and ``Other`` and queries ``q1`` and ``q2`` on ``Main``; every refusal must be
 from __future__ import annotations
 
 import secrets
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from server_harness import Server, start_server
 from test_security import SCHEMA, counts, first_table
 
 from lowtide import InvalidArgument, NotFound, PermissionDenied
@@ -64,19 +65,10 @@ def tokens_file(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _stopped(server: RunningServer) -> str:
-    """Stop ``server`` (it must exit 0) and return its whole stderr."""
-    code = stop_server(server)
-    text = server.log.read_text(errors="replace")
-    server.log.unlink(missing_ok=True)
-    assert code == 0, f"lowtide serve exited {code} on SIGTERM; stderr:\n{text}"
-    return text
-
-
 @pytest.fixture(scope="module")
-def server(tokens_file: Path, keys: Keys) -> Iterator[RunningServer]:
+def server(tokens_file: Path, keys: Keys) -> Iterator[Server]:
     """The scoped server, populated: q1 has a result (window [0, 10)) and a late tuple."""
-    running = start_server("--tokens", str(tokens_file), workers=1)
+    running = start_server("--tokens", str(tokens_file), workers=1, warm_up=False)
     try:
         with Client(running.target, timeout=30, token=keys.admin) as admin:
             admin.create_stream("Main", SCHEMA)
@@ -91,7 +83,9 @@ def server(tokens_file: Path, keys: Keys) -> Iterator[RunningServer]:
                 other.punctuate(100)
         yield running
     finally:
-        stderr = _stopped(running)
+        running.stop()
+    stderr = running.stderr.read_text(errors="replace")
+    shutil.rmtree(running.stderr.parent)
     assert "in plaintext" not in stderr, "a server bound on 127.0.0.1 warned about plaintext tokens"
 
 
@@ -110,9 +104,7 @@ def _ingest(target: str, token: str, stream: str, source: str, item: pb.IngestRe
 
 
 # -- producers ------------------------------------------------------------------------------------
-def test_a_scoped_producer_ingests_into_its_stream_under_its_sources(
-    server: RunningServer, keys: Keys
-) -> None:
+def test_a_scoped_producer_ingests_into_its_stream_under_its_sources(server: Server, keys: Keys) -> None:
     with Client(server.target, timeout=30, token=keys.producer) as client:
         with client.producer("Main", source="link-7", linger_ms=0) as producer:
             producer.send({"k": ["c"], "ts": [200]})
@@ -122,7 +114,7 @@ def test_a_scoped_producer_ingests_into_its_stream_under_its_sources(
             client.producer("Other", source="link-7")  # opening it reads the (filtered) list
 
 
-def test_a_scoped_producer_cannot_ingest_into_another_stream(server: RunningServer, keys: Keys) -> None:
+def test_a_scoped_producer_cannot_ingest_into_another_stream(server: Server, keys: Keys) -> None:
     batch = arrow_bytes([pa.table({"k": ["x"], "ts": pa.array([50], pa.int64())})])
     error = _ingest(
         server.target, keys.producer, "Other", "link-1", pb.IngestRequest(arrow=batch, batch_id=1)
@@ -139,9 +131,7 @@ def test_a_scoped_producer_cannot_ingest_into_another_stream(server: RunningServ
         assert _stream(admin, "Other")["tuples_ingested"] == 0
 
 
-def test_a_scoped_producer_cannot_hold_progress_back_under_a_new_source(
-    server: RunningServer, keys: Keys
-) -> None:
+def test_a_scoped_producer_cannot_hold_progress_back_under_a_new_source(server: Server, keys: Keys) -> None:
     denied = pytest.raises(PermissionDenied, match=r"under sources \['link-\*'\].*source 'rogue'")
     with Client(server.target, timeout=30, token=keys.producer) as client, denied:  # noqa: SIM117
         with client.producer("Main", source="rogue", linger_ms=0) as producer:
@@ -150,7 +140,7 @@ def test_a_scoped_producer_cannot_hold_progress_back_under_a_new_source(
         assert "rogue" not in _stream(admin, "Main")["source_punctuation"]  # type: ignore[operator]
 
 
-def test_a_scoped_producer_cannot_close_another_producers_source(server: RunningServer, keys: Keys) -> None:
+def test_a_scoped_producer_cannot_close_another_producers_source(server: Server, keys: Keys) -> None:
     error = _ingest(server.target, keys.producer, "Main", "sensor", pb.IngestRequest(close=True))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "not into stream 'Main' under source 'sensor'" in (error.details() or "")
@@ -159,7 +149,7 @@ def test_a_scoped_producer_cannot_close_another_producers_source(server: Running
 
 
 # -- readers --------------------------------------------------------------------------------------
-def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: RunningServer, keys: Keys) -> None:
+def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: Server, keys: Keys) -> None:
     with Client(server.target, timeout=30, token=keys.reader) as reader:
         assert counts(first_table(reader, "q1")) == {"a": 2, "b": 1}
         assert [q["name"] for q in reader.list_queries()] == ["q1"]  # not q2, nor its SQL
@@ -172,7 +162,7 @@ def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: RunningSe
             first_table(reader, "nowhere")
 
 
-def test_a_reader_granted_q1_star_reads_q1_late(server: RunningServer, keys: Keys) -> None:
+def test_a_reader_granted_q1_star_reads_q1_late(server: Server, keys: Keys) -> None:
     with Client(server.target, timeout=30, token=keys.late_reader) as reader:
         assert first_table(reader, "q1.late").column("k").to_pylist() == ["z"]
         assert [q["name"] for q in reader.list_queries()] == ["q1"]
@@ -183,7 +173,7 @@ def test_a_reader_granted_q1_star_reads_q1_late(server: RunningServer, keys: Key
         assert str(unknown.value) == "unknown query 'q1x' (did you mean 'q1'?); queries: q1, q1.late"
 
 
-def test_a_reader_limited_to_streams_explains_only_sql_over_them(server: RunningServer, keys: Keys) -> None:
+def test_a_reader_limited_to_streams_explains_only_sql_over_them(server: Server, keys: Keys) -> None:
     with Client(server.target, timeout=30, token=keys.reader) as reader:
         assert "Aggregate" in reader.explain(COUNT.format("Main"))
         with pytest.raises(PermissionDenied, match=r"may read only streams \['Main'\], not 'Other'"):

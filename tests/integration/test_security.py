@@ -24,8 +24,8 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
-from conftest import RunningServer, lowtide_command, start_server, stop_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from server_harness import Server, lowtide_command, running_server
 
 from lowtide import InvalidArgument, PermissionDenied, Punctuation, Unauthenticated
 from lowtide.clients import AsyncClient, Client, ServerUnavailable
@@ -84,25 +84,18 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokens, Path]:
     return made, path
 
 
-def _running(*extra: str) -> Iterator[RunningServer]:
-    server = start_server(*extra, workers=1)
-    try:
+@pytest.fixture(scope="module")
+def tls_server(tls: Tls) -> Iterator[Server]:
+    with running_server(
+        "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), workers=1, warm_up=False
+    ) as server:
         yield server
-    finally:
-        code = stop_server(server)
-        tail = server.stderr_tail()
-        server.log.unlink(missing_ok=True)
-    assert code == 0, f"lowtide serve exited {code} on SIGTERM; stderr:\n{tail}"
 
 
 @pytest.fixture(scope="module")
-def tls_server(tls: Tls) -> Iterator[RunningServer]:
-    yield from _running("--tls-cert", str(tls.cert), "--tls-key", str(tls.key))
-
-
-@pytest.fixture(scope="module")
-def token_server(tokens: tuple[Tokens, Path]) -> Iterator[RunningServer]:
-    yield from _running("--tokens", str(tokens[1]))
+def token_server(tokens: tuple[Tokens, Path]) -> Iterator[Server]:
+    with running_server("--tokens", str(tokens[1]), workers=1, warm_up=False) as server:
+        yield server
 
 
 @pytest.fixture
@@ -162,7 +155,7 @@ def one_line_failure(done: subprocess.CompletedProcess[str]) -> str:
 
 # -- TLS ------------------------------------------------------------------------------------------
 def test_a_tls_client_trusting_the_ca_creates_sends_and_subscribes(
-    tls_server: RunningServer, tls: Tls, fresh: Callable[[str], str]
+    tls_server: Server, tls: Tls, fresh: Callable[[str], str]
 ) -> None:
     with Client(tls_server.target, timeout=30, root_certificates=tls.cert) as client:
         stream, query = populate(client, fresh)
@@ -172,7 +165,7 @@ def test_a_tls_client_trusting_the_ca_creates_sends_and_subscribes(
         assert client.health()["status"] == "SERVING"
 
 
-def test_an_async_tls_client_takes_pem_bytes(tls_server: RunningServer, tls: Tls) -> None:
+def test_an_async_tls_client_takes_pem_bytes(tls_server: Server, tls: Tls) -> None:
     async def scenario() -> str:
         async with AsyncClient(tls_server.target, timeout=30, root_certificates=tls.cert.read_bytes()) as c:
             return str((await c.health())["status"])
@@ -180,7 +173,7 @@ def test_an_async_tls_client_takes_pem_bytes(tls_server: RunningServer, tls: Tls
     assert asyncio.run(scenario()) == "SERVING"
 
 
-def test_a_plaintext_client_against_tls_fails_at_once(tls_server: RunningServer) -> None:
+def test_a_plaintext_client_against_tls_fails_at_once(tls_server: Server) -> None:
     began = time.monotonic()
     with (
         Client(tls_server.target, timeout=10) as client,
@@ -195,7 +188,7 @@ def test_a_tls_client_against_plaintext_says_the_handshake_failed(target: str, t
     assert "the TLS handshake failed" in one_line_failure(done)
 
 
-def test_the_cli_speaks_tls_with_tls_ca(tls_server: RunningServer, tls: Tls) -> None:
+def test_the_cli_speaks_tls_with_tls_ca(tls_server: Server, tls: Tls) -> None:
     done = cli(tls_server.target, "--tls-ca", str(tls.cert), "stream", "list", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert one_line_failure(cli(tls_server.target, "stream", "list")).startswith("lowtide: no lowtide server")
@@ -206,7 +199,7 @@ def test_unreadable_root_certificates_are_one_line(tmp_path: Path) -> None:
         Client("127.0.0.1:1", root_certificates=tmp_path / "missing.pem")
 
 
-def test_a_private_key_as_tls_ca_is_one_line_naming_it(tls_server: RunningServer, tls: Tls) -> None:
+def test_a_private_key_as_tls_ca_is_one_line_naming_it(tls_server: Server, tls: Tls) -> None:
     """``--tls-ca key.pem``: lowtide's line alone, no gRPC log lines before it (issue 22, item 11)."""
     line = one_line_failure(cli(tls_server.target, "--tls-ca", str(tls.key), "stream", "list"))
     assert str(tls.key) in line and "hold no PEM certificate" in line, line
@@ -249,7 +242,7 @@ def test_importing_the_client_quiets_grpc_core_logs_unless_asked(
 
 # -- tokens ---------------------------------------------------------------------------------------
 def test_no_token_is_unauthenticated_on_control_ingest_and_subscribe(
-    token_server: RunningServer, keys: Tokens, fresh: Callable[[str], str]
+    token_server: Server, keys: Tokens, fresh: Callable[[str], str]
 ) -> None:
     with Client(token_server.target, timeout=30, token=keys.admin) as admin:
         stream, query = populate(admin, fresh)
@@ -273,14 +266,14 @@ def test_no_token_is_unauthenticated_on_control_ingest_and_subscribe(
         assert [s["tuples_ingested"] for s in admin.list_streams() if s["name"] == stream] == [3]
 
 
-def test_an_unknown_token_is_unauthenticated(token_server: RunningServer) -> None:
+def test_an_unknown_token_is_unauthenticated(token_server: Server) -> None:
     client = Client(token_server.target, timeout=30, token="not-a-token")
     with client, pytest.raises(Unauthenticated, match="not known"):
         client.list_queries()
 
 
 def test_a_reader_reads_but_neither_creates_nor_produces(
-    token_server: RunningServer, keys: Tokens, fresh: Callable[[str], str]
+    token_server: Server, keys: Tokens, fresh: Callable[[str], str]
 ) -> None:
     with Client(token_server.target, timeout=30, token=keys.admin) as admin:
         stream, query = populate(admin, fresh)
@@ -300,7 +293,7 @@ def test_a_reader_reads_but_neither_creates_nor_produces(
 
 
 def test_a_producer_ingests_but_neither_registers_nor_drops(
-    token_server: RunningServer, keys: Tokens, fresh: Callable[[str], str]
+    token_server: Server, keys: Tokens, fresh: Callable[[str], str]
 ) -> None:
     with Client(token_server.target, timeout=30, token=keys.admin) as admin:
         stream, query = populate(admin, fresh)
@@ -318,9 +311,7 @@ def test_a_producer_ingests_but_neither_registers_nor_drops(
             first_table(producer_client, query)
 
 
-def test_an_admin_does_everything(
-    token_server: RunningServer, keys: Tokens, fresh: Callable[[str], str]
-) -> None:
+def test_an_admin_does_everything(token_server: Server, keys: Tokens, fresh: Callable[[str], str]) -> None:
     with Client(token_server.target, timeout=30, token=keys.admin) as admin:
         stream, query = populate(admin, fresh)
         assert counts(first_table(admin, query)) == {"a": 2, "b": 1}
@@ -329,7 +320,7 @@ def test_an_admin_does_everything(
         assert stream not in [s["name"] for s in admin.list_streams()]
 
 
-def test_health_and_reflection_need_a_token_of_any_role(token_server: RunningServer, keys: Tokens) -> None:
+def test_health_and_reflection_need_a_token_of_any_role(token_server: Server, keys: Tokens) -> None:
     with grpc.insecure_channel(token_server.target) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check
         with pytest.raises(grpc.RpcError) as raised:
@@ -344,8 +335,8 @@ def test_health_and_reflection_need_a_token_of_any_role(token_server: RunningSer
 
 
 def test_the_spark_sink_carries_tls_and_token_to_the_executors(
-    tls_server: RunningServer,
-    token_server: RunningServer,
+    tls_server: Server,
+    token_server: Server,
     tls: Tls,
     keys: Tokens,
     fresh: Callable[[str], str],
@@ -369,7 +360,7 @@ def test_the_spark_sink_carries_tls_and_token_to_the_executors(
 
 
 def test_the_cli_sends_token_and_lowtide_token(
-    token_server: RunningServer, keys: Tokens, fresh: Callable[[str], str]
+    token_server: Server, keys: Tokens, fresh: Callable[[str], str]
 ) -> None:
     target, stream = token_server.target, fresh("Cli")
     created = cli(target, "--token", keys.admin, "stream", "create", stream, "--schema", "k:string,ts:int64")
@@ -397,12 +388,12 @@ def _listening(port: int) -> set[str]:
     return found
 
 
-def test_metrics_listen_on_loopback_by_default(token_server: RunningServer) -> None:
+def test_metrics_listen_on_loopback_by_default(token_server: Server) -> None:
     assert ServerConfig.load(host="0.0.0.0").metrics_host == "127.0.0.1"
-    assert token_server.metrics.startswith("http://127.0.0.1:")
+    assert token_server.metrics_url is not None and token_server.metrics_url.startswith("http://127.0.0.1:")
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp to see the listening socket")
-    port = int(token_server.metrics.rsplit(":", 1)[1].split("/")[0])
+    port = int(token_server.metrics_url.rsplit(":", 1)[1].split("/")[0])
     assert _listening(port) == {"0100007F"}  # 127.0.0.1, and nothing else
 
 

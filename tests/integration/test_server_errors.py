@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import queue
 import random
-import time
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -189,15 +189,17 @@ def test_one_batch_id_on_two_calls_at_once_applies_once(scene: Scene) -> None:
     """A retried task racing its first attempt (Spark's speculation): both send batch 21."""
     good, more = scene.rows(300), scene.rows(300)
     feed: queue.Queue[pb.IngestRequest | None] = queue.Queue()
+    sent = threading.Semaphore(0)
 
     def first_attempt() -> Iterator[pb.IngestRequest]:
         yield pb.IngestRequest(stream=scene.stream, source="p")
         while (item := feed.get()) is not None:
             yield item
+            sent.release()  # gRPC asks for the next message once it has sent this one
 
     slow = scene.stub.Ingest.future(first_attempt(), timeout=60)
     feed.put(part(good, 21, 2))
-    time.sleep(0.5)  # the first attempt's first part is in; the retry overtakes it
+    assert sent.acquire(timeout=30), "the first attempt never sent its first part"
     retry = ingest(scene.stub, scene.stream, "p", [part(good, 21, 2), part(more, 21, 2)])
     feed.put(part(more, 21, 2))
     feed.put(None)

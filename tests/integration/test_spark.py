@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from conftest import START_TIMEOUT, start_server, stop_server
+from server_harness import START_TIMEOUT, start_server
 
 from lowtide import END_OF_STREAM, NotFound, Punctuation, SchemaMismatch
 from lowtide.clients import Client
@@ -173,7 +173,7 @@ def test_a_server_that_stops_fails_the_batch_and_the_retry_is_exact(
             assert_exact(client, spark, folder, queries)
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
-        assert stop_server(server) == 0, server.stderr_tail()
+        server.stop()
 
 
 def test_a_server_killed_mid_job_comes_back_and_the_job_goes_on_exactly_once(
@@ -186,9 +186,9 @@ def test_a_server_killed_mid_job_comes_back_and_the_job_goes_on_exactly_once(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    options = ("--state-dir", str(state), "--port", str(port))
-    servers = [start_server(*options)]
-    restarted = threading.Thread(target=lambda: servers.append(start_server(*options)))
+    config = {"state_dir": str(state)}
+    servers = [start_server(config=config, port=port)]
+    restarted = threading.Thread(target=lambda: servers.append(start_server(config=config, port=port)))
     try:
         with Client(servers[0].target, timeout=30) as client:
             stream, queries = setup(client, fresh)
@@ -198,6 +198,7 @@ def test_a_server_killed_mid_job_comes_back_and_the_job_goes_on_exactly_once(
             if batch_id == 3 and not restarted.is_alive() and len(servers) == 1:
                 servers[0].process.kill()  # SIGKILL: its workers follow when their channel closes
                 servers[0].process.wait()
+                servers[0].exit_code = 0  # killed on purpose
                 restarted.start()
             sink(batch_df, batch_id)
 
@@ -212,7 +213,7 @@ def test_a_server_killed_mid_job_comes_back_and_the_job_goes_on_exactly_once(
         if restarted.ident is not None:
             restarted.join(START_TIMEOUT)
         for server in servers:
-            stop_server(server)
+            server.stop()
 
 
 def test_a_rejected_batch_raises_with_the_reason_and_applies_nothing(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import lowtide_command
+from server_harness import lowtide_command
 
 from lowtide import __version__
 from lowtide.clients import Client

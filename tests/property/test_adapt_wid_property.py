@@ -32,6 +32,8 @@ from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
 
+pytestmark = pytest.mark.property
+
 INT, FLOAT = ColumnType("int64"), ColumnType("float64")
 TYPES = {"v": INT, "f": FLOAT}
 FUNCS = {

@@ -11,11 +11,14 @@ import math
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from harness import check_query, columns, make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window
 from strategies import AGGREGATES, any_window, specs, stream_sources
+
+pytestmark = pytest.mark.property
 
 ALL = st.just(AGGREGATES)
 VAR_STDDEV = st.just([Agg("var", "f", ""), Agg("stddev", "v", ""), Agg("min", "f", ""), Agg("max", "v", "")])

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness import behind_expectation, check_emission, check_late, counts_behind, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Spec, assert_rows_equal
 from strategies import deliveries, specs, sql_of, stream_sources, time_windows, tuples
+
+pytestmark = pytest.mark.property
 
 
 def behind_run(spec: Spec, sources: Any, data: Any, late: str) -> tuple[Any, bool]:

@@ -54,6 +54,8 @@ from lowtide.operators.bucket import Bucket
 from lowtide.operators.windows import Sliding
 from lowtide.schema import ColumnType
 
+pytestmark = pytest.mark.property
+
 EVERY_S = 2.0
 T0 = 1_000.0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness import columns, polled
 from hypothesis import event as tally
 from hypothesis import given, settings
@@ -18,6 +19,8 @@ from reference import Agg, Spec, Window, assert_rows_equal
 from strategies import SCHEMA, Close, Punct, Push, deliveries, sql_of, stream_sources, tuples
 
 from lowtide import Engine
+
+pytestmark = pytest.mark.property
 
 windows = st.one_of(
     st.integers(1, 6).map(lambda r: Window("sliding", r, r)),

@@ -6,11 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.operators.group_table import DENSE_SPAN, GroupTable
+
+pytestmark = pytest.mark.property
 
 near = st.integers(-50, 50)
 far = st.sampled_from([DENSE_SPAN, -DENSE_SPAN, 2**62, -(2**63)])

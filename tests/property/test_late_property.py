@@ -43,6 +43,8 @@ from strategies import (
 
 from lowtide import Engine
 
+pytestmark = pytest.mark.property
+
 
 def late_run(spec: Spec, sources: Any, data: Any, late: str, lateness: int | None = None) -> Any:
     streams = {s: data.draw(tuples(max_size=25), label=f"tuples {s}") for s in sources}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from harness import check_query, columns, counts_behind, extents, late_rows, make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,8 @@ from lowtide import NO_PROGRESS, ManualClock, Punctuation
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.meld import Meld
+
+pytestmark = pytest.mark.property
 
 
 class Collect(Operator):

@@ -38,6 +38,8 @@ from lowtide.operators.base import Operator
 from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
+pytestmark = pytest.mark.property
+
 Tup = tuple[int, int, int]  # ts, key a, key b
 
 COLUMNS = {0: "S0", 1: "S1"}

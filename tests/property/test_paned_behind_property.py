@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness import (
     behind_expectation,
     check_emission,
@@ -27,6 +28,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Spec, Window, assert_rows_equal, evaluate
 from strategies import COMBINABLE, deliveries, overlapping_windows, specs, sql_of, stream_sources, tuples
+
+pytestmark = pytest.mark.property
 
 partials = st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=3)
 # Wide slides: a tuple less than a slide behind punctuation may be in no emitted window yet.

@@ -71,6 +71,8 @@ from strategies import (
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, ManualClock, UnsupportedQuery
 from lowtide.operators.session_table import SessionTable
 
+pytestmark = pytest.mark.property
+
 sessions = specs(session_windows)
 
 

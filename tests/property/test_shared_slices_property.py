@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 from harness import (
     Model,
     Observed,
@@ -51,6 +52,8 @@ from strategies import (
 
 from lowtide import END_OF_STREAM, Engine
 from lowtide.query.sharing import Shares
+
+pytestmark = pytest.mark.property
 
 windows = st.builds(
     lambda s, k, extra: Window("sliding", s, s * k + extra),

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from harness import Recorder
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,8 @@ from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
+
+pytestmark = pytest.mark.property
 
 INT = ColumnType("int64")
 FLOAT = ColumnType("float64")

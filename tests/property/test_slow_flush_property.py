@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness import key_of, max_finite, run
 from hypothesis import event as tally
 from hypothesis import given, settings
@@ -18,6 +19,8 @@ from reference import assert_rows_equal, covered, evaluate
 from strategies import deliveries, specs, sql_of, stream_sources, time_windows, tuples
 
 from lowtide import END_OF_STREAM, SlowFlush
+
+pytestmark = pytest.mark.property
 
 
 @settings(max_examples=200, deadline=None)

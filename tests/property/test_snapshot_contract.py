@@ -67,6 +67,8 @@ from lowtide.query.plan_state import share_key
 from lowtide.schema import FLOAT64, INT64
 from lowtide.snapshot import as_list, pack, unpack
 
+pytestmark = pytest.mark.property
+
 SCALE = int(os.environ.get("LOWTIDE_SNAPSHOT_EXAMPLES", "1") or "1")
 
 

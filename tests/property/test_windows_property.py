@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from harness import check_query, columns, key_of, make_engine, run
+import pytest
+from harness import check_delivery, check_query, columns, key_of, make_engine, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window, assert_rows_equal, canonical, evaluate
 from strategies import (
     COMBINABLE,
+    Close,
     Punct,
     Push,
     any_window,
@@ -34,6 +36,8 @@ from strategies import (
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.operators import paned_wid
 
+pytestmark = pytest.mark.property
+
 
 @settings(max_examples=400, deadline=None)
 @given(
@@ -47,6 +51,33 @@ def test_every_window_equals_reference(
     spec: Spec, sources: Any, tumbling_form: int, declared: bool, data: Any
 ) -> None:
     check_query(spec, sources, data, tumbling_form, declared=declared)
+
+
+@pytest.mark.parametrize("partition", [(), ("k1",)])
+@pytest.mark.parametrize(
+    ("slide", "before", "after", "late"),
+    [(2, 1, 1, 0), (3, 2, 1, 0), (2, 1, 2, 1)],
+    ids=["issue-23", "first-draw", "in-a-window"],
+)
+def test_a_tuple_after_the_end_is_late_only_in_a_window(
+    partition: tuple[str, ...], slide: int, before: int, after: int, late: int
+) -> None:
+    """Issue 23's flaky example: ``[RANGE 1 rows, SLIDE n rows]``, two undeclared sources, the
+    second speaking only after the first closed (the stream has ended). Its tuples are still
+    numbered in arrival order (row-num); one numbered between two windows belongs to none, so
+    it is late for none (DESIGN.md §2); one numbered in a window is late: that window can no
+    longer be emitted."""
+    spec = Spec(Window("rows", slide, 1, "row-num", partition), (), (Agg("count*", None, "n"),))
+    row = {"k1": "a", "k2": 0, "v": 0, "f": None, "b": False, "ts": 0}
+    events = [
+        *[Push("A", "a0", (row,))] * before,
+        Close("A", "a0"),
+        *[Push("A", "a1", (row,))] * after,
+        Close("A", "a1"),
+    ]
+    obs = check_delivery(spec, {"A": ("a0", "a1")}, events, declared=False)
+    assert obs.stats["queries"]["q"]["late"] == late
+    assert len(obs.rows) == 1  # the window [0, 1) of the first tuple
 
 
 @settings(max_examples=200, deadline=None)
