@@ -6,9 +6,9 @@ Tuples at or above the stream's published progress pass on unchanged. Tuples *be
 under ``update``): that operator counts each in every window of it not yet emitted and treats
 only the rest as late for the query. Otherwise they are
 late here and follow the policy: ``drop`` hands them to the late side stream, ``error`` never
-gets here (the engine rejects the whole batch first, asking :meth:`Input.late_count`: the rule
-tells from the punctuation alone which tuples the window operator could no longer count, so the
-server's front answers it as the operator would).
+gets here (the door rejects the whole batch first, by the same rule compiled from the query's
+description: it tells from the punctuation alone which tuples the window operator could no longer
+count, so the door answers as the operator would, wherever the operator runs).
 Punctuation passes on unchanged: the stream's progress, the minimum over its live sources, never
 regressing. Its state: its counters. Placement: any split by row position; its rows pass on.
 With ``on_failure`` set (the in-process engine), a configured limit the query passes downstream
@@ -59,13 +59,6 @@ class Input(Operator):
     def counts_behind(self) -> bool:
         """Whether tuples behind punctuation travel on for the window operator to judge."""
         return self.late_rule is not None or self.policy is LatePolicy.UPDATE
-
-    def late_count(self, behind: Batch, progress: Mapping[str, int]) -> int:
-        """How many of the tuples ``behind`` punctuation are late for this query, the streams
-        having published ``progress`` (no state change)."""
-        if self.late_rule is None:
-            return behind.n
-        return int(self.late_rule(behind, progress).sum())
 
     def describe(self) -> str:
         return f"Input {self.stream}"
