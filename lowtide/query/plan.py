@@ -1,7 +1,8 @@
 """A query's operator graph, built from its description (:func:`~lowtide.query.build.build`).
 
 Invariant: everything a plan is besides its live operators is its
-:class:`~lowtide.query.description.PlanDescription`; the properties below read it.
+:class:`~lowtide.query.description.PlanDescription` (schema, slides, early results, the share
+it reads: whoever needs them reads the description).
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.operators.paned_wid import PanedWIDAggregate
 from lowtide.operators.window_operator import WindowOperator
-from lowtide.query.description import Fields, PlanDescription
-from lowtide.query.early import Early
+from lowtide.query.description import PlanDescription
 from lowtide.query.sharing import Share
 
 
@@ -25,29 +25,6 @@ class Plan:
     operators: list[Operator] = field(default_factory=list)  # in the description's node order
     share: Share | None = None  # the shareable slices this plan's Paned-WID reads
     reader: PanedWIDAggregate | None = None  # the Paned-WID reading slices, attached by start()
-
-    @property
-    def schema(self) -> Fields:
-        return self.description.schema
-
-    @property
-    def progressing(self) -> tuple[str, ...]:
-        return self.description.progressing
-
-    @property
-    def slides(self) -> dict[str, int]:
-        """Stream -> SLIDE of a time window on it."""
-        return dict(self.description.slides)
-
-    @property
-    def time_unit(self) -> str:
-        """s|ms|us|ns: window bounds are epoch times in this unit; "": plain numbers."""
-        return self.description.time_unit
-
-    @property
-    def early(self) -> Early | None:
-        """EMIT EVERY: a final column, and partial rows when the engine's timer fires."""
-        return self.description.early
 
     @property
     def joins_share(self) -> bool:
