@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py proto/lowtide.proto
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench,ray]'
 	touch $(STAMP)
 
 # mypy cannot follow setuptools' package-dir mapping through the editable finder,

@@ -3,6 +3,9 @@
 host = "127.0.0.1"        # bind address (loopback by default)
 port = 50051              # 0: pick a free port and print it
 workers = 2               # worker processes (default: the number of cores)
+ray = ""                  # "": workers are local processes; auto | local | host:port | ray://host:port:
+                          # workers are actors of that Ray cluster (the ray extra, docs/ray.md)
+worker_cpus = 1.0         # with ray: the CPUs each worker actor reserves
 metrics_port = 9464       # Prometheus exposition; 0: a free port; -1: off
 metrics_host = "127.0.0.1"  # the exposition's bind address (not host's: metrics stay on loopback)
 state_dir = ""            # durable state (input log and checkpoints) here; "": memory only
@@ -33,6 +36,7 @@ tokens = ""               # TOML file whose [tokens] table maps each token to ad
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -41,12 +45,17 @@ from typing import Any
 from lowtide.errors import InvalidArgument
 from lowtide.server.input_log import FSYNC_POLICIES
 
+# What --ray takes: Ray's own forms of a cluster address, and auto / local (see docs/ray.md).
+RAY_ADDRESS = re.compile(r"auto|local|(ray://)?[\w.\-]+:\d+")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     workers: int = max(1, os.cpu_count() or 1)
+    ray: str = ""
+    worker_cpus: float = 1.0
     metrics_port: int = 9464
     metrics_host: str = "127.0.0.1"
     state_dir: str = ""
@@ -89,6 +98,12 @@ class ServerConfig:
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if config.workers < 1:
             raise InvalidArgument("workers must be at least 1")
+        if config.ray and not RAY_ADDRESS.fullmatch(config.ray):
+            raise InvalidArgument(
+                f"ray must be auto, local or a cluster address (host:port, ray://host:port): {config.ray!r}"
+            )
+        if not config.worker_cpus > 0:
+            raise InvalidArgument("worker_cpus must be more than 0")
         if config.fsync not in FSYNC_POLICIES:
             raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {config.fsync!r}")
         if bool(config.tls_cert) != bool(config.tls_key):

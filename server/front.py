@@ -40,6 +40,7 @@ from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.local_workers import LocalWorkers
 from lowtide.server.metrics import ServerMetrics
 from lowtide.server.process_runner import ProcessRunner
+from lowtide.server.transport import WorkerTransport
 from lowtide.snapshot import as_dict
 from lowtide.strings import StringPool
 
@@ -52,7 +53,7 @@ class Front:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = ServerMetrics()
-        self.workers = LocalWorkers(config.workers, self._on_message, self._on_death, self._give_up)
+        self.workers = self._transport(config)
         self.stopping = asyncio.Event()  # SIGTERM, SIGINT, or workers that cannot start
         self.exit_code = 0
         # The door's clock reads the time each change was applied at (the input log records it),
@@ -83,6 +84,25 @@ class Front:
         self._tasks: list[asyncio.Task[None]] = []
         # Scrapes run on the exposition's thread: they read a copy the event loop refreshes.
         self._snapshot: dict[str, Any] = {"streams": {}, "queries": {}}
+
+    def _transport(self, config: ServerConfig) -> WorkerTransport:
+        """Local worker processes, or with ``ray`` actors of that Ray cluster (the ray extra)."""
+        if not config.ray:
+            return LocalWorkers(config.workers, self._on_message, self._on_death, self._give_up)
+        try:
+            from lowtide.server.ray_workers import RayWorkers
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+                raise
+            raise StartupFailure("--ray needs Ray: pip install 'lowtide[ray]'") from None
+        return RayWorkers(
+            config.workers,
+            config.ray,
+            config.worker_cpus,
+            self._on_message,
+            self._on_death,
+            self._give_up,
+        )
 
     def _new_engine(self) -> Door[ProcessRunner]:
         config = self.config

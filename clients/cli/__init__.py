@@ -2,6 +2,7 @@
 
     lowtide serve [--host H] [--port P] [--workers N] [--metrics-port P] [--state-dir D] [--config F]
                   [--metrics-host H] [--tls-cert F --tls-key F] [--tokens F]
+                  [--ray ADDRESS|auto|local [--worker-cpus C]]
     lowtide stream create NAME --schema 'srcIP:string,len:int32,ts:timestamp[ms]' [--progressing ts]
                                 [--punctuation explicit] [--sources a,b] [--idle-timeout S]
     lowtide stream drop NAME | stream list [--format table|json]
@@ -136,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", metavar="F", help="the PEM private key of --tls-cert")
     serve.add_argument(
         "--tokens", metavar="F", help="TOML file whose [tokens] table maps tokens to admin|producer|reader"
+    )
+
+    serve.add_argument(
+        "--ray",
+        metavar="ADDRESS|auto|local",
+        help="run the workers as actors of this Ray cluster (host:port, ray://host:port; auto: "
+        "$RAY_ADDRESS or the running local one; local: a private one-machine Ray)",
+    )
+    serve.add_argument(
+        "--worker-cpus", type=float, help="with --ray: CPUs each worker actor reserves (default 1)"
     )
 
     stream = commands.add_parser("stream", help="create, drop or list streams")

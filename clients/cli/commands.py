@@ -50,6 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=args.tokens,
+        ray=args.ray,
+        worker_cpus=args.worker_cpus,
     )
     return serve(config)
 

@@ -1,0 +1,429 @@
+"""The workers as actors of a Ray cluster: a :class:`~lowtide.server.transport.WorkerTransport`.
+
+The front joins the cluster as a Ray driver in the namespace ``lowtide`` (:func:`connect`) and
+starts one actor per worker, named ``lowtide-worker-<i>``, reserving ``--worker-cpus`` CPUs each
+and placed by Ray's SPREAD strategy. Each actor (:class:`RayWorker`) runs the server's own
+:class:`~lowtide.server.worker_process.Worker` on the same typed messages as a local worker;
+columns travel as numpy arrays (Ray's out-of-band buffers, through its object store when large).
+
+A call carries many messages: what the front posts waits in the worker's outbox and goes in one
+call once the outbox holds a message that must go now (anything but a batch: punctuation, a
+barrier, a control message), or :data:`CALL_BYTES` of columns, or no call is on its way; at most
+:data:`IN_FLIGHT` calls are on their way to one worker.
+
+Invariant: a worker handles messages in the order they were posted, and the front hands its
+answers to ``on_message`` in the order the worker sent them, whatever order Ray runs calls in:
+calls are numbered, the actor takes them in their numbers' order, and the front awaits their
+answers oldest first. What a worker sends outside a call (a checkpoint's file written, reported
+by a thread) comes back through a standing call (:meth:`RayWorker.later`), which also tells the
+front at once that an actor is gone.
+
+An actor that dies (its node lost, killed, out of memory) is killed for good and created again
+under its name (Ray places it on a live node with room); once it answers, ``on_death`` reports
+it and the front restores it as it does a local worker. One that cannot be placed within
+:data:`PLACE_TIMEOUT_S` goes to ``on_give_up``: the server stops, saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import ActorAlreadyExistsError, GetTimeoutError, RayError
+from ray.util import get_node_ip_address
+
+from lowtide.errors import StartupFailure
+from lowtide.server import messages as msg
+from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage
+from lowtide.server.worker_process import Worker
+
+NAMESPACE = "lowtide"
+CALL_BYTES = 4 << 20  # columns one call carries, unless a message must go before
+IN_FLIGHT = 4  # calls on their way to one worker
+MAX_QUEUED_BYTES = 32 << 20  # columns posted to one worker and not answered: ingestion waits past it
+PLACE_TIMEOUT_S = 120.0  # for an actor to be placed and answer (a cold node imports and compiles)
+PROBE_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray's own, much longer, retries
+
+Wire = tuple[tuple[int, tuple[Any, ...]], Arrays | None]  # a message as its codec's code and fields
+
+
+def actor_name(index: int) -> str:
+    return f"lowtide-worker-{index}"
+
+
+def _writable(arrays: Arrays | None) -> Arrays:
+    """Columns a receiver may keep and write: Ray hands out read-only views of its object store."""
+    if not arrays:
+        return {}
+    return {name: a if a.flags.writeable else a.copy() for name, a in arrays.items()}
+
+
+class RayWorker:
+    """A worker inside a Ray actor; an async actor, so :meth:`later` waits beside the calls."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.next_call = 0
+        self.turn = asyncio.Condition()
+        self.answers: list[Wire] = []  # of the call being handled
+        self.later_answers: list[Wire] = []  # sent by other threads, for :meth:`later`
+        self.later_ready = asyncio.Event()
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread = -1
+        self.worker = Worker(self)
+
+    def send(self, message: msg.ToFront, arrays: Arrays | None = None) -> None:
+        """The worker's :class:`~lowtide.server.worker_process.Outbound`."""
+        wire = (msg.TO_FRONT.encode(message), arrays)
+        if threading.get_ident() == self.loop_thread:
+            self.answers.append(wire)
+            return
+        with self.lock:
+            self.later_answers.append(wire)
+        assert self.loop is not None  # a thread sends only after a call started it
+        self.loop.call_soon_threadsafe(self.later_ready.set)
+
+    async def handle(self, number: int, calls: list[Wire]) -> list[Wire]:
+        """Handle one call's messages, after every call numbered before it; its answers."""
+        async with self.turn:
+            await self.turn.wait_for(lambda: self.next_call == number)
+        self.loop, self.loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        try:
+            for wire, arrays in calls:  # no await in here: no other call runs in between
+                self.worker.handle(msg.TO_WORKER.decode(wire), _writable(arrays))
+        finally:
+            self.next_call += 1
+            async with self.turn:
+                self.turn.notify_all()
+        answers, self.answers = self.answers, []
+        return answers
+
+    async def later(self) -> list[Wire]:
+        """What the worker sent outside a call, once there is some."""
+        self.loop = asyncio.get_running_loop()
+        await self.later_ready.wait()
+        self.later_ready.clear()
+        with self.lock:
+            answers, self.later_answers = self.later_answers, []
+        return answers
+
+    async def where(self) -> tuple[str, str, int]:
+        """The node (id, address) and the process this actor runs in."""
+        return ray.get_runtime_context().get_node_id(), get_node_ip_address(), os.getpid()
+
+
+RemoteWorker = ray.remote(RayWorker)
+
+
+@dataclass
+class _Actor:
+    """One worker as the front sees it: its actor, what waits for it, what is on its way."""
+
+    index: int
+    actor: Any  # Ray's handle of the actor
+    where: str = ""  # its node and process, for the log
+    outbox: deque[tuple[msg.ToWorker, Arrays | None]] = field(default_factory=deque)
+    outbox_bytes: int = 0
+    urgent: int = 0  # messages in the outbox that must go now (see the module)
+    calls: deque[tuple[Any, int]] = field(default_factory=deque)  # (answers' ref, bytes), oldest first
+    call_bytes: int = 0
+    numbered: int = 0  # calls sent so far
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # something to send, or room to
+    sent: asyncio.Event = field(default_factory=asyncio.Event)  # a call to await
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    closed: bool = False  # its actor is gone (or the pool stops): posts are dropped
+
+
+class RayWorkers:
+    def __init__(
+        self,
+        workers: int,
+        address: str,
+        cpus: float,
+        on_message: OnMessage,
+        on_death: OnDeath,
+        on_give_up: OnGiveUp,
+    ) -> None:
+        self.size = workers
+        self.address = address
+        self.cpus = cpus
+        self.on_message = on_message
+        self.on_death = on_death
+        self.on_give_up = on_give_up
+        self.handles: list[_Actor] = []
+        self.restarts = 0
+        self._room = asyncio.Event()
+        self._stopping = False
+        self._replacing: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        """Join the cluster and place every worker; blocks until they answer (before serving)."""
+        connect(self.address, math.ceil(self.size * self.cpus))
+        try:
+            self.handles = [_Actor(i, self._create(i)) for i in range(self.size)]
+            places = ray.get([h.actor.where.remote() for h in self.handles], timeout=PLACE_TIMEOUT_S)
+        except ActorAlreadyExistsError as exc:
+            ray.shutdown()
+            raise StartupFailure(
+                f"cannot start the workers on the Ray cluster: {exc.args[0].split('. ')[0]} "
+                "(another lowtide server runs on it)"
+            ) from None
+        except GetTimeoutError:
+            free = ray.available_resources().get("CPU", 0)
+            ray.shutdown()
+            raise StartupFailure(
+                f"cannot place {self.size} workers of {self.cpus:g} CPUs on the Ray cluster within "
+                f"{PLACE_TIMEOUT_S:.0f} s ({free:g} CPUs free)"
+            ) from None
+        for handle, place in zip(self.handles, places, strict=True):
+            self._placed(handle, place, "on")
+
+    def _create(self, index: int) -> Any:
+        options = {
+            "name": actor_name(index),
+            "namespace": NAMESPACE,
+            "num_cpus": self.cpus,
+            "scheduling_strategy": "SPREAD",
+            "max_restarts": 0,  # the front recreates it and restores its state (see the module)
+            "max_task_retries": 0,
+        }
+        return RemoteWorker.options(**options).remote(index)
+
+    def _placed(self, handle: _Actor, place: tuple[str, str, int], how: str) -> None:
+        node_id, address, pid = place
+        handle.where = f"Ray node {address} ({node_id[:8]}), pid {pid}"
+        print(
+            f"lowtide: worker {handle.index} ({actor_name(handle.index)}) {how} {handle.where}",
+            file=sys.stderr,
+        )
+        loop = asyncio.get_running_loop()
+        handle.tasks = [
+            loop.create_task(self._pump(handle)),
+            loop.create_task(self._receive(handle)),
+            loop.create_task(self._later(handle)),
+        ]
+
+    # -- the front's side of the protocol ------------------------------------------------------
+    def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
+        """Queue a message for a worker (in order); never blocks. A gone worker takes nothing."""
+        handle = self.handles[worker]
+        if handle.closed:
+            return
+        handle.outbox.append((message, arrays))
+        if arrays:
+            handle.outbox_bytes += sum(a.nbytes for a in arrays.values())
+        if not isinstance(message, msg.Batch):
+            handle.urgent += 1
+        handle.wake.set()
+
+    def broadcast(self, message: msg.ToWorker) -> None:
+        for w in range(self.size):
+            self.post(w, message)
+
+    async def wait_for_room(self) -> None:
+        """Wait while any worker has more than :data:`MAX_QUEUED_BYTES` unanswered (backpressure)."""
+        while any(h.outbox_bytes + h.call_bytes > MAX_QUEUED_BYTES for h in self.handles):
+            self._room.clear()
+            await self._room.wait()
+
+    async def idle(self) -> None:
+        """Wait until every worker has answered everything posted to it."""
+        while any((h.outbox or h.calls) and not h.closed for h in self.handles):
+            await asyncio.sleep(0.001)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self.idle()
+        for handle in self.handles:
+            self.post(handle.index, msg.Stop())
+        await self.idle()
+        for task in self._replacing:
+            task.cancel()
+        for handle in self.handles:
+            handle.closed = True
+            for task in handle.tasks:
+                task.cancel()
+            with contextlib.suppress(RayError):
+                ray.kill(handle.actor, no_restart=True)
+        ray.shutdown()
+
+    # -- moving messages -----------------------------------------------------------------------
+    @staticmethod
+    def _due(handle: _Actor) -> bool:
+        if not handle.outbox or len(handle.calls) >= IN_FLIGHT:
+            return False
+        return not handle.calls or handle.urgent > 0 or handle.outbox_bytes >= CALL_BYTES
+
+    async def _pump(self, handle: _Actor) -> None:
+        """Send the outbox in calls of many messages (see the module)."""
+        while True:
+            while not self._due(handle):
+                handle.wake.clear()
+                await handle.wake.wait()
+            calls: list[Wire] = []
+            nbytes = 0
+            while handle.outbox and (not calls or nbytes < CALL_BYTES):
+                message, arrays = handle.outbox.popleft()
+                if arrays:
+                    nbytes += sum(a.nbytes for a in arrays.values())
+                if not isinstance(message, msg.Batch):
+                    handle.urgent -= 1
+                calls.append((msg.TO_WORKER.encode(message), arrays))
+            handle.outbox_bytes -= nbytes
+            handle.call_bytes += nbytes
+            handle.calls.append((handle.actor.handle.remote(handle.numbered, calls), nbytes))
+            handle.numbered += 1
+            handle.sent.set()
+
+    async def _receive(self, handle: _Actor) -> None:
+        """Hand each call's answers to the front, oldest call first."""
+        while True:
+            while not handle.calls:
+                handle.sent.clear()
+                await handle.sent.wait()
+            ref, nbytes = handle.calls[0]
+            try:
+                answers = await ref
+            except RayError as exc:
+                self._died(handle, exc)
+                return
+            if handle.closed:
+                return
+            handle.calls.popleft()
+            handle.call_bytes -= nbytes
+            if handle.outbox_bytes + handle.call_bytes <= MAX_QUEUED_BYTES:
+                self._room.set()
+            handle.wake.set()
+            self._deliver(handle, answers)
+
+    async def _later(self, handle: _Actor) -> None:
+        while True:
+            try:
+                answers = await handle.actor.later.remote()
+            except RayError as exc:
+                self._died(handle, exc)
+                return
+            if handle.closed:
+                return
+            self._deliver(handle, answers)
+
+    def _deliver(self, handle: _Actor, answers: list[Wire]) -> None:
+        for wire, arrays in answers:
+            self.on_message(handle.index, msg.TO_FRONT.decode(wire), _writable(arrays))
+
+    # -- a worker gone -------------------------------------------------------------------------
+    def _died(self, handle: _Actor, cause: RayError) -> None:
+        """Its actor failed a call: what was on its way is lost with it (the front's recovery
+        sends it again); it is killed for good and created again."""
+        if handle.closed or self._stopping:
+            return
+        handle.closed = True
+        current = asyncio.current_task()
+        for task in handle.tasks:
+            if task is not current:
+                task.cancel()
+        handle.outbox.clear()
+        handle.calls.clear()
+        handle.outbox_bytes = handle.call_bytes = handle.urgent = 0
+        self._room.set()
+        lines = str(cause).strip().splitlines()
+        reason = f"{type(cause).__name__}: {lines[0] if lines else ''}"[:200]
+        print(
+            f"lowtide: worker {handle.index} on {handle.where} is gone ({reason}); placing it again",
+            file=sys.stderr,
+        )
+        with contextlib.suppress(RayError):
+            ray.kill(handle.actor, no_restart=True)
+        task = asyncio.get_running_loop().create_task(self._replace(handle.index))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace(self, index: int) -> None:
+        deadline = time.monotonic() + PLACE_TIMEOUT_S
+        last = "no node with room"
+        while time.monotonic() < deadline:
+            try:
+                actor = self._create(index)
+                place = await asyncio.wait_for(_answer(actor.where.remote()), deadline - time.monotonic())
+            except ActorAlreadyExistsError:  # the name is the dead actor's a moment longer
+                await asyncio.sleep(0.1)
+                continue
+            except RayError as exc:  # it died again before it answered
+                last = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+                await asyncio.sleep(0.5)
+                continue
+            except TimeoutError:
+                break
+            if self._stopping:
+                return
+            handle = self.handles[index] = _Actor(index, actor)
+            self.restarts += 1
+            self._placed(handle, place, "placed again on")
+            self.on_death(index)
+            return
+        self._stopping = True
+        self.on_give_up(
+            f"worker {index} cannot be placed on the Ray cluster within {PLACE_TIMEOUT_S:.0f} s ({last})"
+        )
+
+
+async def _answer(ref: Any) -> Any:
+    return await ref
+
+
+def connect(address: str, cpus: int) -> None:
+    """Join the Ray cluster at ``address`` as a driver in :data:`NAMESPACE` (``local``: start a
+    private one-machine cluster with room for ``cpus`` CPUs of workers). An address that does
+    not answer stops the start at once, rather than after Ray's retries (minutes)."""
+    if address == "local":
+        options: dict[str, Any] = {"num_cpus": max(cpus, os.cpu_count() or 1), "include_dashboard": False}
+    else:
+        _probe(address)
+        options = {}
+    try:
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise StartupFailure(
+            f"cannot join the Ray cluster at {address}: {lines[0] if lines else exc}"
+        ) from None
+
+
+def _probe(address: str) -> None:
+    """Connect to the cluster's address (``auto``: the one Ray would use) once, briefly."""
+    target = address.removeprefix("ray://")
+    if address == "auto":
+        target = os.environ.get("RAY_ADDRESS", "")
+        if not target:
+            from ray._private.services import canonicalize_bootstrap_address_or_die
+
+            try:  # the address of the running local cluster (`ray start` records it)
+                target = canonicalize_bootstrap_address_or_die("auto")
+            except ConnectionError:
+                raise StartupFailure(
+                    "--ray auto: no Ray cluster found (RAY_ADDRESS is not set and none runs here; "
+                    "start one with `ray start --head`)"
+                ) from None
+        target = target.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise StartupFailure(f"cannot reach the Ray cluster at {address}: {reason.lower()}") from None
+
+
+__all__ = ["NAMESPACE", "RayWorker", "RayWorkers", "actor_name", "connect"]
