@@ -327,7 +327,7 @@ class RayWorkers:
     def _died(self, handle: _Actor, cause: RayError) -> None:
         """Its actor failed a call: what was on its way is lost with it (the front's recovery
         sends it again); it is killed for good and created again."""
-        if handle.closed or self._stopping:
+        if handle.closed:
             return
         handle.closed = True
         current = asyncio.current_task()
@@ -338,6 +338,8 @@ class RayWorkers:
         handle.calls.clear()
         handle.outbox_bytes = handle.call_bytes = handle.urgent = 0
         self._room.set()
+        if self._stopping:  # the pool is ending: nothing to place again
+            return
         lines = str(cause).strip().splitlines()
         reason = f"{type(cause).__name__}: {lines[0] if lines else ''}"[:200]
         print(

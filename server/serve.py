@@ -68,9 +68,9 @@ async def _serve(config: ServerConfig) -> int:
         print(security.notice, file=sys.stderr)
     if security.warning:
         print(security.warning, file=sys.stderr)
+    await front.start()  # a start that fails here (Ray's cluster, for one) says why in one line
     if not config.state_dir:
         print("lowtide: no --state-dir: streams, queries and windows live in memory only", file=sys.stderr)
-    await front.start()
     await front.sync()  # every worker is up and answering before the server says it serves
     if front.state is not None:
         began = time.monotonic()

@@ -7,6 +7,7 @@ of its folder's tier (collection fails otherwise). Test helpers (reference.py, s
 harness.py) import by name from this folder.
 """
 
+import os
 import sys
 from collections.abc import Generator
 from pathlib import Path
@@ -16,6 +17,11 @@ from hypothesis import settings
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
+
+# Every socket on loopback: Ray reads this when it is imported (a test imports it before any Ray
+# test runs) and then puts a cluster started here, and every driver, on 127.0.0.1 rather than on
+# the machine's interface address. The servers the tests start inherit it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 # The folders whose tests carry the marker of that name (pyproject.toml declares them); unit
 # tests need none.

@@ -1,0 +1,176 @@
+"""Workers as actors of a real Ray cluster (docs/ray.md): one cluster for the module, a head
+without CPUs and two nodes of 2 CPUs, every one on 127.0.0.1 (tests/conftest.py keeps Ray on
+loopback), and a real ``lowtide serve --ray <address> --workers 2``.
+
+The workers are actors named ``lowtide-worker-<i>`` in the namespace ``lowtide``, one on each
+node (SPREAD: either node has room for both); a tumbling query, sliding queries sharing slices
+and a join give what the in-process engine gives on the same disordered input; an actor killed
+is placed again, its queries end ``ABORTED`` (no state directory) and new ones run. Without Ray
+installed, or with a cluster address that does not answer, the start stops in one line.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+from server_harness import Server, lowtide_command, running_server
+from thesis import PACKET
+from wire import Mirror, Subscription, assert_same, connect, packets, rows, schedule
+
+from lowtide import END_OF_STREAM
+from lowtide.proto import lowtide_pb2 as pb
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray")]
+
+T0 = 1_700_000_000_000 // 60_000 * 60_000
+SPAN = 20 * 60_000  # 20 minutes of event time, in ms
+LOOPBACK = "127.0.0.1"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False},
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
+    cluster.wait_for_nodes()
+    cluster.connect(namespace="lowtide")  # this test's own driver: it finds the actors by name
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(cluster: Cluster) -> Iterator[Server]:
+    with running_server("--ray", cluster.address, workers=2) as running:
+        yield running
+
+
+@pytest.fixture
+def mirror(server: Server) -> Mirror:
+    assert server.alive(), server.stderr_tail()
+    return Mirror(connect(server.target))
+
+
+SERVE = ["serve", "--host", LOOPBACK, "--port", "0", "--metrics-port", "-1", "--workers", "1"]
+
+
+def one_line_failure(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and done.stdout == "", done.stderr
+    return lines[0]
+
+
+def test_a_cluster_address_that_does_not_answer_stops_the_start_in_one_line() -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on once it is closed
+        probe.bind((LOOPBACK, 0))
+        port = probe.getsockname()[1]
+    command = [*lowtide_command(), *SERVE, "--ray", f"{LOOPBACK}:{port}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    line = one_line_failure(done)
+    assert line == f"lowtide: cannot reach the Ray cluster at {LOOPBACK}:{port}: connection refused"
+
+
+def test_without_ray_installed_the_start_says_which_extra_in_one_line() -> None:
+    # None in sys.modules is how Python marks a module as absent: `import ray` fails as if it were.
+    code = (
+        "import sys; sys.modules['ray'] = None; from lowtide.clients.cli import main; "
+        f"sys.exit(main({[*SERVE, '--ray', 'auto']!r}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert one_line_failure(done) == "lowtide: --ray needs Ray: pip install 'lowtide[ray]'"
+
+
+def places() -> list[tuple[str, str, int]]:
+    """(node id, node address, pid) of each worker actor, found by its name."""
+    actors = [ray.get_actor(f"lowtide-worker-{i}", namespace="lowtide") for i in range(2)]
+    return list(ray.get([actor.where.remote() for actor in actors], timeout=60))
+
+
+def test_the_workers_are_named_actors_spread_over_the_nodes(cluster: Cluster, server: Server) -> None:
+    found = places()
+    assert {node for node, _, _ in found} == {node.node_id for node in cluster.worker_nodes}
+    assert {address for _, address, _ in found} == {LOOPBACK}
+    log = server.stderr.read_text()
+    for i, (_, _, pid) in enumerate(found):
+        assert f"worker {i} (lowtide-worker-{i}) on Ray node {LOOPBACK}" in log, log
+        assert f"pid {pid}" in log
+
+
+def test_tumbling_sliding_and_join_queries_give_the_engines_results(mirror: Mirror) -> None:
+    rnd = random.Random(24)
+    mirror.create_stream("P", sources=["a", "b"])
+    mirror.create_stream("L", sources=["x"])
+    mirror.create_stream("R", sources=["y"])
+
+    def sliding(minutes: int, by: bool = True) -> str:
+        key, group = ("srcIP, ", " GROUP BY srcIP") if by else ("", "")
+        aggs = "count(*) AS n, sum(len) AS bytes"
+        return f"SELECT {key}{aggs} [RANGE {minutes} minutes, SLIDE 1 minute, WA ts] FROM P{group}"
+
+    queries = [
+        mirror.register(
+            "SELECT srcIP, count(*) AS n [RANGE 1 minute, SLIDE 1 minute, WA ts] FROM P GROUP BY srcIP",
+            "tumbling",
+        ),
+        mirror.register(sliding(5), "sliding_5"),
+        mirror.register(sliding(10), "sliding_10"),
+        mirror.register(sliding(4, by=False), "sliding_all"),
+        mirror.register(
+            "SELECT L.srcIP, L.destIP, R.srcIP, R.destIP, R.ts FROM L, R "
+            "[RANGE TUMBLING 5 minutes, WA ts] WHERE L.srcIP = R.destIP",
+            "join",
+        ),
+    ]
+    plan = mirror.stub.ExplainQuery(pb.ExplainQueryRequest(sql=sliding(8))).plan
+    assert "shared with" in plan, plan  # the sliding queries read one set of slices
+    subs = {q: Subscription(mirror.stub, q, from_oldest=True) for q in queries}
+    data = {("P", s): packets(rnd, 300, T0, T0 + SPAN) for s in ("a", "b")}
+    data[("L", "x")] = packets(rnd, 150, T0, T0 + SPAN)
+    data[("R", "y")] = packets(rnd, 150, T0, T0 + SPAN)
+    for call in schedule(data, rnd, {"P": PACKET, "L": PACKET, "R": PACKET}):
+        mirror.ingest(*call)
+    for name in queries:
+        expected = mirror.results(name)
+        assert rows(expected), name
+        assert_same(subs[name].until(END_OF_STREAM), expected, name)
+
+
+def test_a_killed_worker_actor_is_placed_again(mirror: Mirror, server: Server) -> None:
+    """Without a state directory the queries that had state on it end ABORTED; the server goes
+    on with a new actor under the same name, and a query registered then runs on it."""
+    sql = "SELECT srcIP, count(*) AS n [RANGE 1 minute, SLIDE 1 minute, WA ts] FROM K GROUP BY srcIP"
+    mirror.create_stream("K", sources=["a"])
+    mirror.register(sql, "before")
+    before = Subscription(mirror.stub, "before")
+    _, _, old_pid = places()[1]
+    ray.kill(ray.get_actor("lowtide-worker-1", namespace="lowtide"), no_restart=True)
+    ended = before.end(timeout=120)
+    assert ended.code.name == "ABORTED" and "worker 1 died" in ended.reason, ended
+    deadline = time.monotonic() + 120
+    while "placed again on" not in server.stderr.read_text():
+        assert time.monotonic() < deadline, server.stderr_tail()
+        time.sleep(0.1)
+    assert places()[1][2] != old_pid
+    mirror.create_stream("K2", sources=["a"])
+    after = mirror.register(sql.replace("FROM K", "FROM K2"), "after")
+    subscription = Subscription(mirror.stub, after, from_oldest=True)
+    rnd = random.Random(7)
+    for call in schedule({("K2", "a"): packets(rnd, 200, T0, T0 + SPAN)}, rnd, {"K2": PACKET}):
+        mirror.ingest(*call)
+    expected = mirror.results(after)
+    assert rows(expected)
+    assert_same(subscription.until(END_OF_STREAM), expected, after)
