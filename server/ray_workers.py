@@ -187,6 +187,9 @@ class RayWorkers:
                 f"cannot place {self.size} workers of {self.cpus:g} CPUs on the Ray cluster within "
                 f"{PLACE_TIMEOUT_S:.0f} s ({free:g} CPUs free)"
             ) from None
+        except RayError as exc:  # an actor that failed as it started (its error is above)
+            ray.shutdown()
+            raise StartupFailure(f"cannot start the workers on the Ray cluster: {_first_line(exc)}") from None
         for handle, place in zip(self.handles, places, strict=True):
             self._placed(handle, place, "on")
 
@@ -249,7 +252,7 @@ class RayWorkers:
         for handle in self.handles:
             self.post(handle.index, msg.Stop())
         await self.idle()
-        for task in self._replacing:
+        for task in list(self._replacing):
             task.cancel()
         for handle in self.handles:
             handle.closed = True
@@ -340,10 +343,9 @@ class RayWorkers:
         self._room.set()
         if self._stopping:  # the pool is ending: nothing to place again
             return
-        lines = str(cause).strip().splitlines()
-        reason = f"{type(cause).__name__}: {lines[0] if lines else ''}"[:200]
         print(
-            f"lowtide: worker {handle.index} on {handle.where} is gone ({reason}); placing it again",
+            f"lowtide: worker {handle.index} on {handle.where} is gone ({_first_line(cause)}); "
+            "placing it again",
             file=sys.stderr,
         )
         with contextlib.suppress(RayError):
@@ -363,7 +365,7 @@ class RayWorkers:
                 await asyncio.sleep(0.1)
                 continue
             except RayError as exc:  # it died again before it answered
-                last = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+                last = _first_line(exc)
                 await asyncio.sleep(0.5)
                 continue
             except TimeoutError:
@@ -379,6 +381,11 @@ class RayWorkers:
         self.on_give_up(
             f"worker {index} cannot be placed on the Ray cluster within {PLACE_TIMEOUT_S:.0f} s ({last})"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 async def _answer(ref: Any) -> Any:
@@ -397,10 +404,7 @@ def connect(address: str, cpus: int) -> None:
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        lines = str(exc).strip().splitlines()
-        raise StartupFailure(
-            f"cannot join the Ray cluster at {address}: {lines[0] if lines else exc}"
-        ) from None
+        raise StartupFailure(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
 
 
 def _probe(address: str) -> None:
