@@ -5,8 +5,9 @@ loopback), and a real ``lowtide serve --ray <address> --workers 2`` with a state
 The workers are actors named ``lowtide-worker-<i>`` in the namespace ``lowtide``, one on each
 node (SPREAD: either node has room for both); a tumbling query, sliding queries sharing slices
 and a join give what the in-process engine gives on the same disordered input; an actor killed
-is placed again and restored from the state directory, its subscriber missing nothing. Without Ray
-installed, or with a cluster address that does not answer, the start stops in one line.
+is placed again and restored from the state directory, its subscriber missing nothing, and so
+are the actors of a node removed mid-stream. Without Ray installed, or with a cluster address
+that does not answer, the start stops in one line.
 """
 
 from __future__ import annotations
@@ -178,3 +179,32 @@ def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, serv
     expected = mirror.results(query)
     assert rows(expected)
     assert_same(subscription.until(END_OF_STREAM), expected, query)
+
+
+def test_a_lost_node_loses_nothing(cluster: Cluster, mirror: Mirror, server: Server) -> None:
+    """The node of worker 1 is removed mid-stream (with whatever else runs there): its actors
+    are placed again on the node left, restored, and the subscriber misses nothing."""
+    sql = "SELECT srcIP, sum(len) AS bytes [RANGE 2 minutes, SLIDE 1 minute, WA ts] FROM N GROUP BY srcIP"
+    mirror.create_stream("N", sources=["a", "b"])
+    query = mirror.register(sql, "node_lost")
+    subscription = Subscription(mirror.stub, query, from_oldest=True)
+    rnd = random.Random(11)
+    data = {("N", s): packets(rnd, 300, T0, T0 + SPAN) for s in ("a", "b")}
+    calls = schedule(data, rnd, {"N": PACKET})
+    half = len(calls) // 2
+    for call in calls[:half]:
+        mirror.ingest(*call)
+    server.await_checkpoint()
+    placed = server.stderr.read_text().count("placed again on")
+    node_id = places()[1][0]
+    cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id == node_id))
+    deadline = time.monotonic() + 120
+    while server.stderr.read_text().count("placed again on") == placed:
+        assert time.monotonic() < deadline, server.stderr_tail()
+        time.sleep(0.1)
+    for call in calls[half:]:
+        mirror.ingest(*call)
+    expected = mirror.results(query)
+    assert rows(expected)
+    assert_same(subscription.until(END_OF_STREAM), expected, query)
+    assert {node for node, _, _ in places()} == {node.node_id for node in cluster.worker_nodes}
