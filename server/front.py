@@ -55,7 +55,7 @@ class Front:
         self.metrics = ServerMetrics()
         self.workers = self._transport(config)
         self.stopping = asyncio.Event()  # SIGTERM, SIGINT, or workers that cannot start
-        self.exit_code = 0
+        self.gave_up = ""  # why the server stops on its own (workers that cannot run): subscribers hear it
         # The door's clock reads the time each change was applied at (the input log records it),
         # so replay runs heartbeats and idle timeouts exactly as they ran.
         self.clock = ManualClock(time.time())
@@ -376,11 +376,15 @@ class Front:
         for name in self.engine.runner.worker_died(worker):
             self._close_failed(name, "ABORTED", self.engine.runner.queries[name].failed or "worker died")
 
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.gave_up else 0
+
     def _give_up(self, reason: str) -> None:
         """A worker cannot be kept running (see :mod:`lowtide.server.local_workers`): the server stops."""
         if not self.stopping.is_set():
             print(f"lowtide: {reason}; stopping", file=sys.stderr)
-            self.exit_code = 1
+            self.gave_up = reason
             self.stopping.set()
 
     async def sync(self) -> None:
@@ -444,13 +448,16 @@ class Front:
         for task in self._tasks:
             task.cancel()
         try:
-            if not self.exit_code:  # workers that cannot start hold nothing to drain
+            if not self.gave_up:  # workers that cannot run hold nothing to drain
                 await self.workers.idle()
                 await self.sync()
         except TimeoutError:
             pass
         for hub in self.hubs.values():
-            hub.close()
+            if self.gave_up:  # it says why, in the status a client retries on (it may come back)
+                hub.close("UNAVAILABLE", f"the server stops: {self.gave_up}")
+            else:  # a drain ends subscriptions cleanly
+                hub.close()
         await self.workers.stop()
         self.metrics.close()
         if self.state is not None:

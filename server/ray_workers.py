@@ -54,6 +54,8 @@ IN_FLIGHT = 4  # calls on their way to one worker
 MAX_QUEUED_BYTES = 32 << 20  # columns posted to one worker and not answered: ingestion waits past it
 PLACE_TIMEOUT_S = 120.0  # for an actor to be placed and answer (a cold node imports and compiles)
 PROBE_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray's own, much longer, retries
+CLUSTER_GONE_S = 5.0  # the cluster's address unanswered this long: it is gone (Ray ends its driver at 60 s)
+NAMES_TIMEOUT_S = 10.0  # for the names of a front killed a moment ago to be free (Ray ends its actors)
 
 Wire = tuple[tuple[int, tuple[Any, ...]], Arrays | None]  # a message as its codec's code and fields
 
@@ -166,13 +168,15 @@ class RayWorkers:
         self.restarts = 0
         self._room = asyncio.Event()
         self._stopping = False
+        self._cluster_gone = False
         self._replacing: set[asyncio.Task[None]] = set()
+        self._watch: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Join the cluster and place every worker; blocks until they answer (before serving)."""
-        connect(self.address, math.ceil(self.size * self.cpus))
+        watched = connect(self.address, math.ceil(self.size * self.cpus))
         try:
-            self.handles = [_Actor(i, self._create(i)) for i in range(self.size)]
+            self.handles = [_Actor(i, self._create_named(i)) for i in range(self.size)]
             places = ray.get([h.actor.where.remote() for h in self.handles], timeout=PLACE_TIMEOUT_S)
         except ActorAlreadyExistsError as exc:
             ray.shutdown()
@@ -192,6 +196,19 @@ class RayWorkers:
             raise StartupFailure(f"cannot start the workers on the Ray cluster: {_first_line(exc)}") from None
         for handle, place in zip(self.handles, places, strict=True):
             self._placed(handle, place, "on")
+        self._watch = asyncio.get_running_loop().create_task(self._watch_cluster(watched))
+
+    def _create_named(self, index: int) -> Any:
+        """Create the worker's actor; a name still held waits a moment (a front killed a moment
+        ago: Ray ends its actors once it sees it gone), then fails."""
+        deadline = time.monotonic() + NAMES_TIMEOUT_S
+        while True:
+            try:
+                return self._create(index)
+            except ActorAlreadyExistsError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # paced: the start blocks anyway until every worker answers
 
     def _create(self, index: int) -> Any:
         options = {
@@ -248,6 +265,8 @@ class RayWorkers:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
         await self.idle()
         for handle in self.handles:
             self.post(handle.index, msg.Stop())
@@ -258,9 +277,33 @@ class RayWorkers:
             handle.closed = True
             for task in handle.tasks:
                 task.cancel()
-            with contextlib.suppress(RayError):
-                ray.kill(handle.actor, no_restart=True)
+            if not self._cluster_gone:  # nothing to kill, and no one to ask
+                with contextlib.suppress(RayError):
+                    ray.kill(handle.actor, no_restart=True)
         ray.shutdown()
+
+    async def _watch_cluster(self, address: tuple[str, int]) -> None:
+        """Stop the server, saying why, once the cluster's address has not answered for
+        :data:`CLUSTER_GONE_S` (its workers are gone and none can be placed again)."""
+        host, port = address
+        unanswered_since: float | None = None
+        while True:
+            await asyncio.sleep(1.0)  # paced: one probe a second
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+                writer.close()
+                unanswered_since = None
+                continue
+            except (OSError, TimeoutError) as exc:
+                reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else "no answer"
+            now = time.monotonic()
+            unanswered_since = unanswered_since or now
+            if now - unanswered_since >= CLUSTER_GONE_S and not self._stopping:
+                self._stopping = self._cluster_gone = True
+                self.on_give_up(
+                    f"the Ray cluster at {host}:{port} is gone ({reason} for {CLUSTER_GONE_S:.0f} s)"
+                )
+                return
 
     # -- moving messages -----------------------------------------------------------------------
     @staticmethod
@@ -392,23 +435,33 @@ async def _answer(ref: Any) -> Any:
     return await ref
 
 
-def connect(address: str, cpus: int) -> None:
+def connect(address: str, cpus: int) -> tuple[str, int]:
     """Join the Ray cluster at ``address`` as a driver in :data:`NAMESPACE` (``local``: start a
-    private one-machine cluster with room for ``cpus`` CPUs of workers). An address that does
-    not answer stops the start at once, rather than after Ray's retries (minutes)."""
+    private one-machine cluster on loopback with room for ``cpus`` CPUs of workers); the
+    address to watch it by. An address that does not answer stops the start at once, rather
+    than after Ray's retries (minutes)."""
     if address == "local":
-        options: dict[str, Any] = {"num_cpus": max(cpus, os.cpu_count() or 1), "include_dashboard": False}
+        options: dict[str, Any] = {
+            "num_cpus": max(cpus, os.cpu_count() or 1),
+            "include_dashboard": False,
+            "_node_ip_address": "127.0.0.1",  # a private cluster: nothing listens off loopback
+        }
+        watched = None
     else:
-        _probe(address)
+        watched = _probe(address)
         options = {}
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise StartupFailure(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
+    if watched is None:  # the private cluster's own control service (GCS)
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        watched = (host, int(port))
+    return watched
 
 
-def _probe(address: str) -> None:
-    """Connect to the cluster's address (``auto``: the one Ray would use) once, briefly."""
+def _probe(address: str) -> tuple[str, int]:
+    """Connect to the cluster's address (``auto``: the one Ray would use) once, briefly; it."""
     target = address.removeprefix("ray://")
     if address == "auto":
         target = os.environ.get("RAY_ADDRESS", "")
@@ -430,6 +483,7 @@ def _probe(address: str) -> None:
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         raise StartupFailure(f"cannot reach the Ray cluster at {address}: {reason.lower()}") from None
+    return host, int(port)
 
 
 __all__ = ["NAMESPACE", "RayWorker", "RayWorkers", "actor_name", "connect"]
