@@ -3,11 +3,12 @@ without CPUs and two nodes of 2 CPUs, every one on 127.0.0.1 (tests/conftest.py 
 loopback), and a real ``lowtide serve --ray <address> --workers 2`` with a state directory.
 
 The workers are actors named ``lowtide-worker-<i>`` in the namespace ``lowtide``, one on each
-node (SPREAD: either node has room for both); a tumbling query, sliding queries sharing slices
-and a join give what the in-process engine gives on the same disordered input; an actor killed
-is placed again and restored from the state directory, its subscriber missing nothing, and so
-are the actors of a node removed mid-stream. Without Ray installed, or with a cluster address
-that does not answer, the start stops in one line.
+node (SPREAD: either node has room for both); tumbling, sliding (sharing slices), session,
+holistic and join queries give what the in-process engine gives on the same disordered input;
+an actor killed is placed again and restored from the state directory, its subscriber missing
+nothing, and so are the actors of a node removed mid-stream, twice, with a node added between.
+Without Ray installed, or with a cluster address that does not answer, the start stops in one
+line. (test_ray_failures.py: a cluster gone, no state directory; test_chaos.py: kills through Ray.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -112,7 +114,8 @@ def test_the_workers_are_named_actors_spread_over_the_nodes(cluster: Cluster, se
         assert f"pid {pid}" in log
 
 
-def test_tumbling_sliding_and_join_queries_give_the_engines_results(mirror: Mirror) -> None:
+def test_every_query_kind_gives_the_engines_results(mirror: Mirror) -> None:
+    """Tumbling, sliding (sharing slices), session, holistic and join queries."""
     rnd = random.Random(24)
     mirror.create_stream("P", sources=["a", "b"])
     mirror.create_stream("L", sources=["x"])
@@ -131,6 +134,15 @@ def test_tumbling_sliding_and_join_queries_give_the_engines_results(mirror: Mirr
         mirror.register(sliding(5), "sliding_5"),
         mirror.register(sliding(10), "sliding_10"),
         mirror.register(sliding(4, by=False), "sliding_all"),
+        mirror.register(
+            "SELECT srcIP, count(*) AS n, max(len) AS top [SESSION 30 s, WA ts] FROM P GROUP BY srcIP",
+            "session",
+        ),
+        mirror.register(
+            "SELECT srcIP, median(len) AS mid, count_distinct(destIP) AS peers "
+            "[RANGE 3 minutes, SLIDE 1 minute, WA ts] FROM P GROUP BY srcIP",
+            "holistic",
+        ),
         mirror.register(
             "SELECT L.srcIP, L.destIP, R.srcIP, R.destIP, R.ts FROM L, R "
             "[RANGE TUMBLING 5 minutes, WA ts] WHERE L.srcIP = R.destIP",
@@ -181,9 +193,18 @@ def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, serv
     assert_same(subscription.until(END_OF_STREAM), expected, query)
 
 
-def test_a_lost_node_loses_nothing(cluster: Cluster, mirror: Mirror, server: Server) -> None:
-    """The node of worker 1 is removed mid-stream (with whatever else runs there): its actors
-    are placed again on the node left, restored, and the subscriber misses nothing."""
+def placed_again(server: Server, more: int, since: int) -> None:
+    """Wait until the log reports ``more`` placements after the first ``since``."""
+    deadline = time.monotonic() + 120
+    while server.stderr.read_text().count("placed again on") < since + more:
+        assert time.monotonic() < deadline, server.stderr_tail()
+        time.sleep(0.1)
+
+
+def test_nodes_lost_twice_and_a_node_added_lose_nothing(cluster: Cluster, mirror: Mirror, server: Server) -> None:
+    """The node of worker 1 is removed mid-stream (with whatever else runs there): its actor is
+    placed again on the node left and restored. A new node joins; then the node holding both
+    workers is removed: they go to the new one. The subscriber sees every window exactly once."""
     sql = "SELECT srcIP, sum(len) AS bytes [RANGE 2 minutes, SLIDE 1 minute, WA ts] FROM N GROUP BY srcIP"
     mirror.create_stream("N", sources=["a", "b"])
     query = mirror.register(sql, "node_lost")
@@ -191,20 +212,30 @@ def test_a_lost_node_loses_nothing(cluster: Cluster, mirror: Mirror, server: Ser
     rnd = random.Random(11)
     data = {("N", s): packets(rnd, 300, T0, T0 + SPAN) for s in ("a", "b")}
     calls = schedule(data, rnd, {"N": PACKET})
-    half = len(calls) // 2
-    for call in calls[:half]:
+    third = len(calls) // 3
+
+    def node_of(worker: int) -> Any:
+        node_id = places()[worker][0]
+        return next(node for node in cluster.worker_nodes if node.node_id == node_id)
+
+    for call in calls[:third]:
         mirror.ingest(*call)
     server.await_checkpoint()
     placed = server.stderr.read_text().count("placed again on")
-    node_id = places()[1][0]
-    cluster.remove_node(next(node for node in cluster.worker_nodes if node.node_id == node_id))
-    deadline = time.monotonic() + 120
-    while server.stderr.read_text().count("placed again on") == placed:
-        assert time.monotonic() < deadline, server.stderr_tail()
-        time.sleep(0.1)
-    for call in calls[half:]:
+    cluster.remove_node(node_of(1))
+    placed_again(server, 1, placed)
+    assert len({node for node, _, _ in places()}) == 1  # both on the node left
+    for call in calls[third : 2 * third]:
+        mirror.ingest(*call)
+    added = cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
+    cluster.wait_for_nodes()
+    cluster.remove_node(node_of(0))  # both workers' node
+    placed_again(server, 3, placed)
+    assert {node for node, _, _ in places()} == {added.node_id}
+    for call in calls[2 * third :]:
         mirror.ingest(*call)
     expected = mirror.results(query)
     assert rows(expected)
     assert_same(subscription.until(END_OF_STREAM), expected, query)
-    assert {node for node, _, _ in places()} == {node.node_id for node in cluster.worker_nodes}
+    cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
+    cluster.wait_for_nodes()
