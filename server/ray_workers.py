@@ -52,6 +52,8 @@ NAMESPACE = "lowtide"
 CALL_BYTES = 4 << 20  # columns one call carries, unless a message must go before
 IN_FLIGHT = 4  # calls on their way to one worker
 MAX_QUEUED_BYTES = 32 << 20  # columns posted to one worker and not answered: ingestion waits past it
+# A call's failure: its actor died (Ray), or Ray Client lost the cluster (ray:// addresses).
+CallFailed = (RayError, ConnectionError)
 PLACE_TIMEOUT_S = 120.0  # for an actor to be placed and answer (a cold node imports and compiles)
 PROBE_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray's own, much longer, retries
 CLUSTER_GONE_S = 5.0  # the cluster's address unanswered this long: it is gone (Ray ends its driver at 60 s)
@@ -278,7 +280,7 @@ class RayWorkers:
             for task in handle.tasks:
                 task.cancel()
             if not self._cluster_gone:  # nothing to kill, and no one to ask
-                with contextlib.suppress(RayError):
+                with contextlib.suppress(*CallFailed):
                     ray.kill(handle.actor, no_restart=True)
         ray.shutdown()
 
@@ -342,7 +344,7 @@ class RayWorkers:
             ref, nbytes = handle.calls[0]
             try:
                 answers = await ref
-            except RayError as exc:
+            except CallFailed as exc:
                 self._died(handle, exc)
                 return
             if handle.closed:
@@ -358,7 +360,7 @@ class RayWorkers:
         while True:
             try:
                 answers = await handle.actor.later.remote()
-            except RayError as exc:
+            except CallFailed as exc:
                 self._died(handle, exc)
                 return
             if handle.closed:
@@ -370,7 +372,7 @@ class RayWorkers:
             self.on_message(handle.index, msg.TO_FRONT.decode(wire), _writable(arrays))
 
     # -- a worker gone -------------------------------------------------------------------------
-    def _died(self, handle: _Actor, cause: RayError) -> None:
+    def _died(self, handle: _Actor, cause: Exception) -> None:
         """Its actor failed a call: what was on its way is lost with it (the front's recovery
         sends it again); it is killed for good and created again."""
         if handle.closed:
@@ -391,7 +393,7 @@ class RayWorkers:
             "placing it again",
             file=sys.stderr,
         )
-        with contextlib.suppress(RayError):
+        with contextlib.suppress(*CallFailed):
             ray.kill(handle.actor, no_restart=True)
         task = asyncio.get_running_loop().create_task(self._replace(handle.index))
         self._replacing.add(task)
@@ -407,7 +409,7 @@ class RayWorkers:
             except ActorAlreadyExistsError:  # the name is the dead actor's a moment longer
                 await asyncio.sleep(0.1)
                 continue
-            except RayError as exc:  # it died again before it answered
+            except CallFailed as exc:  # it died again before it answered (or the cluster is gone)
                 last = _first_line(exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -450,6 +452,9 @@ def connect(address: str, cpus: int) -> tuple[str, int]:
     else:
         watched = _probe(address)
         options = {}
+        # Ray Client's calls block while it reconnects (30 s by default): no longer than the
+        # front waits before it calls the cluster gone. An operator's own setting stays.
+        os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", f"{CLUSTER_GONE_S:.0f}")
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -1,12 +1,13 @@
-"""What a Ray cluster's failures do to a server whose workers run on it (docs/ray.md).
+"""Servers on a Ray of their own (docs/ray.md): what the cluster's failures do to them.
 
 Without a state directory, a worker actor that dies takes the queries that had state on it
 (their subscribers end ``ABORTED``, saying why) and the server goes on, the actor placed again.
 A cluster that goes away stops the server: its log says why in one line, subscribers end
 ``UNAVAILABLE`` with that reason, and so does every call after.
 
-Each test has a Ray of its own (both end it): ``--ray local``, the server's private one on
-loopback, and a one-node ``ray.cluster_utils.Cluster`` that the test shuts down.
+Each test starts (and ends) a Ray of its own: ``--ray local``, the server's private one on
+loopback; a one-node ``ray.cluster_utils.Cluster`` joined through Ray Client (``ray://``), which
+the test shuts down.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import random
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable
 
@@ -76,22 +78,27 @@ def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_serve
 
 
 def test_a_cluster_that_goes_away_stops_the_server_saying_why() -> None:
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    address = cluster.address  # the cluster forgets it when it shuts down
-    server = start_server("--ray", address, workers=1, metrics=False)
+    with socket.socket() as probe:  # a free loopback port for the cluster's Ray Client server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    head = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args={**head, "ray_client_server_port": port})
+    address = f"127.0.0.1:{port}"
+    server = start_server("--ray", f"ray://{address}", workers=1, metrics=False)
     try:
         mirror = Mirror(connect(server.target))
         mirror.create_stream("S", sources=["p"])
-        subscription = Subscription(mirror.stub, mirror.register(GROUPED.format(s="S"), "q"))
+        query = mirror.register(GROUPED.format(s="S"), "q")
+        subscription = Subscription(mirror.stub, query, from_oldest=True)
+        rnd = random.Random(3)
+        mirror.ingest("S", "p", [table(packets(rnd, 200, T0, T0 + 5 * MINUTE)), T0 + 5 * MINUTE])
+        assert_same(subscription.reach(mirror.results(query)), mirror.results(query), query)
         cluster.shutdown()
         assert server.process.wait(60) == 1
         server.exit_code = 1  # stopped on its own, as it should
-        last = server.stderr.read_text().strip().splitlines()[-1]
         why = f"the Ray cluster at {address} is gone (connection refused for 5 s)"
-        assert last == f"lowtide: {why}; stopping", server.stderr_tail()
+        said = [line for line in server.stderr.read_text().splitlines() if line.startswith("lowtide: ")]
+        assert said[-1] == f"lowtide: {why}; stopping", server.stderr_tail()  # Ray's own lines may follow
         ended = subscription.end(timeout=10)
         assert (ended.code, ended.reason) == (grpc.StatusCode.UNAVAILABLE, f"the server stops: {why}")
         with pytest.raises(grpc.RpcError) as raised:
