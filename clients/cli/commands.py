@@ -139,6 +139,25 @@ def _query_list(client: Any, args: argparse.Namespace) -> None:
     _print_table(["name", "late", "columns", "results", "late_tuples", "low_watermark", "sql"], rows)
 
 
+def _workers(client: Any, args: argparse.Namespace) -> None:
+    workers = client.list_workers()
+    if args.format == "json":
+        print(json.dumps(workers, indent=2))
+        return
+    rows = [
+        [
+            str(w["index"]),
+            w["node"],
+            str(w["pid"]),
+            str(w["restarts"]),
+            str(w["state_bytes"]),
+            ",".join(w["queries"]),
+        ]
+        for w in workers
+    ]
+    _print_table(["index", "node", "pid", "restarts", "state_bytes", "queries"], rows)
+
+
 def _print_table(header: list[str], rows: list[list[str]]) -> None:
     from lowtide.clients.cli.io import format_table
 
@@ -276,6 +295,7 @@ _HANDLERS = {
     ("query", "explain"): _query_explain,
     ("query", "drop"): _query_drop,
     ("query", "list"): _query_list,
+    ("workers", None): _workers,
     ("send", None): _send,
     ("tail", None): _tail,
 }
