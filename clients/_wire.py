@@ -244,6 +244,21 @@ def list_queries() -> Call[list[dict[str, Any]]]:
     return Call("ListQueries", pb.ListQueriesRequest(), lambda r: [_query_info(q) for q in r.queries])
 
 
+def _worker_info(w: Any) -> dict[str, Any]:
+    return {
+        "index": int(w.index),
+        "node": w.node,
+        "pid": int(w.pid),
+        "restarts": int(w.restarts),
+        "queries": [q.name for q in w.queries],
+        "state_bytes": sum(int(q.state_bytes) for q in w.queries),  # of the queries listed
+    }
+
+
+def list_workers() -> Call[list[dict[str, Any]]]:
+    return Call("ListWorkers", pb.ListWorkersRequest(), lambda r: [_worker_info(w) for w in r.workers])
+
+
 def health() -> Call[dict[str, Any]]:
     return Call(
         "Health",

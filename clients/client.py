@@ -168,6 +168,12 @@ class Client:
         """Each query: name, sql, late, columns, schema, results, late_tuples, low_watermark."""
         return self._run(wire.list_queries())
 
+    def list_workers(self) -> list[dict[str, Any]]:
+        """Each worker: index, node (the address of its machine: ``localhost`` for the server's own,
+        a Ray node's IP address with ``--ray``), pid, restarts, queries (the names of those with
+        operators on it) and state_bytes (their window state there, as of its last statistics)."""
+        return self._run(wire.list_workers())
+
     def health(self) -> dict[str, Any]:
         """``{"status": "SERVING", "workers": n, "version": ...}``."""
         return self._run(wire.health())
@@ -317,6 +323,9 @@ class AsyncClient:
 
     async def list_queries(self) -> list[dict[str, Any]]:
         return await self._run(wire.list_queries())
+
+    async def list_workers(self) -> list[dict[str, Any]]:
+        return await self._run(wire.list_workers())
 
     async def health(self) -> dict[str, Any]:
         return await self._run(wire.health())

@@ -10,10 +10,11 @@ like every other rejection, so the clients raise :class:`~lowtide.errors.Unauthe
 reflection are open to every role, but still need a valid token: without one a caller learns
 nothing about the server, not even its streams' schemas.
 
-Roles: ``admin`` may call everything; ``producer`` Ingest, ListStreams and ListQueries; ``reader``
-Subscribe, ExplainQuery, ListStreams and ListQueries. Tokens are compared in constant time. A
-token may also be scoped to names (:mod:`lowtide.server.scopes`): its calls are then held to them
-here too, refused with ``PERMISSION_DENIED`` before the front acts, or their lists filtered.
+Roles: ``admin`` may call everything; ``producer`` Ingest, ListStreams, ListQueries and
+ListWorkers; ``reader`` Subscribe, ExplainQuery, ListStreams, ListQueries and ListWorkers. Tokens
+are compared in constant time. A token may also be scoped to names (:mod:`lowtide.server.scopes`):
+its calls are then held to them here too, refused with ``PERMISSION_DENIED`` before the front
+acts, or their lists filtered.
 Tokens on a plaintext port bound off loopback: the start warns in one line.
 
 TLS (``--tls-cert``/``--tls-key``) only changes how the port is bound; the files are read and the
@@ -54,8 +55,8 @@ SERVICE = "lowtide.v1.Lowtide"
 ERROR_KEY = "lowtide-error"  # the error's class, as server/front.py's ``_abort`` sends it
 # What each role may call on lowtide.v1.Lowtide; admin may call everything.
 ROLE_METHODS: dict[str, frozenset[str]] = {
-    "producer": frozenset({"Ingest", "ListStreams", "ListQueries"}),
-    "reader": frozenset({"Subscribe", "ExplainQuery", "ListStreams", "ListQueries"}),
+    "producer": frozenset({"Ingest", "ListStreams", "ListQueries", "ListWorkers"}),
+    "reader": frozenset({"Subscribe", "ExplainQuery", "ListStreams", "ListQueries", "ListWorkers"}),
 }
 ROLES = ("admin", *ROLE_METHODS)
 # Open to any valid token: probes and tools must work with whatever token they were given.
@@ -198,11 +199,17 @@ async def _ingest_requests(requests: AsyncIterator[Any], scope: Scope) -> AsyncI
 
 
 def _visible(response: Any, scope: Scope) -> Any:
-    """A list call's ``response`` without the streams or queries ``scope`` hides."""
+    """A list call's ``response`` without the streams or queries ``scope`` hides (a worker's state
+    bytes are those of the queries shown: the client sums them)."""
     if isinstance(response, pb.ListStreamsResponse):
         return pb.ListStreamsResponse(streams=[s for s in response.streams if scope.sees_stream(s.name)])
     if isinstance(response, pb.ListQueriesResponse):
         return pb.ListQueriesResponse(queries=[q for q in response.queries if scope.sees_query(q.name)])
+    if isinstance(response, pb.ListWorkersResponse):  # every worker, with the queries the scope shows
+        for worker in response.workers:
+            seen = [q for q in worker.queries if scope.sees_query(q.name)]
+            del worker.queries[:]
+            worker.queries.extend(seen)
     return response
 
 
@@ -239,7 +246,7 @@ def scoped(
                 yield response
 
         return grpc.unary_stream_rpc_method_handler(checked_subscribe, *serializers)
-    if name in ("ExplainQuery", "ListStreams", "ListQueries"):
+    if name in ("ExplainQuery", "ListStreams", "ListQueries", "ListWorkers"):
         call = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
 
         async def checked(request: Any, context: _Context) -> Any:

@@ -441,7 +441,8 @@ class Front:
         streams = {name: value for name, value in stats["streams"].items() if name in inputs}
         strings = {"front": len(self.engine.pool)}
         strings.update((f"worker {w}", n) for w, n in sorted(runner.worker_strings.items()))
-        return {"streams": streams, "queries": queries, "strings": strings}
+        workers = {w: place.node for w, place in enumerate(self.workers.places())}
+        return {"streams": streams, "queries": queries, "strings": strings, "workers": workers}
 
     async def stop(self) -> None:
         """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly."""

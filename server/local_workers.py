@@ -13,6 +13,9 @@ fixed-delay restart strategy does; after :data:`START_ATTEMPTS` such failures in
 transport gives up (``on_give_up``: the server stops, naming the cause). A worker that served
 ends with exit code 0 (:func:`~lowtide.server.worker_process.worker_main`) or by a signal (killed,
 out of memory): that is a death, recovered however often it happens.
+
+Every worker runs on this machine: its node is :data:`NODE` (``localhost``), its pid the
+process's, its restarts how often it was spawned again (:meth:`LocalWorkers.places`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from lowtide.server.channel import (
     create_segment,
     remove_stale_segments,
 )
-from lowtide.server.transport import OnDeath, OnGiveUp, OnMessage
+from lowtide.server.transport import OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import worker_main
 
 Outgoing = tuple[msg.ToWorker, dict[str, Any] | None]
 START_ATTEMPTS = 3  # failed starts in a row of one worker before the server stops
 START_DELAY_S = 1.0  # between a failed start and the next attempt
+NODE = "localhost"  # the node of every local worker: the server's own machine
 
 
 @dataclass
@@ -74,7 +78,7 @@ class LocalWorkers:
         self.channel_bytes = channel_bytes
         self.max_queued_bytes = 4 << 20  # what may wait ahead of a punctuation: bounds its latency
         self.handles: list[WorkerHandle] = []
-        self.restarts = 0
+        self.restarts = [0] * workers  # per worker: spawned again after its first start
         self._room = asyncio.Event()
         self._stopping = False
         self._ctx = mp.get_context("spawn")
@@ -206,10 +210,13 @@ class LocalWorkers:
     def _restart(self, index: int, failed_starts: int) -> None:
         if self._stopping:
             return
-        self.restarts += 1
+        self.restarts[index] += 1
         handle = self.handles[index] = self._spawn(index)
         handle.failed_starts = failed_starts
         self.on_death(index)
+
+    def places(self) -> list[WorkerPlace]:
+        return [WorkerPlace(NODE, h.process.pid, self.restarts[h.index]) for h in self.handles]
 
     def _close(self, handle: WorkerHandle) -> None:
         handle.closed = True

@@ -45,6 +45,10 @@ Read from the snapshot at scrape time:
                                                       front (``process="front"``) and in each
                                                       worker's mirror (``"worker <n>"``, as of its
                                                       last statistics, once a second)
+``lowtide_worker_info{worker,node}``                  gauge: 1 for each worker, labelled with the
+                                                      address of the node it runs on (``localhost``
+                                                      for a local process); a worker placed again
+                                                      elsewhere shows only its new node
 ``lowtide_snapshot_errors_total``                     counter: scrapes whose snapshot call raised
                                                       (the snapshot series are then left out)
 
@@ -59,7 +63,8 @@ engine's ``Engine.stats()``)::
     {"streams": {name: {"low_watermark": int, "ingested": int, "behind": int, "late": int}},
      "queries": {name: {"low_watermark": int, "late": int, "open_windows": int, "state_bytes": int,
                         "operators": [(index, label, tuples_in, tuples_out), ...]}},
-     "strings": {process: int}}   (optional)
+     "strings": {process: int},   (optional)
+     "workers": {index: node}}    (optional)
 
 The snapshot function is called on the exposition's HTTP thread: it must be safe to call from
 there (for instance, return a copy the front's event loop keeps up to date).
@@ -218,6 +223,11 @@ class SnapshotCollector(Collector):
         )
         for process, entries in sorted(snapshot.get("strings", {}).items()):
             strings.add_metric([process], entries)
+        workers = GaugeMetricFamily(
+            PREFIX + "worker_info", "1 for each worker, on the node it runs on.", labels=["worker", "node"]
+        )
+        for worker, node in sorted(snapshot.get("workers", {}).items()):
+            workers.add_metric([str(worker), node], 1)
         return [
             ingested,
             behind,
@@ -230,6 +240,7 @@ class SnapshotCollector(Collector):
             tuples_in,
             tuples_out,
             strings,
+            workers,
         ]
 
 

@@ -210,6 +210,15 @@ class ProcessRunner:
     def state_bytes(self, name: str) -> int:
         return int(sum(s.get("state_bytes", 0) for s in self.queries[name].worker_stats.values()))
 
+    def hosted(self, worker: int) -> dict[str, int]:
+        """The queries with operators on ``worker`` (not those that failed: their operators were
+        dropped), each with its state bytes there as of the worker's last statistics."""
+        return {
+            name: int(remote.worker_stats.get(worker, {}).get("state_bytes", 0))
+            for name, remote in self.queries.items()
+            if worker in remote.workers and not remote.failed
+        }
+
     # -- the workers ----------------------------------------------------------------------------
     def sync_strings(self) -> None:
         """Broadcast the string pool's new entries, so every worker decodes as the door does."""

@@ -20,8 +20,10 @@ front at once that an actor is gone.
 
 An actor that dies (its node lost, killed, out of memory) is killed for good and created again
 under its name (Ray places it on a live node with room); once it answers, ``on_death`` reports
-it and the front restores it as it does a local worker. One that cannot be placed within
-:data:`PLACE_TIMEOUT_S` goes to ``on_give_up``: the server stops, saying why.
+it and the front restores it as it does a local worker, counted in its restarts
+(:meth:`RayWorkers.places`: each worker's node address, pid and restarts, as its actor's
+``where()`` answered). One that cannot be placed within :data:`PLACE_TIMEOUT_S` goes to
+``on_give_up``: the server stops, saying why.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ray.util import get_node_ip_address
 
 from lowtide.errors import StartupFailure
 from lowtide.server import messages as msg
-from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage
+from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import Worker
 
 NAMESPACE = "lowtide"
@@ -138,6 +140,8 @@ class _Actor:
     index: int
     actor: Any  # Ray's handle of the actor
     where: str = ""  # its node and process, for the log
+    node: str = ""  # its node's address and its process (see :meth:`RayWorkers.places`)
+    pid: int = 0
     outbox: deque[tuple[msg.ToWorker, Arrays | None]] = field(default_factory=deque)
     outbox_bytes: int = 0
     urgent: int = 0  # messages in the outbox that must go now (see the module)
@@ -167,7 +171,7 @@ class RayWorkers:
         self.on_death = on_death
         self.on_give_up = on_give_up
         self.handles: list[_Actor] = []
-        self.restarts = 0
+        self.restarts = [0] * workers  # per worker: placed again after its first start
         self._room = asyncio.Event()
         self._stopping = False
         self._cluster_gone = False
@@ -226,6 +230,7 @@ class RayWorkers:
     def _placed(self, handle: _Actor, place: tuple[str, str, int], how: str) -> None:
         node_id, address, pid = place
         handle.where = f"Ray node {address} ({node_id[:8]}), pid {pid}"
+        handle.node, handle.pid = address, pid
         print(
             f"lowtide: worker {handle.index} ({actor_name(handle.index)}) {how} {handle.where}",
             file=sys.stderr,
@@ -238,6 +243,9 @@ class RayWorkers:
         ]
 
     # -- the front's side of the protocol ------------------------------------------------------
+    def places(self) -> list[WorkerPlace]:
+        return [WorkerPlace(h.node, h.pid, self.restarts[h.index]) for h in self.handles]
+
     def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
         """Queue a message for a worker (in order); never blocks. A gone worker takes nothing."""
         handle = self.handles[worker]
@@ -418,7 +426,7 @@ class RayWorkers:
             if self._stopping:
                 return
             handle = self.handles[index] = _Actor(index, actor)
-            self.restarts += 1
+            self.restarts[index] += 1
             self._placed(handle, place, "placed again on")
             self.on_death(index)
             return

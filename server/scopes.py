@@ -8,7 +8,8 @@ which names. A token written as a table may limit them with glob patterns (``fnm
   every name the SQL reads (FROM) - a reader limited to streams explains only SQL over them.
 * ``sources``: the source an Ingest sends, punctuates or closes under (producer only): a producer
   can neither close another producer's source nor hold a stream's progress back under a new one.
-* ``queries``: the query a Subscribe reads and the queries ListQueries shows (with their SQL).
+* ``queries``: the query a Subscribe reads, the queries ListQueries shows (with their SQL) and
+  those ListWorkers shows on each worker (with their state bytes; every worker is listed).
   ``<query>.late`` (the raw input rows a query found late) is a name of its own: the pattern
   ``q1`` does not grant ``q1.late``; ``q1*`` or ``q1.late`` does.
 

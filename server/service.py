@@ -289,6 +289,25 @@ class Service(pb_grpc.LowtideServicer):
         return pb.ListQueriesResponse(queries=infos)
 
     @translated
+    async def ListWorkers(self, request: pb.ListWorkersRequest, context: Any) -> pb.ListWorkersResponse:
+        runner = self.engine.runner
+        return pb.ListWorkersResponse(
+            workers=[
+                pb.WorkerInfo(
+                    index=index,
+                    node=place.node,
+                    pid=place.pid,
+                    restarts=place.restarts,
+                    queries=[
+                        pb.WorkerQuery(name=name, state_bytes=state)
+                        for name, state in runner.hosted(index).items()
+                    ],
+                )
+                for index, place in enumerate(self.front.workers.places())
+            ]
+        )
+
+    @translated
     async def Ingest(
         self, request_iterator: AsyncIterator[pb.IngestRequest], context: Any
     ) -> pb.IngestResponse:

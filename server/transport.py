@@ -7,15 +7,18 @@ whatever the transport: the runner decodes them), and reports a worker that died
 ``on_death`` once it runs again, empty (the front recovers it). A worker that cannot be kept
 running (it fails at start every time) goes to ``on_give_up`` with a one-line reason: the server
 stops. What is sent where, and how outputs are melded, is the
-:class:`~lowtide.server.process_runner.ProcessRunner`'s: a transport moves messages only.
+:class:`~lowtide.server.process_runner.ProcessRunner`'s: a transport moves messages only, and
+knows where each worker runs (:class:`WorkerPlace`, for ``lowtide workers`` and the metric
+``lowtide_worker_info``).
 
 Transports: :class:`~lowtide.server.local_workers.LocalWorkers` (processes on this machine, over
-shared memory).
+shared memory), :class:`~lowtide.server.ray_workers.RayWorkers` (actors of a Ray cluster).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +30,16 @@ Arrays = dict[str, np.ndarray[Any, Any]]
 OnMessage = Callable[[int, msg.ToFront, dict[str, Any]], None]
 OnDeath = Callable[[int], None]
 OnGiveUp = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where one worker runs: its node's address (``localhost`` for a process on the server's own
+    machine), its process id, and how often it was started again since the server started."""
+
+    node: str
+    pid: int
+    restarts: int
 
 
 class WorkerTransport(Protocol):
@@ -50,6 +63,10 @@ class WorkerTransport(Protocol):
 
     async def stop(self) -> None:
         """Send what is queued, then end every worker."""
+        ...
+
+    def places(self) -> list[WorkerPlace]:
+        """Where each worker runs, by index; one being started again: where it ran last."""
         ...
 
 
@@ -94,6 +111,7 @@ __all__ = [
     "OnDeath",
     "OnGiveUp",
     "OnMessage",
+    "WorkerPlace",
     "WorkerTransport",
     "decode_columns",
     "encode_columns",

@@ -8,6 +8,7 @@
     lowtide stream drop NAME | stream list [--format table|json]
     lowtide query register SQL [--name N] [--late drop|update|error] [--allowed-lateness L]
     lowtide query explain SQL | query drop NAME | query list [--format table|json]
+    lowtide workers [--format table|json]
     lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
                        [--no-header] [--batch-id-base N]
     lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now | --from-offset N]
@@ -181,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     query_commands.add_parser("drop", help="drop a query").add_argument("name")
     query_list = query_commands.add_parser("list", help="list queries")
     query_list.add_argument("--format", choices=("table", "json"), default="table")
+
+    workers = commands.add_parser(
+        "workers", help="list the workers: node, pid, restarts, state bytes and queries of each"
+    )
+    workers.add_argument("--format", choices=("table", "json"), default="table")
 
     send = commands.add_parser(
         "send",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lowtide.errors import SchemaMismatch
@@ -84,12 +85,12 @@ def _watermark(value: int) -> str:
 
 
 def _stream_list(client: Any, args: argparse.Namespace) -> None:
-    streams = client.list_streams()
-    if args.format == "json":
-        print(json.dumps(streams, indent=2))
-        return
-    rows = [
-        [
+    header = ["name", "schema", "progressing", "punctuation", "sources", "low_watermark", "tuples", "late"]
+    _print_listing(
+        args,
+        client.list_streams(),
+        header,
+        lambda s: [
             s["name"],
             ",".join(f"{c}:{t}" for c, t in s["schema"].items()),
             s["progressing"],
@@ -98,11 +99,7 @@ def _stream_list(client: Any, args: argparse.Namespace) -> None:
             _watermark(s["low_watermark"]),
             str(s["tuples_ingested"]),
             str(s["late_tuples"]),
-        ]
-        for s in streams
-    ]
-    _print_table(
-        ["name", "schema", "progressing", "punctuation", "sources", "low_watermark", "tuples", "late"], rows
+        ],
     )
 
 
@@ -120,12 +117,11 @@ def _query_drop(client: Any, args: argparse.Namespace) -> None:
 
 
 def _query_list(client: Any, args: argparse.Namespace) -> None:
-    queries = client.list_queries()
-    if args.format == "json":
-        print(json.dumps(queries, indent=2))
-        return
-    rows = [
-        [
+    _print_listing(
+        args,
+        client.list_queries(),
+        ["name", "late", "columns", "results", "late_tuples", "low_watermark", "sql"],
+        lambda q: [
             q["name"],
             q["late"],
             ",".join(q["columns"]),
@@ -133,16 +129,39 @@ def _query_list(client: Any, args: argparse.Namespace) -> None:
             str(q["late_tuples"]),
             _watermark(q["low_watermark"]),
             " ".join(q["sql"].split()),
-        ]
-        for q in queries
-    ]
-    _print_table(["name", "late", "columns", "results", "late_tuples", "low_watermark", "sql"], rows)
+        ],
+    )
 
 
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
+def _workers(client: Any, args: argparse.Namespace) -> None:
+    _print_listing(
+        args,
+        client.list_workers(),
+        ["index", "node", "pid", "restarts", "state_bytes", "queries"],
+        lambda w: [
+            str(w["index"]),
+            w["node"],
+            str(w["pid"]),
+            str(w["restarts"]),
+            str(w["state_bytes"]),
+            ",".join(w["queries"]),
+        ],
+    )
+
+
+def _print_listing(
+    args: argparse.Namespace,
+    items: list[dict[str, Any]],
+    header: list[str],
+    row: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    """A list command's output: the items as JSON (``--format json``), else a table, a row each."""
+    if args.format == "json":
+        print(json.dumps(items, indent=2))
+        return
     from lowtide.clients.cli.io import format_table
 
-    print(format_table(header, rows))
+    print(format_table(header, [row(item) for item in items]))
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -276,6 +295,7 @@ _HANDLERS = {
     ("query", "explain"): _query_explain,
     ("query", "drop"): _query_drop,
     ("query", "list"): _query_list,
+    ("workers", None): _workers,
     ("send", None): _send,
     ("tail", None): _tail,
 }

@@ -6,9 +6,11 @@ The workers are actors named ``lowtide-worker-<i>`` in the namespace ``lowtide``
 node (SPREAD: either node has room for both); tumbling, sliding (sharing slices), session,
 holistic and join queries give what the in-process engine gives on the same disordered input;
 an actor killed is placed again and restored from the state directory, its subscriber missing
-nothing, and so are the actors of a node removed mid-stream, twice, with a node added between.
-Without Ray installed, or with a cluster address that does not answer, the start stops in one
-line. (test_ray_failures.py: a cluster gone, no state directory; test_chaos.py: kills through Ray.)
+nothing, and so are the actors of a node removed mid-stream, twice, with a node added between;
+``lowtide workers`` and ``lowtide_worker_info`` say where each actor runs and how often it was
+placed again. Without Ray installed, or with a cluster address that does not answer, the start
+stops in one line. (test_ray_own.py: a cluster gone, no state directory; test_chaos.py: kills
+through Ray.)
 """
 
 from __future__ import annotations
@@ -18,17 +20,20 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 from server_harness import Server, lowtide_command, running_server
 from thesis import PACKET
 from wire import Mirror, Subscription, assert_same, connect, packets, rows, schedule
 
 from lowtide import END_OF_STREAM
+from lowtide.clients import Client
 from lowtide.proto import lowtide_pb2 as pb
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray")]
@@ -102,6 +107,11 @@ def places() -> list[tuple[str, str, int]]:
     """(node id, node address, pid) of each worker actor, found by its name."""
     actors = [ray.get_actor(f"lowtide-worker-{i}", namespace="lowtide") for i in range(2)]
     return list(ray.get([actor.where.remote() for actor in actors], timeout=60))
+
+
+def list_workers(server: Server) -> list[dict[str, Any]]:
+    with Client(server.target, timeout=30) as client:
+        return client.list_workers()
 
 
 def test_the_workers_are_named_actors_spread_over_the_nodes(cluster: Cluster, server: Server) -> None:
@@ -180,12 +190,16 @@ def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, serv
     for call in calls[half // 2 : half]:  # after the checkpoint: the log has them
         mirror.ingest(*call)
     _, _, old_pid = places()[1]
+    before = [w["restarts"] for w in list_workers(server)]
     ray.kill(ray.get_actor("lowtide-worker-1", namespace="lowtide"), no_restart=True)
     deadline = time.monotonic() + 120
     while "placed again on" not in server.stderr.read_text():
         assert time.monotonic() < deadline, server.stderr_tail()
         time.sleep(0.1)
     assert places()[1][2] != old_pid
+    after = list_workers(server)  # lowtide workers counts the restart, and shows the new process
+    assert [w["restarts"] for w in after] == [before[0], before[1] + 1]
+    assert after[1]["pid"] == places()[1][2]
     for call in calls[half:]:
         mirror.ingest(*call)
     expected = mirror.results(query)
@@ -201,7 +215,7 @@ def placed_again(server: Server, more: int, since: int) -> None:
         time.sleep(0.1)
 
 
-def test_nodes_lost_twice_and_a_node_added_lose_nothing(cluster: Cluster, mirror: Mirror, server: Server) -> None:
+def test_two_nodes_lost_one_added_lose_nothing(cluster: Cluster, mirror: Mirror, server: Server) -> None:
     """The node of worker 1 is removed mid-stream (with whatever else runs there): its actor is
     placed again on the node left and restored. A new node joins; then the node holding both
     workers is removed: they go to the new one. The subscriber sees every window exactly once."""
@@ -239,3 +253,26 @@ def test_nodes_lost_twice_and_a_node_added_lose_nothing(cluster: Cluster, mirror
     assert_same(subscription.until(END_OF_STREAM), expected, query)
     cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
     cluster.wait_for_nodes()
+
+
+def test_lowtide_workers_and_the_metric_say_where_each_actor_runs(server: Server) -> None:
+    """After the actors killed and placed again above: each worker's node address and its
+    actor's pid, its restarts as often as the log says it was placed again, and one
+    ``lowtide_worker_info`` series per worker, on its node (the snapshot is refreshed every second)."""
+    listed = list_workers(server)
+    assert [(w["index"], w["node"], w["pid"]) for w in listed] == [
+        (i, address, pid) for i, (_, address, pid) in enumerate(places())
+    ]
+    assert {w["node"] for w in listed} == {LOOPBACK}
+    assert sum(w["restarts"] for w in listed) == server.stderr.read_text().count("placed again on")
+    assert server.metrics_url is not None
+    expected = {(("node", LOOPBACK), ("worker", str(i))): 1.0 for i in range(2)}
+    deadline = time.monotonic() + 30
+    while True:
+        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        info = {tuple(sorted(s.labels.items())): s.value for s in families["lowtide_worker_info"].samples}
+        if info == expected:
+            break
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)

@@ -154,12 +154,18 @@ def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: Server, k
         assert counts(first_table(reader, "q1")) == {"a": 2, "b": 1}
         assert [q["name"] for q in reader.list_queries()] == ["q1"]  # not q2, nor its SQL
         assert [s["name"] for s in reader.list_streams()] == ["Main"]
+        shown = reader.list_workers()  # every worker, with only q1 on it
         with pytest.raises(PermissionDenied, match=r"only to queries \['q1'\], not 'q2'$"):
             first_table(reader, "q2")
         with pytest.raises(PermissionDenied, match=r"needs a pattern of its own, such as 'q1\.late'"):
             first_table(reader, "q1.late")
         with pytest.raises(PermissionDenied, match=r"not 'nowhere'"):  # no hint of what exists
             first_table(reader, "nowhere")
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        every = admin.list_workers()
+    assert [w["queries"] for w in shown] == [["q1"]] and [w["queries"] for w in every] == [["q1", "q2"]]
+    # The state bytes are q1's alone: q2 is the same query over the same stream, holding as much.
+    assert 2 * shown[0]["state_bytes"] == every[0]["state_bytes"]
 
 
 def test_a_reader_granted_q1_star_reads_q1_late(server: Server, keys: Keys) -> None:

@@ -285,6 +285,7 @@ def test_a_reader_reads_but_neither_creates_nor_produces(
                 producer.send({"k": ["z"], "ts": [7]})
         assert stream in [s["name"] for s in reader.list_streams()]
         assert query in [q["name"] for q in reader.list_queries()]
+        assert any(query in w["queries"] for w in reader.list_workers())
         assert "Aggregate" in reader.explain(
             f"SELECT k, count(*) AS n [RANGE 5, SLIDE 5, WA ts] FROM {stream} GROUP BY k"
         )
@@ -301,6 +302,7 @@ def test_a_producer_ingests_but_neither_registers_nor_drops(
         with producer_client.producer(stream, source="p", linger_ms=0) as producer:
             producer.send({"k": ["c"], "ts": [4]})
         assert producer.result is not None and producer.result.tuples == 1
+        assert any(query in w["queries"] for w in producer_client.list_workers())
         with pytest.raises(PermissionDenied, match="'producer' may not call RegisterQuery"):
             producer_client.register_query(
                 f"SELECT k, count(*) AS n [RANGE 5, SLIDE 5, WA ts] FROM {stream} GROUP BY k"

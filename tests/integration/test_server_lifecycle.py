@@ -37,6 +37,7 @@ from wire import (
 )
 
 from lowtide import END_OF_STREAM
+from lowtide.clients import Client
 from lowtide.proto import lowtide_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -174,6 +175,15 @@ def test_a_killed_worker_fails_its_queries_and_the_server_goes_on() -> None:
         restarts = re.findall(r"^lowtide_worker_restarts_total(\{[^}]*\})? (\S+)$", metrics, re.MULTILINE)
         assert sum(float(value) for _, value in restarts) == 1, restarts
         assert any('worker="0"' in labels for labels, value in restarts if float(value) == 1), restarts
+        # lowtide workers: worker 0 is its new process, restarted once; the failed queries are on none.
+        with Client(server.target, timeout=30) as client:
+            listed = client.list_workers()
+        (respawned,) = set(server.worker_pids()) - {workers[1]}
+        assert [(w["index"], w["pid"], w["restarts"]) for w in listed] == [
+            (0, respawned, 1),
+            (1, workers[1], 0),
+        ]
+        assert [w["queries"] for w in listed] == [[fresh], [queries["solo1"], fresh]], listed
 
 
 def test_a_fast_producer_is_slowed_not_dropped() -> None:

@@ -28,6 +28,7 @@ from lowtide.server.channel import (
     remove_stale_segments,
 )
 from lowtide.server.local_workers import LocalWorkers
+from lowtide.server.transport import WorkerPlace
 
 RING = 1 << 20
 # Header sizes around the pipe's own limits: multiprocessing's 16 KiB split, a 64 KiB default
@@ -179,7 +180,7 @@ def test_a_worker_whose_channel_falls_out_of_step_is_restarted() -> None:
     """Garbage on a worker's pipe to the front is that worker's failure: the pool kills it,
     reports the death (the front then recovers its queries) and spawns it again."""
 
-    async def run() -> tuple[list[int], int]:
+    async def run() -> tuple[list[int], list[WorkerPlace], list[WorkerPlace]]:
         deaths: list[int] = []
         died = asyncio.Event()
 
@@ -189,15 +190,19 @@ def test_a_worker_whose_channel_falls_out_of_step_is_restarted() -> None:
 
         pool = LocalWorkers(1, lambda *_: None, on_death, lambda _: None, channel_bytes=RING)
         pool.start()
+        before = pool.places()
         handle = pool.handles[0]
         pipe = os.readlink(f"/proc/self/fd/{handle.reader.fileno()}")
         with open(_pipe_end_in(handle.process.pid, pipe), "wb", buffering=0) as worker_end:
             worker_end.write(b"\x06" * 64)
         await asyncio.wait_for(died.wait(), 30)
-        restarts = pool.restarts
+        after = pool.places()
         await pool.stop()
-        return deaths, restarts
+        return deaths, before, after
 
-    deaths, restarts = asyncio.run(run())
+    deaths, before, after = asyncio.run(run())
     assert deaths == [0]
-    assert restarts == 1
+    (first,), (again,) = before, after
+    assert (first.node, first.restarts) == ("localhost", 0)
+    assert (again.node, again.restarts) == ("localhost", 1)
+    assert again.pid != first.pid  # the process spawned again

@@ -161,3 +161,22 @@ def test_the_process_runner_over_another_transport_answers_as_the_engine(workers
     late = [item for item in door.poll("q.late") if isinstance(item, pa.Table)]
     assert [row["ts"] for table in late for row in table.to_pylist()] == [4]
     assert "the query" in door.explain(WINDOWED)  # the runner says where a query runs
+
+
+def test_the_process_runner_says_which_queries_each_worker_holds_and_their_state() -> None:
+    door = door_over_objects(3)
+    runner = door.runner
+    door.create_stream("S", SCHEMA)
+    door.register_query(WINDOWED, name="split")  # grouped: split over every worker
+    door.register_query("SELECT sum(value) AS total [RANGE 10, SLIDE 5, WA ts] FROM S", name="single")
+    door.register_query(WINDOWED, name="failed")
+    door.push("S", rows(list(range(1, 30)), [f"k{i}" for i in range(29)]))  # windows stay open
+    runner.fail(runner.queries["failed"], "gone")  # its operators are dropped on every worker
+    runner.request_stats()
+    hosted = [runner.hosted(worker) for worker in range(3)]
+    assert all(set(on) <= {"split", "single"} and "split" in on for on in hosted), hosted
+    assert [w for w, on in enumerate(hosted) if "single" in on] == runner.queries["single"].workers
+    for query in ("split", "single"):
+        held = [on[query] for on in hosted if query in on]
+        assert sum(held) == runner.state_bytes(query) > 0, (query, held)  # the metric's figure, split
+    assert sum(1 for on in hosted if on["split"] > 0) > 1  # the groups' state is on several workers

@@ -49,6 +49,7 @@ SNAPSHOT: dict[str, Any] = {
             "operators": [],
         },
     },
+    "workers": {0: "localhost", 1: "localhost"},
 }
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -161,6 +162,22 @@ def test_snapshot_is_read_at_each_scrape(metrics: ServerMetrics) -> None:
     assert series(second, "lowtide_ingested_tuples_total") == {(("stream", "S"),): 200}
     assert series(second, "lowtide_low_watermark") == {(("stream", "S"),): 20}
     assert len(calls) == 2
+
+
+def test_worker_info_names_each_workers_node_and_only_its_current_one(metrics: ServerMetrics) -> None:
+    nodes = [{0: "10.0.0.7", 1: "10.0.0.8"}, {0: "10.0.0.7", 1: "10.0.0.9"}]  # worker 1 placed again
+    metrics.set_snapshot(lambda: {"streams": {}, "queries": {}, "workers": nodes.pop(0)})
+    _, before, types = scrape(metrics)
+    _, after, _ = scrape(metrics)
+    assert types["lowtide_worker_info"] == "gauge"
+    assert series(before, "lowtide_worker_info") == {
+        (("node", "10.0.0.7"), ("worker", "0")): 1,
+        (("node", "10.0.0.8"), ("worker", "1")): 1,
+    }
+    assert series(after, "lowtide_worker_info") == {
+        (("node", "10.0.0.7"), ("worker", "0")): 1,
+        (("node", "10.0.0.9"), ("worker", "1")): 1,
+    }
 
 
 def test_histograms_observe(metrics: ServerMetrics) -> None:

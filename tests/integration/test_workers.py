@@ -1,0 +1,114 @@
+"""``lowtide workers``, ``Client.list_workers()`` and the metric ``lowtide_worker_info`` against a
+real server of two local worker processes, its own (its state bytes are then the queries' here
+alone): each worker's index, node (``localhost``), pid (the server's child processes), restarts,
+the queries with operators on it (a grouped query on both, an ungrouped one on one) and their
+state bytes, the same figures the ``lowtide_state_bytes`` metric sums per query. A worker that
+dies is counted where it is restarted: tests/integration/test_server_lifecycle.py (local) and
+test_ray.py (Ray).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_harness import Server, running_server
+from test_cli import ok
+
+from lowtide.clients import AsyncClient, Client
+
+pytestmark = pytest.mark.integration
+
+SPLIT = "SELECT k, count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W GROUP BY k"
+SINGLE = "SELECT count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W"
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while (found := probe()) is None:
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def scrape(server: Server) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Each family's samples by their sorted labels, from a real scrape of the server."""
+    assert server.metrics_url is not None
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    return {
+        family.name: {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+        for family in text_string_to_metric_families(text)
+    }
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    """Stream W with a grouped and an ungrouped query over it, and tuples in open windows."""
+    with running_server(workers=2) as running, Client(running.target, timeout=30) as client:
+        client.create_stream("W", {"k": "string", "ts": "int64"})
+        client.register_query(SPLIT, name="split")
+        client.register_query(SINGLE, name="single")
+        with client.producer("W", linger_ms=0) as producer:  # no punctuation: every window stays open
+            producer.send({"k": [f"k{i}" for i in range(64)], "ts": list(range(64))})
+        yield running
+
+
+@pytest.fixture(scope="module")
+def workers(server: Server) -> list[dict[str, Any]]:
+    """``list_workers()`` once every worker has reported its state (statistics come every second)
+    and the metric's snapshot holds the same figures."""
+
+    def settled() -> list[dict[str, Any]] | None:
+        with Client(server.target, timeout=30) as client:
+            listed = client.list_workers()
+        state = scrape(server).get("lowtide_state_bytes", {})
+        per_query = sum(state.get((("query", q),), 0) for q in ("split", "single"))
+        held = [w["state_bytes"] for w in listed]
+        return listed if all(held) and sum(held) == per_query else None
+
+    return wait_for("the workers' state in list_workers() and in lowtide_state_bytes", settled)
+
+
+def test_list_workers_gives_each_workers_place_queries_and_state(
+    server: Server, workers: list[dict[str, Any]]
+) -> None:
+    assert [sorted(w) for w in workers] == [
+        ["index", "node", "pid", "queries", "restarts", "state_bytes"]
+    ] * 2
+    assert [w["index"] for w in workers] == [0, 1]
+    assert {w["node"] for w in workers} == {"localhost"}
+    assert sorted(w["pid"] for w in workers) == sorted(server.worker_pids())
+    assert [w["restarts"] for w in workers] == [0, 0]
+    assert all("split" in w["queries"] for w in workers)  # grouped: on every worker
+    assert sum(w["queries"].count("single") for w in workers) == 1  # one worker holds it whole
+    assert asyncio.run(_list_async(server.target)) == workers  # the async client's is the same
+
+
+async def _list_async(target: str) -> list[dict[str, Any]]:
+    async with AsyncClient(target, timeout=30) as client:
+        return await client.list_workers()
+
+
+def test_lowtide_workers_prints_the_same_as_a_table_or_json(
+    server: Server, workers: list[dict[str, Any]]
+) -> None:
+    assert json.loads(ok(server.target, "workers", "--format", "json")) == workers
+    header, *rows = ok(server.target, "workers").splitlines()
+    assert header.split() == ["index", "node", "pid", "restarts", "state_bytes", "queries"]
+    for row, w in zip(rows, workers, strict=True):
+        shown = [w["index"], w["node"], w["pid"], w["restarts"], w["state_bytes"], ",".join(w["queries"])]
+        assert row.split() == [str(cell) for cell in shown]
+
+
+def test_lowtide_worker_info_labels_each_worker_with_its_node(
+    server: Server, workers: list[dict[str, Any]]
+) -> None:
+    info = scrape(server)["lowtide_worker_info"]
+    assert info == {(("node", "localhost"), ("worker", str(w["index"]))): 1.0 for w in workers}
