@@ -7,6 +7,7 @@ causes; :func:`rows` counts result rows, the multiset the in-process engine is c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,13 +20,15 @@ from typing import Any
 import pyarrow as pa
 from server_harness import Server, start_server
 
+from lowtide.clients import Client
 from lowtide.errors import LowtideError
 
 
 class Cluster:
-    """The server of the moment, on one port and one state directory; restarted after kills."""
+    """The server of the moment, on one port and one state directory; restarted after kills.
+    ``options``: more of ``lowtide serve``'s (``--ray ADDRESS``: its workers are Ray actors)."""
 
-    def __init__(self, state_dir: Path, checkpoint_interval_s: float) -> None:
+    def __init__(self, state_dir: Path, checkpoint_interval_s: float, options: tuple[str, ...] = ()) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -35,7 +38,8 @@ class Cluster:
             "checkpoint_interval_s": checkpoint_interval_s,
         }
         self.target = f"127.0.0.1:{self.port}"
-        self.server: Server | None = start_server(config=self.config, port=self.port)
+        self.options = options
+        self.server: Server | None = start_server(*options, config=self.config, port=self.port)
         self.kills: list[str] = []
 
     def kill(self, what: str, restart: bool = True) -> None:
@@ -43,21 +47,28 @@ class Cluster:
         last two are started again unless ``restart`` is false."""
         server = self.server
         assert server is not None
-        victims = {
-            "worker": server.worker_pids()[-1:],
-            "front": [server.pid],
-            "everything": [server.pid, *server.worker_pids()],
-        }[what]
+        workers = self.worker_pids()
+        victims = {"worker": workers[-1:], "front": [server.pid], "everything": [server.pid, *workers]}[what]
         for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # an actor Ray ended with its front
+                os.kill(pid, signal.SIGKILL)
         self.kills.append(what)
         if what != "worker":
             server.process.wait(30)
             server.exit_code = 0  # killed on purpose
-            self.server = start_server(config=self.config, port=self.port) if restart else None
+            self.server = start_server(*self.options, config=self.config, port=self.port) if restart else None
+
+    def worker_pids(self) -> list[int]:
+        """The workers' processes: the server's children, oldest first, or with ``--ray`` the
+        actors' (on this machine's nodes) by worker index, as ``lowtide workers`` lists them."""
+        assert self.server is not None
+        if "--ray" not in self.options:
+            return self.server.worker_pids()
+        with Client(self.target, timeout=30) as client:
+            return [w["pid"] for w in client.list_workers()]
 
     def start(self) -> None:
-        self.server = start_server(config=self.config, port=self.port)
+        self.server = start_server(*self.options, config=self.config, port=self.port)
 
     def stop(self) -> None:
         if self.server is not None:

@@ -1,4 +1,5 @@
-"""The integration tests' shared server: one ``lowtide serve`` for the whole session.
+"""The integration tests' shared server: one ``lowtide serve`` for the whole session, and one
+Ray cluster for the session's Ray tests (``ray_cluster``).
 
 Tests get its ``host:port`` from the ``target`` fixture and make names of their own with
 ``fresh`` (the server is shared). It starts as every test server does
@@ -12,9 +13,15 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from server_harness import Server, running_server
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
+
+LOOPBACK = "127.0.0.1"
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +44,27 @@ _names = itertools.count(1)
 def fresh() -> Callable[[str], str]:
     """Unique stream and query names (the server is shared by the whole session)."""
     return lambda prefix: f"{prefix}_{os.getpid()}_{next(_names)}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Cluster]:
+    """A Ray cluster on loopback (tests/conftest.py keeps Ray there): a head without CPUs and two
+    nodes of 2 CPUs. This process joins it as a driver in the namespace ``lowtide`` (it finds the
+    workers' actors by name). One server at a time uses it (the Ray tests share the xdist group
+    ``ray``); a test that removes nodes leaves two again."""
+    import ray  # only the Ray tests pay for importing it
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False},
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
+    cluster.wait_for_nodes()
+    cluster.connect(namespace="lowtide")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

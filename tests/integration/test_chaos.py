@@ -5,7 +5,8 @@ a holistic and a join query record each item's offset. Meanwhile ``kill -9`` hit
 front, or the whole server at random moments, several times; after each the server is started
 again on the same port and directory. Producers go on from their last acknowledged batch (the
 one in flight is sent again under its id), subscribers resume at ``offset + 1``. At the end every
-query's rows equal the in-process engine's on the same data, each exactly once.
+query's rows equal the in-process engine's on the same data, each exactly once. The same again
+with the workers as actors of a Ray cluster (``--ray``): a worker killed is its actor's process.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from cluster import Cluster, retrying, rows
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, Punctuation
 from lowtide.clients import Client
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("durability")]
+pytestmark = pytest.mark.integration
 
 ROUNDS = 80
 SOURCES = {"a": "s", "b": "s", "c": "t"}  # source -> stream
@@ -110,9 +111,20 @@ def subscribe(cluster: Cluster, query: str, got: list[tuple[int, Any]], deadline
     retrying(run, deadline)
 
 
+@pytest.mark.xdist_group("durability")
 def test_kill_9_anything_at_any_time_and_every_window_comes_once(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path / "state", checkpoint_interval_s=0.5)
-    deadline = time.monotonic() + 90
+    chaos(Cluster(tmp_path / "state", checkpoint_interval_s=0.5), seconds=90)
+
+
+@pytest.mark.xdist_group("ray")
+def test_kill_9_anything_through_ray_and_every_window_comes_once(tmp_path: Path, ray_cluster: Any) -> None:
+    options = ("--ray", ray_cluster.address)
+    chaos(Cluster(tmp_path / "state", checkpoint_interval_s=0.5, options=options), seconds=150)
+
+
+def chaos(cluster: Cluster, seconds: float) -> None:
+    """Producers and subscribers through :data:`KILLS` kills; every window once at the end."""
+    deadline = time.monotonic() + seconds
     try:
         with Client(cluster.target, timeout=30) as client:
             for stream, schema in SCHEMAS.items():

@@ -1,6 +1,6 @@
-"""Workers as actors of a real Ray cluster (docs/ray.md): one cluster for the module, a head
-without CPUs and two nodes of 2 CPUs, every one on 127.0.0.1 (tests/conftest.py keeps Ray on
-loopback), and a real ``lowtide serve --ray <address> --workers 2`` with a state directory.
+"""Workers as actors of a real Ray cluster (docs/ray.md): the session's (``ray_cluster``: a head
+without CPUs and two nodes of 2 CPUs, every one on 127.0.0.1), and for the module a real
+``lowtide serve --ray <address> --workers 2`` with a state directory.
 
 The workers are actors named ``lowtide-worker-<i>`` in the namespace ``lowtide``, one on each
 node (SPREAD: either node has room for both); tumbling, sliding (sharing slices), session,
@@ -44,26 +44,9 @@ LOOPBACK = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False},
-    )
-    for _ in range(2):
-        cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
-    cluster.wait_for_nodes()
-    cluster.connect(namespace="lowtide")  # this test's own driver: it finds the actors by name
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(ray_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     state = {"state_dir": str(tmp_path_factory.mktemp("state")), "checkpoint_interval_s": 1.0}
-    with running_server("--ray", cluster.address, workers=2, config=state) as running:
+    with running_server("--ray", ray_cluster.address, workers=2, config=state) as running:
         yield running
 
 
@@ -114,9 +97,9 @@ def list_workers(server: Server) -> list[dict[str, Any]]:
         return client.list_workers()
 
 
-def test_the_workers_are_named_actors_spread_over_the_nodes(cluster: Cluster, server: Server) -> None:
+def test_the_workers_are_named_actors_spread_over_the_nodes(ray_cluster: Cluster, server: Server) -> None:
     found = places()
-    assert {node for node, _, _ in found} == {node.node_id for node in cluster.worker_nodes}
+    assert {node for node, _, _ in found} == {node.node_id for node in ray_cluster.worker_nodes}
     assert {address for _, address, _ in found} == {LOOPBACK}
     log = server.stderr.read_text()
     for i, (_, _, pid) in enumerate(found):
@@ -215,7 +198,7 @@ def placed_again(server: Server, more: int, since: int) -> None:
         time.sleep(0.1)
 
 
-def test_two_nodes_lost_one_added_lose_nothing(cluster: Cluster, mirror: Mirror, server: Server) -> None:
+def test_two_nodes_lost_one_added_lose_nothing(ray_cluster: Cluster, mirror: Mirror, server: Server) -> None:
     """The node of worker 1 is removed mid-stream (with whatever else runs there): its actor is
     placed again on the node left and restored. A new node joins; then the node holding both
     workers is removed: they go to the new one. The subscriber sees every window exactly once."""
@@ -230,20 +213,20 @@ def test_two_nodes_lost_one_added_lose_nothing(cluster: Cluster, mirror: Mirror,
 
     def node_of(worker: int) -> Any:
         node_id = places()[worker][0]
-        return next(node for node in cluster.worker_nodes if node.node_id == node_id)
+        return next(node for node in ray_cluster.worker_nodes if node.node_id == node_id)
 
     for call in calls[:third]:
         mirror.ingest(*call)
     server.await_checkpoint()
     placed = server.stderr.read_text().count("placed again on")
-    cluster.remove_node(node_of(1))
+    ray_cluster.remove_node(node_of(1))
     placed_again(server, 1, placed)
     assert len({node for node, _, _ in places()}) == 1  # both on the node left
     for call in calls[third : 2 * third]:
         mirror.ingest(*call)
-    added = cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
-    cluster.wait_for_nodes()
-    cluster.remove_node(node_of(0))  # both workers' node
+    added = ray_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
+    ray_cluster.wait_for_nodes()
+    ray_cluster.remove_node(node_of(0))  # both workers' node
     placed_again(server, 3, placed)
     assert {node for node, _, _ in places()} == {added.node_id}
     for call in calls[2 * third :]:
@@ -251,8 +234,8 @@ def test_two_nodes_lost_one_added_lose_nothing(cluster: Cluster, mirror: Mirror,
     expected = mirror.results(query)
     assert rows(expected)
     assert_same(subscription.until(END_OF_STREAM), expected, query)
-    cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
-    cluster.wait_for_nodes()
+    ray_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
+    ray_cluster.wait_for_nodes()
 
 
 def test_lowtide_workers_and_the_metric_say_where_each_actor_runs(server: Server) -> None:
