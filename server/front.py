@@ -254,6 +254,7 @@ class Front:
         changes wait; subscribers see no gap and no duplicate (the hubs skip what comes again)."""
         assert self.state is not None and self.checkpoints is not None
         await self._recovery.acquire()
+        began = time.monotonic()
         try:
             self.checkpoints.abandon()
             self.generation += 1
@@ -271,7 +272,14 @@ class Front:
                 start = self._restore(checkpoint, live_hubs=True)
             self.journal.forget_prepared()  # coded against the old pool: applied from their bytes
             through = self.journal.applied_through
-            await self._replay((seq, r) for seq, r in self.state.log.records(start) if seq <= through)
+            logged = ((seq, r) for seq, r in self.state.log.records(start) if seq <= through)
+            replayed = await self._replay(logged)
+            print(
+                f"lowtide: worker {worker} recovered: every worker restored from "
+                f"{f'checkpoint {checkpoint.seq}' if checkpoint is not None else 'the start'} and "
+                f"{replayed} logged changes sent again in {time.monotonic() - began:.2f} s",
+                file=sys.stderr,
+            )
         finally:
             self._recovery.release()
             self._recoveries_due -= 1
@@ -373,8 +381,14 @@ class Front:
             self._tasks.append(asyncio.get_running_loop().create_task(self._recover_from_death(worker)))
             return
         self.metrics.worker_restarted(worker)
-        for name in self.engine.runner.worker_died(worker):
+        aborted = self.engine.runner.worker_died(worker)
+        for name in aborted:
             self._close_failed(name, "ABORTED", self.engine.runner.queries[name].failed or "worker died")
+        print(
+            f"lowtide: worker {worker} started again, empty (no --state-dir): "
+            f"{', '.join(aborted) or 'no query'} ABORTED",
+            file=sys.stderr,
+        )
 
     @property
     def exit_code(self) -> int:

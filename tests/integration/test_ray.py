@@ -16,6 +16,7 @@ through Ray.)
 from __future__ import annotations
 
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -156,6 +157,14 @@ def test_every_query_kind_gives_the_engines_results(mirror: Mirror) -> None:
         assert_same(subs[name].until(END_OF_STREAM), expected, name)
 
 
+def placed_again(server: Server, more: int, since: int) -> None:
+    """Wait until the log reports ``more`` placements after the first ``since``."""
+    deadline = time.monotonic() + 120
+    while server.stderr.read_text().count("placed again on") < since + more:
+        assert time.monotonic() < deadline, server.stderr_tail()
+        time.sleep(0.1)
+
+
 def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, server: Server) -> None:
     """With a state directory nothing is lost: the actor is created again under its name, every
     worker starts over from the last checkpoint (which the actors wrote) and the log, and the
@@ -174,11 +183,9 @@ def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, serv
         mirror.ingest(*call)
     _, _, old_pid = places()[1]
     before = [w["restarts"] for w in list_workers(server)]
+    placed = server.stderr.read_text().count("placed again on")
     ray.kill(ray.get_actor("lowtide-worker-1", namespace="lowtide"), no_restart=True)
-    deadline = time.monotonic() + 120
-    while "placed again on" not in server.stderr.read_text():
-        assert time.monotonic() < deadline, server.stderr_tail()
-        time.sleep(0.1)
+    placed_again(server, 1, placed)
     assert places()[1][2] != old_pid
     after = list_workers(server)  # lowtide workers counts the restart, and shows the new process
     assert [w["restarts"] for w in after] == [before[0], before[1] + 1]
@@ -188,14 +195,8 @@ def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, serv
     expected = mirror.results(query)
     assert rows(expected)
     assert_same(subscription.until(END_OF_STREAM), expected, query)
-
-
-def placed_again(server: Server, more: int, since: int) -> None:
-    """Wait until the log reports ``more`` placements after the first ``since``."""
-    deadline = time.monotonic() + 120
-    while server.stderr.read_text().count("placed again on") < since + more:
-        assert time.monotonic() < deadline, server.stderr_tail()
-        time.sleep(0.1)
+    recovered = r"^lowtide: worker 1 recovered: every worker restored from checkpoint \d+ and \d+ logged"
+    assert re.search(recovered, server.stderr.read_text(), re.MULTILINE), server.stderr_tail()
 
 
 def test_two_nodes_lost_one_added_lose_nothing(ray_cluster: Cluster, mirror: Mirror, server: Server) -> None:

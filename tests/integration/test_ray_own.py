@@ -67,6 +67,8 @@ def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_serve
         assert "worker" in ended.reason and "\n" not in ended.reason, ended
         until("the actor placed again", lambda: len(placements(server)) == 2, server)
         assert placements(server)[1][1] != pid
+        said = "lowtide: worker 0 started again, empty (no --state-dir): lost ABORTED"
+        assert said in server.stderr.read_text(), server.stderr_tail()
         # The server goes on: a query registered now runs on the actor placed again.
         mirror.create_stream("T", sources=["p"])
         fresh = mirror.register(GROUPED.format(s="T"), "fresh")
