@@ -55,6 +55,7 @@ class Front:
         self.metrics = ServerMetrics()
         self.workers = self._transport(config)
         self.stopping = asyncio.Event()  # SIGTERM, SIGINT, or workers that cannot start
+        self.serving = False  # the start's recovery is over (a restore failing after it stops the server)
         self.gave_up = ""  # why the server stops on its own (workers that cannot run): subscribers hear it
         # The door's clock reads the time each change was applied at (the input log records it),
         # so replay runs heartbeats and idle timeouts exactly as they ran.
@@ -220,6 +221,7 @@ class Front:
             # Recovered: now, and only now, the state directory may change.
             torn = self.state.log.recovered()
             self.checkpoints.store.remove_interrupted()
+            self.serving = True
         self._recoveries_due -= 1
         if not self._recoveries_due:
             self._recovered.set()
@@ -349,6 +351,10 @@ class Front:
             case msg.Checkpointed() | msg.Persisted() | msg.Restored():
                 if self.checkpoints is not None:
                     self.checkpoints.answered(worker, message)
+                if isinstance(message, msg.Restored) and message.error is not None and self.serving:
+                    # A recovery's restore failed (a file its worker cannot read: with --ray, a
+                    # state directory not every node reaches): going on would lose state unseen.
+                    self._give_up(f"cannot restore worker {worker} from the checkpoint: {message.error}")
             case msg.Synced():
                 self._synced(message.token, worker)
             case _:
