@@ -23,7 +23,8 @@ under its name (Ray places it on a live node with room); once it answers, ``on_d
 it and the front restores it as it does a local worker, counted in its restarts
 (:meth:`RayWorkers.places`: each worker's node address, pid and restarts, as its actor's
 ``where()`` answered). One that cannot be placed within :data:`PLACE_TIMEOUT_S` goes to
-``on_give_up``: the server stops, saying why.
+``on_give_up``: the server stops, saying why; so does a cluster whose address has not answered
+for :data:`CLUSTER_GONE_S` (probed once a second), before Ray would end the driver itself.
 """
 
 from __future__ import annotations
