@@ -6,8 +6,7 @@ A cluster that goes away stops the server: its log says why in one line, subscri
 ``UNAVAILABLE`` with that reason, and so does every call after.
 
 Each test starts (and ends) a Ray of its own: ``--ray local``, the server's private one on
-loopback; a one-node ``ray.cluster_utils.Cluster`` joined through Ray Client (``ray://``), which
-the test shuts down.
+loopback; a one-node ``ray.cluster_utils.Cluster``, which the test shuts down.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import os
 import random
 import re
 import signal
-import socket
 import time
 from collections.abc import Callable
 
@@ -80,13 +78,10 @@ def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_serve
 
 
 def test_a_cluster_that_goes_away_stops_the_server_saying_why() -> None:
-    with socket.socket() as probe:  # a free loopback port for the cluster's Ray Client server
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     head = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args={**head, "ray_client_server_port": port})
-    address = f"127.0.0.1:{port}"
-    server = start_server("--ray", f"ray://{address}", workers=1, metrics=False)
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    address = cluster.address  # the cluster forgets it when it shuts down
+    server = start_server("--ray", address, workers=1, metrics=False)
     try:
         mirror = Mirror(connect(server.target))
         mirror.create_stream("S", sources=["p"])
