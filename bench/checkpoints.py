@@ -140,29 +140,42 @@ def taken(running: Server) -> list[Taken]:
     return found
 
 
-def one_size(megabytes: int, interval_s: float, steady_s: float, scratch: Path) -> Sized:
-    """With checkpoints first: fill to about ``megabytes`` of checkpoint (a second fill makes up
-    what the estimate missed), then the same groups without checkpoints."""
+def config(interval_s: float) -> str:
+    """The server's settings: checkpoints every ``interval_s`` (0: none), never by log size."""
+    return (
+        f"checkpoint_interval_s = {interval_s}\ncheckpoint_log_bytes = {1 << 40}\n"
+        f"max_query_state_bytes = {16 << 30}\n"  # the 1 GB case holds more than the default 1 GiB
+    )
+
+
+def fill_to(running: Server, megabytes: int, interval_s: float, state: Path) -> tuple[int, Taken]:
+    """Fill until a checkpoint holds about ``megabytes`` MB (a second fill makes up what the
+    estimate missed): the groups, and the checkpoint of them all."""
     goal = megabytes * 1_000_000
-    sized = Sized(megabytes, max(FILL_ROWS // 100, goal // BYTES_PER_GROUP), 0.0)
+    groups = max(FILL_ROWS // 100, goal // BYTES_PER_GROUP)
+    fill(running.target, 0, groups)
+    whole = whole_checkpoint(running, interval_s, state)
+    if whole.bytes < 0.9 * goal:
+        more = int(groups * (goal / whole.bytes - 1))
+        fill(running.target, groups, groups + more)
+        groups += more
+        whole = whole_checkpoint(running, interval_s, state)
+    return groups, whole
+
+
+def one_size(megabytes: int, interval_s: float, steady_s: float, scratch: Path) -> Sized:
+    """With checkpoints first: fill to about ``megabytes`` of checkpoint, then the same groups
+    without checkpoints."""
+    sized = Sized(megabytes, 0, 0.0)
     for setting in ("on", "off"):
         state = Path(tempfile.mkdtemp(prefix=f"checkpoints-{megabytes}-{setting}-", dir=scratch))
-        every = interval_s if setting == "on" else 0
-        config = (
-            f"checkpoint_interval_s = {every}\ncheckpoint_log_bytes = {1 << 40}\n"
-            f"max_query_state_bytes = {16 << 30}\n"  # the 1 GB case holds more than the default 1 GiB
-        )
-        running = Server.start(state, "no", scratch, config)
+        running = Server.start(state, "no", scratch, config(interval_s if setting == "on" else 0))
         try:
-            sized.fill_s = fill(running.target, 0, sized.groups)
             if setting == "on":
-                size = whole_checkpoint(running, interval_s, state).bytes
-                if size < 0.9 * goal:
-                    more = int(sized.groups * (goal / size - 1))
-                    fill(running.target, sized.groups, sized.groups + more)
-                    sized.groups += more
-                    whole_checkpoint(running, interval_s, state)
+                sized.groups = fill_to(running, megabytes, interval_s, state)[0]
                 before = len(taken(running))
+            else:
+                sized.fill_s = fill(running.target, 0, sized.groups)
             took = steady(running.target, sized.groups, steady_s)
             sized.ack_ms[setting] = [
                 float(np.percentile(took, 50)),

@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,7 +215,8 @@ class Server:
     metrics: str
 
     @staticmethod
-    def start(workers: int = 2) -> Server:
+    def start(workers: int = 2, serve: Sequence[str] = ()) -> Server:
+        """``serve``: more ``lowtide serve`` options (``--ray ADDRESS``: bench/cluster.py)."""
         script = Path(sys.executable).with_name("lowtide")
         command = [str(script)] if script.exists() else [sys.executable, "-m", "lowtide.clients.cli"]
         command += [
@@ -228,6 +229,7 @@ class Server:
             str(workers),
             "--metrics-port",
             "0",
+            *serve,
         ]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = process.stdout.readline() if process.stdout else ""
@@ -324,11 +326,13 @@ def warm_up(target: str, keys: int) -> None:
         client.drop_stream("Warm")
 
 
-def run_once(rows: int, keys: int, producers: int, path: str, rate: float = 0.0) -> Run:
+def run_once(
+    rows: int, keys: int, producers: int, path: str, rate: float = 0.0, serve: Sequence[str] = ()
+) -> Run:
     from lowtide.clients import Client
 
     ctx = mp.get_context("spawn")
-    server = Server.start()
+    server = Server.start(serve=serve)
     try:
         warm_up(server.target, keys)
         sources = [f"p{i}" for i in range(producers)]

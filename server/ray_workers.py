@@ -7,9 +7,13 @@ and placed by Ray's SPREAD strategy. Each actor (:class:`RayWorker`) runs the se
 columns travel as numpy arrays (Ray's out-of-band buffers, through its object store when large).
 
 A call carries many messages: what the front posts waits in the worker's outbox and goes in one
-call once the outbox holds a message that must go now (anything but a batch: punctuation, a
-barrier, a control message), or :data:`CALL_BYTES` of columns, or no call is on its way; at most
-:data:`IN_FLIGHT` calls are on their way to one worker.
+call at once while fewer than :data:`AHEAD` calls are on their way to the worker (it would
+otherwise run out of work), else once the outbox holds :data:`CALL_BYTES` of columns or a call
+is answered; at most :data:`IN_FLIGHT` calls are on their way to one worker. A punctuation or
+a control message thus waits only while the worker has calls ahead of it to handle, and under
+load calls grow to many batches each: Ray's cost is per call, not per message. A call travels
+inline, in the request to the actor's process (up to :data:`INLINE_BYTES`), rather than through
+the object store, where each call would cost a put, a pull by the actor's node and a release.
 
 Invariant: a worker handles messages in the order they were posted, and the front hands its
 answers to ``on_message`` in the order the worker sent them, whatever order Ray runs calls in:
@@ -54,6 +58,8 @@ from lowtide.server.worker_process import Worker
 NAMESPACE = "lowtide"
 CALL_BYTES = 4 << 20  # columns one call carries, unless a message must go before
 IN_FLIGHT = 4  # calls on their way to one worker
+AHEAD = 2  # calls on their way below which the outbox goes at once: one handled, one waiting
+INLINE_BYTES = 2 * CALL_BYTES  # a call this large still travels inline (Ray's default: 100 KB)
 MAX_QUEUED_BYTES = 32 << 20  # columns posted to one worker and not answered: ingestion waits past it
 # A call's failure: its actor died (Ray), or Ray Client lost the cluster (ray:// addresses).
 CallFailed = (RayError, ConnectionError)
@@ -145,7 +151,6 @@ class _Actor:
     pid: int = 0
     outbox: deque[tuple[msg.ToWorker, Arrays | None]] = field(default_factory=deque)
     outbox_bytes: int = 0
-    urgent: int = 0  # messages in the outbox that must go now (see the module)
     calls: deque[tuple[Any, int]] = field(default_factory=deque)  # (answers' ref, bytes), oldest first
     call_bytes: int = 0
     numbered: int = 0  # calls sent so far
@@ -181,6 +186,8 @@ class RayWorkers:
 
     def start(self) -> None:
         """Join the cluster and place every worker; blocks until they answer (before serving)."""
+        # Read by Ray's core worker of this process as ray.init starts it (an existing setting wins).
+        os.environ.setdefault("RAY_max_direct_call_object_size", str(INLINE_BYTES))
         watched = connect(self.address, math.ceil(self.size * self.cpus))
         try:
             self.handles = [_Actor(i, self._create_named(i)) for i in range(self.size)]
@@ -255,8 +262,6 @@ class RayWorkers:
         handle.outbox.append((message, arrays))
         if arrays:
             handle.outbox_bytes += sum(a.nbytes for a in arrays.values())
-        if not isinstance(message, msg.Batch):
-            handle.urgent += 1
         handle.wake.set()
 
     def broadcast(self, message: msg.ToWorker) -> None:
@@ -321,7 +326,7 @@ class RayWorkers:
     def _due(handle: _Actor) -> bool:
         if not handle.outbox or len(handle.calls) >= IN_FLIGHT:
             return False
-        return not handle.calls or handle.urgent > 0 or handle.outbox_bytes >= CALL_BYTES
+        return len(handle.calls) < AHEAD or handle.outbox_bytes >= CALL_BYTES
 
     async def _pump(self, handle: _Actor) -> None:
         """Send the outbox in calls of many messages (see the module)."""
@@ -335,8 +340,6 @@ class RayWorkers:
                 message, arrays = handle.outbox.popleft()
                 if arrays:
                     nbytes += sum(a.nbytes for a in arrays.values())
-                if not isinstance(message, msg.Batch):
-                    handle.urgent -= 1
                 calls.append((msg.TO_WORKER.encode(message), arrays))
             handle.outbox_bytes -= nbytes
             handle.call_bytes += nbytes
@@ -393,7 +396,7 @@ class RayWorkers:
                 task.cancel()
         handle.outbox.clear()
         handle.calls.clear()
-        handle.outbox_bytes = handle.call_bytes = handle.urgent = 0
+        handle.outbox_bytes = handle.call_bytes = 0
         self._room.set()
         if self._stopping:  # the pool is ending: nothing to place again
             return
