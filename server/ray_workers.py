@@ -4,16 +4,17 @@ The front joins the cluster as a Ray driver in the namespace ``lowtide`` (:func:
 starts one actor per worker, named ``lowtide-worker-<i>``, reserving ``--worker-cpus`` CPUs each
 and placed by Ray's SPREAD strategy. Each actor (:class:`RayWorker`) runs the server's own
 :class:`~lowtide.server.worker_process.Worker` on the same typed messages as a local worker;
-columns travel as numpy arrays (Ray's out-of-band buffers, through its object store when large).
+columns travel as numpy arrays (Ray's out-of-band buffers).
 
 A call carries many messages: what the front posts waits in the worker's outbox and goes in one
 call at once while fewer than :data:`AHEAD` calls are on their way to the worker (it would
 otherwise run out of work), else once the outbox holds :data:`CALL_BYTES` of columns or a call
 is answered; at most :data:`IN_FLIGHT` calls are on their way to one worker. A punctuation or
 a control message thus waits only while the worker has calls ahead of it to handle, and under
-load calls grow to many batches each: Ray's cost is per call, not per message. A call travels
-inline, in the request to the actor's process (up to :data:`INLINE_BYTES`), rather than through
-the object store, where each call would cost a put, a pull by the actor's node and a release.
+load calls grow to many batches each: Ray's cost is per call, not per message. A call and its
+answer travel inline, in the request to the actor's process and in its reply (up to
+:data:`INLINE_BYTES`), rather than through the object store, where each would cost a put, a pull
+by the other node and a release (and a punctuation's results wait for all three).
 
 Invariant: a worker handles messages in the order they were posted, and the front hands its
 answers to ``on_message`` in the order the worker sent them, whatever order Ray runs calls in:
@@ -56,7 +57,7 @@ from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage, Worke
 from lowtide.server.worker_process import Worker
 
 NAMESPACE = "lowtide"
-CALL_BYTES = 4 << 20  # columns one call carries, unless a message must go before
+CALL_BYTES = 4 << 20  # columns that make a call go even while the worker has calls ahead
 IN_FLIGHT = 4  # calls on their way to one worker
 AHEAD = 2  # calls on their way below which the outbox goes at once: one handled, one waiting
 INLINE_BYTES = 2 * CALL_BYTES  # a call this large still travels inline (Ray's default: 100 KB)
@@ -232,6 +233,8 @@ class RayWorkers:
             "scheduling_strategy": "SPREAD",
             "max_restarts": 0,  # the front recreates it and restores its state (see the module)
             "max_task_retries": 0,
+            # Its answers (results) travel inline too, as the front's calls do (see start()).
+            "runtime_env": {"env_vars": {"RAY_max_direct_call_object_size": str(INLINE_BYTES)}},
         }
         return RemoteWorker.options(**options).remote(index)
 
