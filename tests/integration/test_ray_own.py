@@ -49,15 +49,20 @@ def until(what: str, probe: Callable[[], bool], server: Server, timeout: float =
         time.sleep(0.05)
 
 
+def running_query(server: Server, name: str) -> tuple[Mirror, Subscription]:
+    """A grouped query over a stream ``S``, subscribed, with five minutes of results out."""
+    mirror = Mirror(connect(server.target))
+    mirror.create_stream("S", sources=["p"])
+    query = mirror.register(GROUPED.format(s="S"), name)
+    subscription = Subscription(mirror.stub, query, from_oldest=True)
+    mirror.ingest("S", "p", [table(packets(random.Random(5), 200, T0, T0 + 5 * MINUTE)), T0 + 5 * MINUTE])
+    assert_same(subscription.reach(mirror.results(query)), mirror.results(query), query)
+    return mirror, subscription
+
+
 def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_server_goes_on() -> None:
     with running_server("--ray", "local", workers=1, metrics=False) as server:
-        mirror = Mirror(connect(server.target))
-        mirror.create_stream("S", sources=["p"])
-        query = mirror.register(GROUPED.format(s="S"), "lost")
-        subscription = Subscription(mirror.stub, query, from_oldest=True)
-        rnd = random.Random(5)
-        mirror.ingest("S", "p", [table(packets(rnd, 200, T0, T0 + 5 * MINUTE)), T0 + 5 * MINUTE])
-        assert_same(subscription.reach(mirror.results(query)), mirror.results(query), query)
+        mirror, subscription = running_query(server, "lost")
         [(_, pid)] = placements(server)
         os.kill(pid, signal.SIGKILL)  # the actor's process, as the kernel's OOM killer would
         ended = subscription.end(timeout=60)
@@ -71,7 +76,7 @@ def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_serve
         mirror.create_stream("T", sources=["p"])
         fresh = mirror.register(GROUPED.format(s="T"), "fresh")
         fresh_subscription = Subscription(mirror.stub, fresh, from_oldest=True)
-        mirror.ingest("T", "p", [table(packets(rnd, 200, T0, T0 + 5 * MINUTE)), CLOSE])
+        mirror.ingest("T", "p", [table(packets(random.Random(6), 200, T0, T0 + 5 * MINUTE)), CLOSE])
         expected = mirror.results(fresh)
         assert rows(expected)
         assert_same(fresh_subscription.until(END_OF_STREAM), expected, fresh)
@@ -83,13 +88,7 @@ def test_a_cluster_that_goes_away_stops_the_server_saying_why() -> None:
     address = cluster.address  # the cluster forgets it when it shuts down
     server = start_server("--ray", address, workers=1, metrics=False)
     try:
-        mirror = Mirror(connect(server.target))
-        mirror.create_stream("S", sources=["p"])
-        query = mirror.register(GROUPED.format(s="S"), "q")
-        subscription = Subscription(mirror.stub, query, from_oldest=True)
-        rnd = random.Random(3)
-        mirror.ingest("S", "p", [table(packets(rnd, 200, T0, T0 + 5 * MINUTE)), T0 + 5 * MINUTE])
-        assert_same(subscription.reach(mirror.results(query)), mirror.results(query), query)
+        mirror, subscription = running_query(server, "q")
         cluster.shutdown()
         assert server.process.wait(60) == 1
         server.exit_code = 1  # stopped on its own, as it should
