@@ -46,30 +46,6 @@ _FORCED = {
 }
 
 
-class _Counting:
-    """A binary file that counts the bytes read from it (the progress of CSV and JSONL)."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.count = 0
-        self.closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.count += len(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-        self.raw.close()
-
-
 class Batches:
     """The batches of one input file; ``done`` of ``total`` ``unit`` read so far."""
 
@@ -95,7 +71,7 @@ class Batches:
             raise InvalidArgument(f"cannot read {path}: {exc.strerror or exc}") from exc
         self.unit = "bytes"
         self.total = size
-        self._counter: _Counting | None = None
+        self._bytes_read = 0  # of the file, by the reader (CSV and JSONL progress)
         self._parquet_rows = 0
         if self.format == "parquet":
             self.unit = "rows"
@@ -105,7 +81,7 @@ class Batches:
     def done(self) -> int:
         if self.format == "parquet":
             return self._parquet_rows
-        return self._counter.count if self._counter is not None else 0
+        return self._bytes_read
 
     @property
     def shape(self) -> str:
@@ -148,11 +124,12 @@ class Batches:
         if self.format == "jsonl":  # an explicit JSON schema adds its fields: keep those present
             present = self._first_json_keys()
             forced = {name: kind for name, kind in forced.items() if name in present}
-        with self.path.open("rb") as raw:
-            self._counter = _Counting(raw)
-            source: Any = pa.PythonFile(self._counter, mode="r")
-            if self.codec:
-                source = pa.CompressedInputStream(source, self.codec)
+        # A native file, not a Python one: Arrow's reader reads ahead on its own threads, which
+        # must never call back into Python (one still waiting for the interpreter as it exits
+        # aborts the process).
+        with pa.OSFile(str(self.path), "rb") as raw:
+            self._bytes_read = 0
+            source: Any = pa.CompressedInputStream(raw, self.codec) if self.codec else raw
             try:
                 reader = (
                     self._open_csv(source, forced)
@@ -164,7 +141,10 @@ class Batches:
                 if str(exc).startswith("Empty"):
                     raise InvalidArgument(f"it is empty{self._needs()}") from exc
                 raise
-            yield from reader
+            for batch in reader:
+                self._bytes_read = raw.tell()  # read ahead of the batch: progress, not an offset
+                yield batch
+            self._bytes_read = self.total
 
     def _open_csv(self, source: Any, forced: dict[str, pa.DataType]) -> Any:
         # Timestamps are read as text: their form is checked row by row (TimestampText).
