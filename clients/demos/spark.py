@@ -44,8 +44,11 @@ def window_sql(stream: str, range_s: int, slide_s: int) -> str:
 
 
 def local_session(app: str = "lowtide", cores: int = 2) -> Any:
-    """A local SparkSession bound to loopback, quiet, with the Python workers on this interpreter."""
+    """A local SparkSession bound to loopback (SPARK_LOCAL_IP too), quiet, with the Python
+    workers on this interpreter."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark picks the machine's interface address for itself unless told: keep it on loopback.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     spark = (
