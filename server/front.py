@@ -396,6 +396,13 @@ class Front:
             file=sys.stderr,
         )
 
+    async def _subscriptions_ended(self, timeout: float) -> None:
+        """Give each closed subscription's call its turn to send its end before the workers stop
+        (stopping may block the loop: Ray's shutdown), within ``timeout`` (a reader stalled)."""
+        deadline = time.monotonic() + timeout
+        while any(hub.listeners for hub in self.hubs.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     @property
     def exit_code(self) -> int:
         return 1 if self.gave_up else 0
@@ -479,6 +486,7 @@ class Front:
                 hub.close("UNAVAILABLE", f"the server stops: {self.gave_up}")
             else:  # a drain ends subscriptions cleanly
                 hub.close()
+        await self._subscriptions_ended(timeout=5.0)
         await self.workers.stop()
         self.metrics.close()
         if self.state is not None:

@@ -463,6 +463,8 @@ def connect(address: str, cpus: int) -> tuple[str, int]:
             "include_dashboard": False,
             "_node_ip_address": "127.0.0.1",  # a private cluster: nothing listens off loopback
         }
+        # Ray gives its control service 30 s to start; a loaded machine may need longer.
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
         watched = None
     else:
         watched = _probe(address)
