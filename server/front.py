@@ -408,7 +408,8 @@ class Front:
         return 1 if self.gave_up else 0
 
     def _give_up(self, reason: str) -> None:
-        """A worker cannot be kept running (see :mod:`lowtide.server.local_workers`): the server stops."""
+        """The server cannot go on (a worker that cannot be kept running, a Ray cluster gone, a
+        restore that failed while serving): it stops, saying why (exit code 1)."""
         if not self.stopping.is_set():
             print(f"lowtide: {reason}; stopping", file=sys.stderr)
             self.gave_up = reason
