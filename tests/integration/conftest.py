@@ -21,8 +21,6 @@ from server_harness import Server, running_server
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
 
-LOOPBACK = "127.0.0.1"
-
 
 @pytest.fixture(scope="session")
 def lowtide_server() -> Iterator[Server]:
@@ -53,15 +51,9 @@ def ray_cluster() -> Iterator[Cluster]:
     workers' actors by name). One server at a time uses it (the Ray tests share the xdist group
     ``ray``); a test that removes nodes leaves two again."""
     import ray  # only the Ray tests pay for importing it
-    from ray.cluster_utils import Cluster
+    from ray_harness import loopback_cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False},
-    )
-    for _ in range(2):
-        cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
-    cluster.wait_for_nodes()
+    cluster = loopback_cluster(head_cpus=0, nodes=2)
     cluster.connect(namespace="lowtide")
     try:
         yield cluster

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from ray.cluster_utils import Cluster
+from ray_harness import loopback_cluster
 from server_harness import Server, running_server, start_server
 from wire import CLOSE, Mirror, Subscription, assert_same, connect, failure_of, packets, rows, table
 
@@ -83,8 +83,7 @@ def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_serve
 
 
 def test_a_cluster_that_goes_away_stops_the_server_saying_why() -> None:
-    head = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster = loopback_cluster(head_cpus=1)
     address = cluster.address  # the cluster forgets it when it shuts down
     server = start_server("--ray", address, workers=1, metrics=False)
     try:

@@ -9,7 +9,7 @@ and ``Other`` and queries ``q1`` and ``q2`` on ``Main``; every refusal must be
 
 from __future__ import annotations
 
-import secrets
+import hashlib
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,7 +55,8 @@ def _write(path: Path, keys: Keys) -> None:
 
 @pytest.fixture(scope="module")
 def keys() -> Keys:
-    return Keys(*(secrets.token_urlsafe(24) for _ in range(4)))
+    # Fixed, so every run is the same run; hex, as `openssl rand -hex` makes them.
+    return Keys(*(hashlib.sha256(f"scoped-{i}".encode()).hexdigest()[:48] for i in range(4)))
 
 
 @pytest.fixture(scope="module")

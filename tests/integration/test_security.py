@@ -9,9 +9,9 @@ rejection must arrive as the client's own class (``Unauthenticated``, ``Permissi
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import pickle
-import secrets
 import shutil
 import subprocess
 import sys
@@ -76,7 +76,11 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokens, Path]:
-    made = Tokens(secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(24))
+    # Fixed, so every run is the same run (a random one began with "-" once: argparse took it
+    # for an option); hex, as `openssl rand -hex` or secrets.token_hex make them.
+    made = Tokens(
+        *(hashlib.sha256(role.encode()).hexdigest()[:48] for role in ("admin", "producer", "reader"))
+    )
     path = tmp_path_factory.mktemp("tokens") / "tokens.toml"
     path.write_text(
         f'[tokens]\n"{made.admin}" = "admin"\n"{made.producer}" = "producer"\n"{made.reader}" = "reader"\n'
