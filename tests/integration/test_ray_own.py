@@ -1,12 +1,12 @@
-"""Servers on a Ray of their own (docs/ray.md): what the cluster's failures do to them.
+"""Servers on a Ray cluster (docs/ray.md): what the cluster's failures do to them.
 
 Without a state directory, a worker actor that dies takes the queries that had state on it
 (their subscribers end ``ABORTED``, saying why) and the server goes on, the actor placed again.
 A cluster that goes away stops the server: its log says why in one line, subscribers end
 ``UNAVAILABLE`` with that reason, and so does every call after.
 
-Each test starts (and ends) a Ray of its own: ``--ray local``, the server's private one on
-loopback; a one-node ``ray.cluster_utils.Cluster``, which the test shuts down.
+The first runs on the session's cluster (``ray_cluster``); the second starts a one-node cluster
+of its own and shuts it down under the server.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from ray.cluster_utils import Cluster
 from ray_harness import loopback_cluster
 from server_harness import Server, running_server, start_server
 from wire import CLOSE, Mirror, Subscription, assert_same, connect, failure_of, packets, rows, table
@@ -60,8 +61,10 @@ def running_query(server: Server, name: str) -> tuple[Mirror, Subscription]:
     return mirror, subscription
 
 
-def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_server_goes_on() -> None:
-    with running_server("--ray", "local", workers=1, metrics=False) as server:
+def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_server_goes_on(
+    ray_cluster: Cluster,
+) -> None:
+    with running_server("--ray", ray_cluster.address, workers=1, metrics=False) as server:
         mirror, subscription = running_query(server, "lost")
         [(_, pid)] = placements(server)
         os.kill(pid, signal.SIGKILL)  # the actor's process, as the kernel's OOM killer would
