@@ -22,14 +22,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 READY = re.compile(r"lowtide serving on (\S+):(\d+) with (\d+) workers; metrics on (\S+)")
 START_TIMEOUT = 180.0  # seconds: a cold start compiles numba kernels
 STOP_TIMEOUT = 30.0
+
+
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 30.0, diagnostics: Callable[[], str] = str
+) -> T:
+    """Call ``probe`` until it answers (anything but None or False), for at most ``timeout``
+    seconds; its answer. What it waits on is another process's doing (a log line, a listing, a
+    scrape): polled, since no event of this process marks it; ``diagnostics`` for the failure."""
+    deadline = time.monotonic() + timeout
+    while (found := probe()) is None or found is False:
+        if time.monotonic() > deadline:
+            extra = diagnostics()
+            raise AssertionError(
+                f"gave up after {timeout:g} s waiting for {what}" + (f"\n{extra}" if extra else "")
+            )
+        time.sleep(0.02)
+    return found
 
 
 def lowtide_command() -> list[str]:
@@ -80,10 +100,7 @@ class Server:
     def await_checkpoint(self, timeout: float = 30.0) -> None:
         """Wait until the server reports a checkpoint taken after this call began."""
         taken = self.checkpoints()
-        deadline = time.monotonic() + timeout
-        while self.checkpoints() == taken:
-            assert time.monotonic() < deadline, f"no checkpoint within {timeout} s:\n{self.stderr_tail()}"
-            time.sleep(0.05)
+        wait_for("a checkpoint", lambda: self.checkpoints() != taken, timeout, self.stderr_tail)
 
     def worker_pids(self) -> list[int]:
         """The worker processes (children running ``spawn_main``), oldest first."""

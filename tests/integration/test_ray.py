@@ -20,7 +20,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +28,7 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
-from server_harness import Server, lowtide_command, running_server
+from server_harness import Server, lowtide_command, running_server, wait_for
 from thesis import PACKET
 from wire import Mirror, Subscription, assert_same, connect, packets, rows, schedule
 
@@ -159,10 +158,11 @@ def test_every_query_kind_gives_the_engines_results(mirror: Mirror) -> None:
 
 def placed_again(server: Server, more: int, since: int) -> None:
     """Wait until the log reports ``more`` placements after the first ``since``."""
-    deadline = time.monotonic() + 120
-    while server.stderr.read_text().count("placed again on") < since + more:
-        assert time.monotonic() < deadline, server.stderr_tail()
-        time.sleep(0.1)
+
+    def placed() -> bool:
+        return server.stderr.read_text().count("placed again on") >= since + more
+
+    wait_for(f"{more} more placements", placed, 120.0, server.stderr_tail)
 
 
 def test_a_killed_worker_actor_is_placed_again_and_restored(mirror: Mirror, server: Server) -> None:
@@ -251,12 +251,16 @@ def test_lowtide_workers_and_the_metric_say_where_each_actor_runs(server: Server
     assert sum(w["restarts"] for w in listed) == server.stderr.read_text().count("placed again on")
     assert server.metrics_url is not None
     expected = {(("node", LOOPBACK), ("worker", str(i))): 1.0 for i in range(2)}
-    deadline = time.monotonic() + 30
-    while True:
-        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    url = server.metrics_url
+
+    def worker_info() -> dict[Any, float]:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        info = {tuple(sorted(s.labels.items())): s.value for s in families["lowtide_worker_info"].samples}
-        if info == expected:
-            break
-        assert time.monotonic() < deadline, info
-        time.sleep(0.1)
+        return {tuple(sorted(s.labels.items())): s.value for s in families["lowtide_worker_info"].samples}
+
+    wait_for(
+        "lowtide_worker_info on each node",
+        lambda: worker_info() == expected,
+        30.0,
+        lambda: str(worker_info()),
+    )

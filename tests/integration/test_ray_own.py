@@ -15,14 +15,12 @@ import os
 import random
 import re
 import signal
-import time
-from collections.abc import Callable
 
 import grpc
 import pytest
 from ray.cluster_utils import Cluster
 from ray_harness import loopback_cluster
-from server_harness import Server, running_server, start_server
+from server_harness import Server, running_server, start_server, wait_for
 from wire import CLOSE, Mirror, Subscription, assert_same, connect, failure_of, packets, rows, table
 
 from lowtide import END_OF_STREAM
@@ -41,13 +39,6 @@ def placements(server: Server) -> list[tuple[int, int]]:
     line = r"^lowtide: worker (\d+) \(lowtide-worker-\d+\) (?:placed again )?on .*, pid (\d+)$"
     found = re.findall(line, log, re.MULTILINE)
     return [(int(worker), int(pid)) for worker, pid in found]
-
-
-def until(what: str, probe: Callable[[], bool], server: Server, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}\n{server.stderr_tail()}"
-        time.sleep(0.05)
 
 
 def running_query(server: Server, name: str) -> tuple[Mirror, Subscription]:
@@ -71,7 +62,7 @@ def test_without_a_state_directory_a_dead_actor_aborts_its_queries_and_the_serve
         ended = subscription.end(timeout=60)
         assert ended.code == grpc.StatusCode.ABORTED, ended
         assert "worker" in ended.reason and "\n" not in ended.reason, ended
-        until("the actor placed again", lambda: len(placements(server)) == 2, server)
+        wait_for("the actor placed again", lambda: len(placements(server)) == 2, 60.0, server.stderr_tail)
         assert placements(server)[1][1] != pid
         said = "lowtide: worker 0 started again, empty (no --state-dir): lost ABORTED"
         assert said in server.stderr.read_text(), server.stderr_tail()

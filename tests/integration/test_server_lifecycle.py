@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import running_server, start_server
+from server_harness import running_server, start_server, wait_for
 from wire import (
     CLOSE,
     PACKET,
@@ -51,13 +51,6 @@ SPLIT = (
 SINGLE = "SELECT max(len) AS top, count(*) AS n [RANGE 1 minute, SLIDE 1 minute, WA ts] FROM {s}"
 
 
-def wait_for(what: str, probe: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_sigterm_mid_stream_drains_what_was_acknowledged() -> None:
     with running_server(workers=2) as server:
         mirror = Mirror(connect(server.target))
@@ -80,7 +73,7 @@ def test_sigterm_mid_stream_drains_what_was_acknowledged() -> None:
         outcome: list[Any] = []
         thread = threading.Thread(target=lambda: outcome.append(_call(mirror.stub.Ingest, mid_stream())))
         thread.start()
-        wait_for("the mid-stream batch", lambda: streams(mirror.stub)["S"].tuples_ingested == 50)
+        wait_for("the mid-stream batch", lambda: streams(mirror.stub)["S"].tuples_ingested == 50, 20.0)
         for item in pending:
             mirror.apply("S", "mid", item)
         # Acknowledged calls, the last one large: the workers still chew on it at SIGTERM.
@@ -124,7 +117,7 @@ def test_sigterm_to_the_whole_process_group_drains_and_exits() -> None:
     os.killpg(server.pid, signal.SIGTERM)
     assert server.stop(timeout=30) == 0
     assert time.monotonic() - began < 15, "the drain waited on workers that were gone"
-    wait_for("the workers to end", lambda: not any(os.path.exists(f"/proc/{pid}") for pid in workers))
+    wait_for("the workers to end", lambda: not any(os.path.exists(f"/proc/{pid}") for pid in workers), 20.0)
 
 
 def test_a_killed_worker_fails_its_queries_and_the_server_goes_on() -> None:
@@ -156,6 +149,7 @@ def test_a_killed_worker_fails_its_queries_and_the_server_goes_on() -> None:
         wait_for(
             "a respawned worker",
             lambda: len(server.worker_pids()) == 2 and workers[0] not in server.worker_pids(),
+            20.0,
         )
         mirror.create_stream("T", sources=["p"])
         sql = (

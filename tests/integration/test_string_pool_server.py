@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
-from server_harness import Server, running_server, start_server
+from server_harness import Server, running_server, start_server, wait_for
 from wire import CLOSE, Mirror, Subscription, assert_same, connect, streams, table
 
 from lowtide import END_OF_STREAM, Engine, Limits
@@ -61,11 +60,7 @@ def pool_entries(server: Server) -> dict[str, int]:
 
 
 def eventually(what: str, probe: Callable[[], bool], server: Server) -> None:
-    deadline = time.monotonic() + WAIT
-    while not probe():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {WAIT:.0f} s waiting for {what}: {pool_entries(server)}")
-        time.sleep(0.2)
+    wait_for(what, probe, WAIT, lambda: str(pool_entries(server)))
 
 
 def settled(server: Server, expected: int) -> Callable[[], bool]:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_harness import Server, running_server
+from server_harness import Server, running_server, wait_for
 from test_cli import ok
 
 from lowtide.clients import AsyncClient, Client
@@ -27,15 +26,6 @@ pytestmark = pytest.mark.integration
 
 SPLIT = "SELECT k, count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W GROUP BY k"
 SINGLE = "SELECT count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W"
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while (found := probe()) is None:
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return found
 
 
 def scrape(server: Server) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
