@@ -34,13 +34,13 @@ def test_workers_that_cannot_start_stop_the_server_naming_the_cause(tmp_path: Pa
     main.write_text(MAIN)
     done = subprocess.run([sys.executable, str(main)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
-    # One line of the server's says why (the other worker's last error may print after it).
-    stops = [line for line in done.stderr.splitlines() if "cannot start" in line]
-    assert len(stops) == 1, done.stderr[-2000:]
-    assert re.fullmatch(
+    # One line of the server's says why. Another worker's traceback may share its line on the
+    # pipe (both processes write the same stderr), so the line is found, not split out.
+    stops = re.findall(
         r"lowtide: worker [01] cannot start: it exited with code 1 3 times in a row "
         r"\(its error is above\); stopping",
-        stops[0],
-    ), stops[0]
+        done.stderr,
+    )
+    assert len(stops) == 1, done.stderr[-2000:]
     # The worker's own error is what the line points to, and it is there.
     assert "RuntimeError: this main module refuses to be imported by a worker" in done.stderr
