@@ -237,6 +237,8 @@ def _query_info(q: Any) -> dict[str, Any]:
         "late_tuples": int(q.late_tuples),
         "low_watermark": int(q.low_watermark),
         "time_unit": q.time_unit,
+        "oldest_offset": int(q.oldest_offset),
+        "next_offset": int(q.next_offset),
     }
 
 

@@ -165,7 +165,9 @@ class Client:
         self._run(wire.drop_query(name))
 
     def list_queries(self) -> list[dict[str, Any]]:
-        """Each query: name, sql, late, columns, schema, results, late_tuples, low_watermark."""
+        """Each query: name, sql, late, columns, schema, results, late_tuples, low_watermark,
+        time_unit, oldest_offset and next_offset (the output offsets a subscription can start at:
+        the oldest retained, and the one the next item gets)."""
         return self._run(wire.list_queries())
 
     def list_workers(self) -> list[dict[str, Any]]:

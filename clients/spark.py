@@ -55,6 +55,7 @@ from lowtide.clients._conform import Conformed, Layout, conform
 from lowtide.clients._security import RootCertificates, pem_bytes
 from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import Client, Producer
+from lowtide.clients.spark_source import LowtideDataSource
 from lowtide.errors import InvalidArgument, NotFound, ServerUnavailable
 from lowtide.names import unknown
 from lowtide.punctuation.generators import duration_units
@@ -345,4 +346,4 @@ def _to_arrow(batch_df: Any) -> pa.Table:
     return pa.Table.from_pandas(batch_df.toPandas(), preserve_index=False)
 
 
-__all__ = ["LowtideSink", "PartitionSender", "PunctuationMode"]
+__all__ = ["LowtideDataSource", "LowtideSink", "PartitionSender", "PunctuationMode"]

@@ -274,6 +274,7 @@ class Service(pb_grpc.LowtideServicer):
         infos = []
         for q in self.engine.list_queries():
             remote = self.engine.runner.queries[q["name"]]
+            hub = self.front.hubs[q["name"]]
             infos.append(
                 pb.QueryInfo(
                     name=q["name"],
@@ -284,6 +285,8 @@ class Service(pb_grpc.LowtideServicer):
                     late_tuples=q["late_tuples"],
                     low_watermark=remote.meld.low_watermark,
                     time_unit=q["time_unit"],
+                    oldest_offset=hub.retained_from,
+                    next_offset=hub.next_offset,
                 )
             )
         return pb.ListQueriesResponse(queries=infos)
