@@ -115,8 +115,8 @@ class QueryPosition:
             ) from None
         if offset < self.oldest_offset:
             raise OutOfRange(
-                f"offset {offset} of query {query!r} is no longer retained "
-                f"(the oldest retained is {self.oldest_offset})"
+                f"offset {offset} of query {query!r} is no longer retained: the oldest is "
+                f"{self.oldest_offset} (retained_items, retained_bytes)"
             )
         return offset
 

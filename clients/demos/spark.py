@@ -61,6 +61,8 @@ def local_session(app: str = "lowtide", cores: int = 2) -> Any:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # A Python error (a data source's, a UDF's) as its one line, not its traceback.
+        .config("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "true")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

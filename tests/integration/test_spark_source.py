@@ -9,6 +9,7 @@ the driver with lowtide's one-line reason.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from server_harness import running_server
 
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import Client
@@ -47,6 +49,15 @@ def send(client: Client, stream: str, seconds: range, close: bool = False) -> No
         producer.punctuate((seconds.stop) * 1000)
         if close:
             producer.close()
+
+
+def finished(client: Client, query: str) -> int:
+    """Wait for the query's end of stream; its next offset then (every result is out)."""
+    with client.subscribe(query) as items:
+        for item in items:
+            if isinstance(item, Punctuation) and item.value >= END_OF_STREAM:
+                break
+    return next(q for q in client.list_queries() if q["name"] == query)["next_offset"]
 
 
 def subscribed(client: Client, query: str, until: int) -> Counter[tuple[Any, ...]]:
@@ -86,14 +97,14 @@ def test_a_batch_read_is_what_a_subscription_gives(
         client.create_stream(stream, SCHEMA, sources=["p"])
         query = client.register_query(SQL.format(s=stream), name=fresh("batch"))
         send(client, stream, range(0, 60), close=True)
-        info = next(q for q in client.list_queries() if q["name"] == query)
-        assert info["oldest_offset"] == 0 and info["next_offset"] > 0
+        end = finished(client, query)
+        assert next(q for q in client.list_queries() if q["name"] == query)["oldest_offset"] == 0
         frame = reader(spark, target, query).load()
         columns = ["window_start", "window_end", "k", "n", "total", "last", "revision", "_offset"]
         assert frame.columns == columns
         assert str(frame.schema["last"].dataType) == "TimestampType()"
         got = spark_rows(frame.collect())
-        assert got and got == subscribed(client, query, info["next_offset"])
+        assert got and got == subscribed(client, query, end)
 
 
 def test_a_stream_read_into_parquet_adds_each_result_once(
@@ -127,13 +138,9 @@ def test_a_stream_read_into_parquet_adds_each_result_once(
         run()  # the same checkpoint: nothing new to read
         assert spark_rows(spark.read.parquet(str(out)).collect()) == first
         send(client, stream, range(30, 60), close=True)
-        with client.subscribe(name, from_offset=0) as items:  # wait until every result is out
-            for item in items:
-                if isinstance(item, Punctuation) and item.value >= END_OF_STREAM:
-                    break
-        info = next(q for q in client.list_queries() if q["name"] == name)
+        end = finished(client, name)
         run()
-        everything = subscribed(client, name, info["next_offset"])
+        everything = subscribed(client, name, end)
         assert spark_rows(spark.read.parquet(str(out)).collect()) == everything
 
 
@@ -142,7 +149,8 @@ def test_what_cannot_be_read_fails_on_the_driver_in_one_line(
 ) -> None:
     with pytest.raises(Exception, match="no query named 'nothing_here'") as raised:
         reader(spark, target, "nothing_here").load()
-    assert "Traceback" not in str(raised.value).split("no query named")[1].splitlines()[0]
+    said = f"lowtide.errors.NotFound: no query named 'nothing_here' on {target}"
+    assert said in str(raised.value) and "Traceback" not in str(raised.value), raised.value
     with pytest.raises(Exception, match='needs the option "server"'):
         spark.read.format("lowtide").option("query", "q").load()
     stream = fresh("Short")
@@ -160,3 +168,30 @@ def test_what_cannot_be_read_fails_on_the_driver_in_one_line(
                 .start()
                 .awaitTermination(WAIT)
             )
+
+
+def test_a_starting_offset_no_longer_retained_names_the_oldest_retained(
+    spark: Any, fresh: Callable[[str], str]
+) -> None:
+    with running_server(workers=1, metrics=False, config={"retained_items": 4}) as server:
+        with Client(server.target, timeout=30) as client:
+            client.create_stream("S", SCHEMA, sources=["p"])
+            query = client.register_query(SQL.format(s="S"), name="q")
+            for start in range(0, 120, 10):  # a punctuation each 10 s: items enough to drop some
+                send(client, "S", range(start, start + 10), close=start == 110)
+            end = finished(client, query)
+            oldest = next(q for q in client.list_queries() if q["name"] == query)["oldest_offset"]
+        assert oldest == end - 4
+        stream = (
+            spark.readStream.format("lowtide")
+            .option("server", server.target)
+            .option("query", query)
+            .option("startingOffsets", str(oldest - 1))
+            .load()
+            .writeStream.format("console")
+        )
+        said = f"offset {oldest - 1} of query 'q' is no longer retained: the oldest is {oldest}"
+        with pytest.raises(Exception, match=re.escape(said)):
+            stream.start().awaitTermination(WAIT)
+        frame = reader(spark, server.target, query).load()  # a batch read: what is retained
+        assert {row["_offset"] for row in frame.collect()} <= set(range(oldest, end))
