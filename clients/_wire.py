@@ -269,6 +269,41 @@ def health() -> Call[dict[str, Any]]:
     )
 
 
+# -- staged batches (Stage, CommitStaged, AbortStaged) ----------------------------------------
+def stage(
+    stream: str, source: str, batch_id: int, part: str, table: pa.Table, max_part_rows: int
+) -> Call[dict[str, Any]]:
+    """One part of batch ``batch_id``: the first message names it, each carries up to
+    ``max_part_rows`` rows (an empty table stages an empty part)."""
+    first = pb.StageRequest(stream=stream, source=source, batch_id=batch_id, part=part)
+    step = max(1, max_part_rows)
+    slices = [table.slice(at, step) for at in range(0, table.num_rows, step)]
+    requests = [first] + [pb.StageRequest(arrow=arrow_bytes([piece])) for piece in slices]
+    return Call("Stage", iter(requests), lambda r: {"tuples": int(r.tuples), "duplicate": bool(r.duplicate)})
+
+
+def commit_staged(
+    stream: str, source: str, batch_id: int, parts: Sequence[str], punctuation: int | None
+) -> Call[dict[str, Any]]:
+    request = pb.CommitStagedRequest(stream=stream, source=source, batch_id=batch_id, parts=list(parts))
+    if punctuation is not None:
+        request.punctuation = punctuation
+    return Call(
+        "CommitStaged",
+        request,
+        lambda r: {
+            "tuples": int(r.tuples),
+            "duplicate": bool(r.duplicate),
+            "low_watermark": int(r.low_watermark),
+        },
+    )
+
+
+def abort_staged(stream: str, source: str, batch_id: int) -> Call[int]:
+    request = pb.AbortStagedRequest(stream=stream, source=source, batch_id=batch_id)
+    return Call("AbortStaged", request, lambda r: int(r.parts))
+
+
 @dataclass(frozen=True)
 class IngestResult:
     """What the server applied from one producer's call (its IngestResponse)."""

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
+import pyarrow as pa
 
 from lowtide.clients import _wire as wire
 from lowtide.clients._producers import AsyncProducer, Producer
@@ -179,6 +180,40 @@ class Client:
     def health(self) -> dict[str, Any]:
         """``{"status": "SERVING", "workers": n, "version": ...}``."""
         return self._run(wire.health())
+
+    # -- staged batches: one batch written by many tasks (Spark's format("lowtide") writer) ----
+    def stage(
+        self,
+        stream: str,
+        batch_id: int,
+        part: str,
+        table: pa.Table,
+        source: str = "default",
+        max_part_rows: int = 250_000,
+    ) -> dict[str, Any]:
+        """Stage ``table`` as part ``part`` of batch ``batch_id`` (1 or more) of ``source``:
+        checked like a batch sent, not applied. Staged again, a part replaces what it held.
+        ``{"tuples": n, "duplicate": bool}``; duplicate: the batch was applied before, nothing
+        was staged."""
+        return self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows))
+
+    def commit_staged(
+        self,
+        stream: str,
+        batch_id: int,
+        parts: Sequence[str],
+        source: str = "default",
+        punctuation: int | None = None,
+    ) -> dict[str, Any]:
+        """Apply the staged ``parts`` as one batch under ``batch_id`` (a batch applied before is
+        acknowledged and skipped), drop the other parts staged for it, then raise the source's
+        punctuation to ``punctuation`` if it is higher. ``{"tuples", "duplicate",
+        "low_watermark"}``. NotFound names a part that is not staged (never, aborted, expired)."""
+        return self._run(wire.commit_staged(stream, source, batch_id, parts, punctuation))
+
+    def abort_staged(self, stream: str, batch_id: int, source: str = "default") -> int:
+        """Drop every part staged for the batch; how many there were."""
+        return self._run(wire.abort_staged(stream, source, batch_id))
 
     def producer(
         self,
@@ -331,6 +366,30 @@ class AsyncClient:
 
     async def health(self) -> dict[str, Any]:
         return await self._run(wire.health())
+
+    async def stage(
+        self,
+        stream: str,
+        batch_id: int,
+        part: str,
+        table: pa.Table,
+        source: str = "default",
+        max_part_rows: int = 250_000,
+    ) -> dict[str, Any]:
+        return await self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows))
+
+    async def commit_staged(
+        self,
+        stream: str,
+        batch_id: int,
+        parts: Sequence[str],
+        source: str = "default",
+        punctuation: int | None = None,
+    ) -> dict[str, Any]:
+        return await self._run(wire.commit_staged(stream, source, batch_id, parts, punctuation))
+
+    async def abort_staged(self, stream: str, batch_id: int, source: str = "default") -> int:
+        return await self._run(wire.abort_staged(stream, source, batch_id))
 
     def producer(
         self,

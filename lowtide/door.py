@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from lowtide.batch import Batch
 from lowtide.clock import Clock, WallClock
@@ -255,6 +256,11 @@ class Door(Generic[R]):
     def low_watermark(self, stream: str) -> int:
         """The published progress of ``stream`` (NO_PROGRESS before any)."""
         return self._stream(stream).progress
+
+    def source_punctuation(self, stream: str, source: str) -> int:
+        """What ``source`` has promised on ``stream`` (NO_PROGRESS: nothing, or not a source yet)."""
+        known = self._stream(stream).sources.get(source)
+        return NO_PROGRESS if known is None else known.punctuation
 
     def _stream(self, name: str) -> Stream:
         try:
@@ -561,6 +567,17 @@ class Door(Generic[R]):
         Arrow data is validated in full first, unless ``validated`` (the server's
         :func:`~lowtide.ipc.read_ipc` did it).
         """
+        target, table = self._input(stream, data, validated)
+        limits = PoolLimits(self.limits.max_strings, self.limits.max_string_bytes) if limited else None
+        return target.admit(table, self.pool, self.string_reads(stream), limits)
+
+    def check(self, stream: str, data: Any, validated: bool = False) -> int:
+        """Raise what :meth:`admit` would raise for its columns, changing nothing (no string is
+        coded): a part staged now and admitted when its batch commits. Returns its rows."""
+        target, table = self._input(stream, data, validated)
+        return target.admit(table, StringPool(), reads=()).n
+
+    def _input(self, stream: str, data: Any, validated: bool) -> tuple[Stream, pa.Table]:
         target = self._stream(stream)
         if target.derived:
             raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
@@ -571,8 +588,7 @@ class Door(Generic[R]):
             )
         if not validated:
             validate_table(table)
-        limits = PoolLimits(self.limits.max_strings, self.limits.max_string_bytes) if limited else None
-        return target.admit(table, self.pool, self.string_reads(stream), limits)
+        return target, table
 
     def push_admitted(
         self, stream: str, batch: Sequence[Batch] | CheckedBatch, source: str = DEFAULT_SOURCE

@@ -10,8 +10,9 @@ like every other rejection, so the clients raise :class:`~lowtide.errors.Unauthe
 reflection are open to every role, but still need a valid token: without one a caller learns
 nothing about the server, not even its streams' schemas.
 
-Roles: ``admin`` may call everything; ``producer`` Ingest, ListStreams, ListQueries and
-ListWorkers; ``reader`` Subscribe, ExplainQuery, ListStreams, ListQueries and ListWorkers. Tokens
+Roles: ``admin`` may call everything; ``producer`` Ingest, Stage, CommitStaged, AbortStaged,
+ListStreams, ListQueries and ListWorkers; ``reader`` Subscribe, ExplainQuery, ListStreams,
+ListQueries and ListWorkers. Tokens
 are compared in constant time. A token may also be scoped to names (:mod:`lowtide.server.scopes`):
 its calls are then held to them here too, refused with ``PERMISSION_DENIED`` before the front
 acts, or their lists filtered.
@@ -55,7 +56,9 @@ SERVICE = "lowtide.v1.Lowtide"
 ERROR_KEY = "lowtide-error"  # the error's class, as server/front.py's ``_abort`` sends it
 # What each role may call on lowtide.v1.Lowtide; admin may call everything.
 ROLE_METHODS: dict[str, frozenset[str]] = {
-    "producer": frozenset({"Ingest", "ListStreams", "ListQueries", "ListWorkers"}),
+    "producer": frozenset(
+        {"Ingest", "Stage", "CommitStaged", "AbortStaged", "ListStreams", "ListQueries", "ListWorkers"}
+    ),
     "reader": frozenset({"Subscribe", "ExplainQuery", "ListStreams", "ListQueries", "ListWorkers"}),
 }
 ROLES = ("admin", *ROLE_METHODS)
@@ -190,7 +193,7 @@ async def _ingest_requests(requests: AsyncIterator[Any], scope: Scope) -> AsyncI
     has a message, so the call answers as stopped at message 0 with nothing applied."""
     first = True
     async for request in requests:
-        if first and isinstance(request, pb.IngestRequest):  # else the front says it is malformed
+        if first and isinstance(request, pb.IngestRequest | pb.StageRequest):  # else: malformed
             error = scope.ingest(request.stream, request.source or DEFAULT_SOURCE)
             if error is not None:
                 raise error
@@ -227,7 +230,7 @@ def scoped(
     serializers = (handler.request_deserializer, handler.response_serializer)
     # grpc.aio's behaviours are coroutine functions (async generators for a streamed response),
     # which grpc's typing does not know.
-    if name == "Ingest":
+    if name in ("Ingest", "Stage"):
         ingest = cast("Callable[..., Awaitable[Any]]", handler.stream_unary)
 
         async def checked_ingest(requests: AsyncIterator[Any], context: _Context) -> Any:
@@ -246,6 +249,18 @@ def scoped(
                 yield response
 
         return grpc.unary_stream_rpc_method_handler(checked_subscribe, *serializers)
+    if name in ("CommitStaged", "AbortStaged"):
+        staged = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
+
+        async def checked_staged(request: Any, context: _Context) -> Any:
+            visible_names.set(shows)
+            if isinstance(request, pb.CommitStagedRequest | pb.AbortStagedRequest) and (
+                error := scope.ingest(request.stream, request.source or DEFAULT_SOURCE)
+            ):
+                await _abort(context, error)
+            return await staged(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(checked_staged, *serializers)
     if name in ("ExplainQuery", "ListStreams", "ListQueries", "ListWorkers"):
         call = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
 

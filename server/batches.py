@@ -82,10 +82,6 @@ class PartialBatch:
         self.releases = releases  # of its string pool then (see Front._apply_batch)
         self.began = time.perf_counter()  # the first part's arrival
 
-    def coded_by(self, generation: int, releases: int) -> bool:
-        """Whether the parts' string codes still mean what they meant when admitted."""
-        return generation == self.generation and releases == self.releases
-
     def check(self, batch_id: int, parts: int) -> None:
         """The next message must be the next part of this batch."""
         if batch_id != self.batch_id or parts != self.parts:

@@ -26,6 +26,9 @@ max_string_bytes = 536870912  # ... and their UTF-8 bytes
 retained_items = 1024     # result items kept per query for Subscribe(from_oldest / from_offset) ...
 retained_bytes = 268435456  # ... and at most this many bytes of them (both bound: oldest evicted)
 max_subscriber_bytes = 67108864  # one subscription's unread results; past it: RESOURCE_EXHAUSTED
+staging_timeout_s = 600.0 # staged parts (Stage: Spark's format("lowtide") writer) not committed
+                          # within this many seconds are dropped
+max_staged_bytes = 1073741824  # Arrow bytes staged and not yet committed (more: RESOURCE_EXHAUSTED)
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
 tls_cert = ""             # PEM certificate (chain): serve TLS; needs tls_key, and the reverse
@@ -74,6 +77,8 @@ class ServerConfig:
     retained_items: int = 1024
     retained_bytes: int = 256 << 20
     max_subscriber_bytes: int = 64 << 20
+    staging_timeout_s: float = 600.0
+    max_staged_bytes: int = 1 << 30
     flush_every: int = 0
     flush_max_windows: int = 2
     tls_cert: str = ""
@@ -114,6 +119,8 @@ class ServerConfig:
             raise InvalidArgument(
                 "retained_items, retained_bytes and max_subscriber_bytes must not be negative"
             )
+        if not config.staging_timeout_s > 0 or config.max_staged_bytes < 0:
+            raise InvalidArgument("staging_timeout_s must be more than 0, max_staged_bytes not negative")
         if config.flush_every < 0 or config.flush_max_windows < 0:
             raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config

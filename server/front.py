@@ -19,9 +19,10 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lowtide.batch import Batch
 from lowtide.clock import ManualClock
 from lowtide.door import CheckedBatch, Door, Limits
 from lowtide.errors import LowtideError, StartupFailure
@@ -40,6 +41,7 @@ from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.local_workers import LocalWorkers
 from lowtide.server.metrics import ServerMetrics
 from lowtide.server.process_runner import ProcessRunner
+from lowtide.server.staging import StagingArea
 from lowtide.server.transport import WorkerTransport
 from lowtide.snapshot import as_dict
 from lowtide.strings import StringPool
@@ -64,6 +66,12 @@ class Front:
         self.hubs: dict[str, Hub] = {}
         self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source
         self.state = StateDirectory(config.state_dir, config.fsync) if config.state_dir else None
+        self.staging = StagingArea(
+            self.state.path / "staging" if self.state else None,
+            config.fsync == "always",
+            config.staging_timeout_s,
+            config.max_staged_bytes,
+        )
         self.journal = Journal(self.apply, self.state.log if self.state else None)
         # The catalog as created: what a checkpoint re-creates before it restores the state.
         self.catalog_streams: dict[str, records.CreateStream] = {}
@@ -137,6 +145,27 @@ class Front:
         if generation is not None and generation != self.generation:
             prepared = None  # strings coded by a pool that is gone: applied from its bytes
         return await self.journal.submit(record, prepared)
+
+    async def submit_batch(
+        self,
+        stream: str,
+        source: str,
+        batch_id: int,
+        payloads: Sequence[bytes],
+        admitted: Sequence[Batch],
+        generation: int,
+        releases: int,
+    ) -> int:
+        """Log and apply one whole batch, its parts ``admitted`` by the engine of ``generation``
+        when its pool had made ``releases``; the rows applied (0: the id was applied meanwhile).
+        Nothing is logged that cannot apply: the door's judgement travels to the application."""
+        checked = None
+        if generation == self.generation and releases == self.engine.pool.releases:  # else when applied
+            checked = self.engine.check_batch(stream, admitted, source)
+        record = records.Batch(time.time(), stream, source, batch_id, tuple(payloads))
+        prepared = (releases, checked) if checked is not None else None
+        rows: int = await self.submit(record, prepared, generation)
+        return rows
 
     def apply(self, record: Record, prepared: Any = None) -> Any:
         """Apply one change at the time it was made (see :mod:`lowtide.server.journal`)."""
@@ -221,6 +250,11 @@ class Front:
             # Recovered: now, and only now, the state directory may change.
             torn = self.state.log.recovered()
             self.checkpoints.store.remove_interrupted()
+            kept, dropped = self.staging.load(lambda key: key[2] in self.applied_batches(key[0], key[1]))
+            if kept or dropped:
+                log.warning(
+                    "lowtide: %d staged parts kept for their commit, %d unreadable dropped", kept, dropped
+                )
             self.serving = True
         self._recoveries_due -= 1
         if not self._recoveries_due:
@@ -442,6 +476,12 @@ class Front:
                         self.state.log.sync_every_second()
                     if self.checkpoints is not None and self._recovered.is_set():
                         self.checkpoints.maybe_begin()
+                    if expired := self.staging.expire(wall):
+                        log.warning(
+                            "lowtide: %d staged parts dropped: not committed within staging_timeout_s (%g s)",
+                            expired,
+                            self.config.staging_timeout_s,
+                        )
                     self._snapshot = self.snapshot()
             except LowtideError as exc:  # a full disk: the next round tries again
                 log.warning("lowtide: %s", exc)
@@ -470,7 +510,14 @@ class Front:
         strings = {"front": len(self.engine.pool)}
         strings.update((f"worker {w}", n) for w, n in sorted(runner.worker_strings.items()))
         workers = {w: place.node for w, place in enumerate(self.workers.places())}
-        return {"streams": streams, "queries": queries, "strings": strings, "workers": workers}
+        staged = {"bytes": self.staging.bytes, "parts": self.staging.parts, "expired": self.staging.expired}
+        return {
+            "streams": streams,
+            "queries": queries,
+            "strings": strings,
+            "workers": workers,
+            "staged": staged,
+        }
 
     async def stop(self) -> None:
         """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly."""

@@ -49,6 +49,12 @@ Read from the snapshot at scrape time:
                                                       address of the node it runs on (``localhost``
                                                       for a local process); a worker placed again
                                                       elsewhere shows only its new node
+``lowtide_staged_bytes``                              gauge: Arrow bytes of the parts staged for
+                                                      batches not yet committed (Stage, Spark's
+                                                      ``format("lowtide")`` writer)
+``lowtide_staged_parts``                              gauge: those parts
+``lowtide_staged_parts_expired_total``                counter: parts dropped uncommitted after
+                                                      ``staging_timeout_s``
 ``lowtide_snapshot_errors_total``                     counter: scrapes whose snapshot call raised
                                                       (the snapshot series are then left out)
 
@@ -64,7 +70,8 @@ engine's ``Engine.stats()``)::
      "queries": {name: {"low_watermark": int, "late": int, "open_windows": int, "state_bytes": int,
                         "operators": [(index, label, tuples_in, tuples_out), ...]}},
      "strings": {process: int},   (optional)
-     "workers": {index: node}}    (optional)
+     "workers": {index: node},    (optional)
+     "staged": {"bytes": int, "parts": int, "expired": int}}  (optional)
 
 The snapshot function is called on the exposition's HTTP thread: it must be safe to call from
 there (for instance, return a copy the front's event loop keeps up to date).
@@ -228,6 +235,17 @@ class SnapshotCollector(Collector):
         )
         for worker, node in sorted(snapshot.get("workers", {}).items()):
             workers.add_metric([str(worker), node], 1)
+        staged = snapshot.get("staged", {"bytes": 0, "parts": 0, "expired": 0})
+        staged_bytes = GaugeMetricFamily(
+            PREFIX + "staged_bytes", "Arrow bytes of the parts staged for batches not yet committed."
+        )
+        staged_bytes.add_metric([], staged["bytes"])
+        staged_parts = GaugeMetricFamily(PREFIX + "staged_parts", "Parts staged, not yet committed.")
+        staged_parts.add_metric([], staged["parts"])
+        expired = CounterMetricFamily(
+            PREFIX + "staged_parts_expired", "Staged parts dropped uncommitted after staging_timeout_s."
+        )
+        expired.add_metric([], staged["expired"])
         return [
             ingested,
             behind,
@@ -241,6 +259,9 @@ class SnapshotCollector(Collector):
             tuples_out,
             strings,
             workers,
+            staged_bytes,
+            staged_parts,
+            expired,
         ]
 
 

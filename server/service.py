@@ -28,6 +28,7 @@ from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import input_log as records
+from lowtide.server import staged_calls
 from lowtide.server.batches import PartialBatch
 from lowtide.server.front import Front
 from lowtide.server.hub import Closed, Entry
@@ -356,13 +357,8 @@ class Service(pb_grpc.LowtideServicer):
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
                     tally.duplicates += 1
                     continue
-                # Nothing is logged that cannot apply; the judgement travels to the application.
-                checked = None
-                if whole.coded_by(front.generation, front.engine.pool.releases):  # else when applied
-                    checked = front.engine.check_batch(stream, whole.admitted, source)
-                record = records.Batch(time.time(), stream, source, whole.batch_id, tuple(whole.payloads))
-                prepared = (whole.releases, checked) if checked is not None else None
-                rows = await front.submit(record, prepared, whole.generation)
+                batch = (whole.batch_id, whole.payloads, whole.admitted, whole.generation, whole.releases)
+                rows = await front.submit_batch(stream, source, *batch)
                 if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
                     tally.duplicates += 1
                     continue
@@ -428,6 +424,18 @@ class Service(pb_grpc.LowtideServicer):
                 yield response
         finally:
             hub.unsubscribe(subscription)
+
+    @translated
+    async def Stage(self, request_iterator: AsyncIterator[pb.StageRequest], context: Any) -> pb.StageResponse:
+        return await staged_calls.stage(self.front, request_iterator, _decoded)
+
+    @translated
+    async def CommitStaged(self, request: pb.CommitStagedRequest, context: Any) -> pb.CommitStagedResponse:
+        return await staged_calls.commit_staged(self.front, request)
+
+    @translated
+    async def AbortStaged(self, request: pb.AbortStagedRequest, context: Any) -> pb.AbortStagedResponse:
+        return staged_calls.abort_staged(self.front, request)
 
     @translated
     async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
