@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lowtide.errors import SchemaMismatch
+from lowtide.errors import InvalidArgument, SchemaMismatch
+from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS
 from lowtide.schema import ColumnType
 
@@ -42,6 +43,34 @@ class Layout:
     def unit_ms(self) -> float:
         """Milliseconds per unit of the progressing attribute (durations convert with it)."""
         return self.columns[self.progressing].unit_ms
+
+
+@dataclass(frozen=True)
+class PunctuationMode:
+    """How a Spark job's batches punctuate their stream: ``watermark:<delay>`` (the largest
+    event time seen minus ``delay``, as Spark's own ``withWatermark``), ``column:<name>`` (each
+    batch carries its low-watermark in that column, not sent as data) or ``none``."""
+
+    kind: str
+    delay: str = "0"
+    column: str | None = None
+
+    @staticmethod
+    def parse(spec: str) -> PunctuationMode:
+        kind, _, arg = spec.strip().partition(":")
+        kind, arg = kind.strip().lower(), arg.strip()
+        if kind == "watermark":
+            delay = arg or "0"
+            if duration_units(delay, 1.0) < 0:
+                raise InvalidArgument(f"the watermark delay must not be negative, got {delay!r}")
+            return PunctuationMode(kind, delay=delay)
+        if kind == "column" and arg:
+            return PunctuationMode(kind, column=arg)
+        if kind == "none" and not arg:
+            return PunctuationMode(kind)
+        raise InvalidArgument(
+            f"unknown punctuation {spec!r} for Spark; expected watermark:<delay>, column:<name> or none"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,4 +133,4 @@ def _max(values: pa.ChunkedArray | pa.Array) -> int:
     return NO_PROGRESS if top is None else int(top)
 
 
-__all__ = ["Conformed", "Layout", "conform"]
+__all__ = ["Conformed", "Layout", "PunctuationMode", "conform"]

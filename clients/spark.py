@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from lowtide.clients._conform import Conformed, Layout, conform
+from lowtide.clients._conform import Conformed, Layout, PunctuationMode, conform
 from lowtide.clients._security import RootCertificates, pem_bytes
 from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import Client, Producer
@@ -74,33 +74,6 @@ REPORT = pa.schema(
     ]
 )
 REPORT_DDL = "partition long, rows long, duplicates long, max_event long, watermark long"
-
-
-@dataclass(frozen=True)
-class PunctuationMode:
-    """``watermark:<delay>``, ``column:<name>`` or ``none`` (see the module docstring)."""
-
-    kind: str
-    delay: str = "0"
-    column: str | None = None
-
-    @staticmethod
-    def parse(spec: str) -> PunctuationMode:
-        kind, _, arg = spec.strip().partition(":")
-        kind, arg = kind.strip().lower(), arg.strip()
-        if kind == "watermark":
-            delay = arg or "0"
-            if duration_units(delay, 1.0) < 0:
-                raise InvalidArgument(f"the watermark delay must not be negative, got {delay!r}")
-            return PunctuationMode(kind, delay=delay)
-        if kind == "column" and arg:
-            return PunctuationMode(kind, column=arg)
-        if kind == "none" and not arg:
-            return PunctuationMode(kind)
-        raise InvalidArgument(
-            f"unknown punctuation {spec!r} for the Spark sink; expected watermark:<delay>, "
-            "column:<name> or none"
-        )
 
 
 class LowtideSink:

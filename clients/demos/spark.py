@@ -43,16 +43,17 @@ def window_sql(stream: str, range_s: int, slide_s: int) -> str:
     )
 
 
-def local_session(app: str = "lowtide", cores: int = 2) -> Any:
+def local_session(app: str = "lowtide", cores: int = 2, task_attempts: int = 1) -> Any:
     """A local SparkSession bound to loopback (SPARK_LOCAL_IP too), quiet, with the Python
-    workers on this interpreter."""
+    workers on this interpreter. A failed task runs again until ``task_attempts`` failed (local
+    mode takes it from the master URL only)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Spark picks the machine's interface address for itself unless told: keep it on loopback.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(f"local[{cores},{task_attempts}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -14,26 +14,20 @@ import os
 import signal
 import socket
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from server_harness import START_TIMEOUT, start_server
+from spark_checks import assert_exact, setup, stream_info, windows_of
 
-from lowtide import END_OF_STREAM, NotFound, Punctuation, SchemaMismatch
+from lowtide import NotFound, SchemaMismatch
 from lowtide.clients import Client
 from lowtide.clients.demos.spark import (
-    SCHEMA,
     SPARK_SCHEMA,
-    WINDOWS,
-    Window,
     local_session,
-    lowtide_windows,
     spark_windows,
-    window_sql,
     write_packet_files,
 )
 from lowtide.clients.spark import LowtideSink
@@ -53,14 +47,6 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-def setup(client: Client, fresh: Callable[[str], str]) -> tuple[str, dict[str, str]]:
-    """A packet stream and, per window of WINDOWS, a query on it: (stream, {window: query})."""
-    stream = fresh("Packets")
-    client.create_stream(stream, SCHEMA, progressing="ts")
-    queries = {w: client.register_query(window_sql(stream, *WINDOWS[w]), name=fresh(w)) for w in WINDOWS}
-    return stream, queries
-
-
 def stream_files(
     spark: Any, folder: Path, checkpoint: Path, sink: Callable[..., None], per_batch: int
 ) -> None:
@@ -75,30 +61,6 @@ def stream_files(
         .start()
     )
     assert query.awaitTermination(WAIT) is not False, "the Spark query did not finish in time"
-
-
-def windows_of(client: Client, query: str) -> Counter[Window]:
-    """Every result row the query emitted (from the oldest retained), up to its end of stream."""
-    tables: list[pa.Table] = []
-    for item in client.subscribe(query, from_oldest=True):
-        if isinstance(item, Punctuation):
-            if item.value >= END_OF_STREAM:
-                break
-        else:
-            tables.append(item)
-    return lowtide_windows(tables)
-
-
-def assert_exact(client: Client, spark: Any, folder: Path, queries: dict[str, str]) -> None:
-    for window, query in queries.items():
-        expected = spark_windows(spark, folder, *WINDOWS[window])
-        found = windows_of(client, query)
-        assert max(found.values()) == 1, f"{window}: a window was emitted twice"
-        assert found == expected, f"{window}: lowtide's windows differ from Spark's"
-
-
-def stream_info(client: Client, stream: str) -> dict[str, Any]:
-    return next(s for s in client.list_streams() if s["name"] == stream)
 
 
 def test_driver_and_parallel_mode_equal_sparks_own_windows(

@@ -1,0 +1,46 @@
+"""What the Spark tests check lowtide's results against: Spark's own windows over the same files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from lowtide import END_OF_STREAM, Punctuation
+from lowtide.clients import Client
+from lowtide.clients.demos.spark import SCHEMA, WINDOWS, Window, lowtide_windows, spark_windows, window_sql
+
+
+def setup(client: Client, fresh: Callable[[str], str]) -> tuple[str, dict[str, str]]:
+    """A packet stream and, per window of WINDOWS, a query on it: (stream, {window: query})."""
+    stream = fresh("Packets")
+    client.create_stream(stream, SCHEMA, progressing="ts")
+    queries = {w: client.register_query(window_sql(stream, *WINDOWS[w]), name=fresh(w)) for w in WINDOWS}
+    return stream, queries
+
+
+def windows_of(client: Client, query: str) -> Counter[Window]:
+    """Every result row the query emitted (from the oldest retained), up to its end of stream."""
+    tables: list[pa.Table] = []
+    for item in client.subscribe(query, from_oldest=True):
+        if isinstance(item, Punctuation):
+            if item.value >= END_OF_STREAM:
+                break
+        else:
+            tables.append(item)
+    return lowtide_windows(tables)
+
+
+def assert_exact(client: Client, spark: Any, folder: Path, queries: dict[str, str]) -> None:
+    for window, query in queries.items():
+        expected = spark_windows(spark, folder, *WINDOWS[window])
+        found = windows_of(client, query)
+        assert max(found.values()) == 1, f"{window}: a window was emitted twice"
+        assert found == expected, f"{window}: lowtide's windows differ from Spark's"
+
+
+def stream_info(client: Client, stream: str) -> dict[str, Any]:
+    return next(s for s in client.list_streams() if s["name"] == stream)
