@@ -16,17 +16,23 @@ Modes:
   ``foreachBatch`` sink can forward on this machine (context: driver mode's ceiling);
 * ``spark``: Spark's own ``withWatermark("ts", "5 seconds").groupBy(window(ts, "10 seconds",
   "5 seconds"), srcIP).agg(count, sum(len))``, append mode, into ``noop``;
-* ``driver`` / ``parallel``: ``foreachBatch(LowtideSink(...))`` into a ``lowtide serve`` with
-  ``--workers`` workers running the same sliding query (punctuation ``watermark:5 seconds``),
-  then ``close()``; the clock stops when the subscriber has the result punctuation that covers
-  the last window (lowtide's figure includes every result; Spark's need not).
+* ``format``: ``writeStream.format("lowtide")`` (the executors stage their partitions, the driver
+  commits each micro-batch) into a ``lowtide serve`` with ``--workers`` workers running the same
+  sliding query (punctuation ``watermark:5 seconds``), then the source is closed;
+* ``driver`` / ``parallel``: the same through ``foreachBatch(LowtideSink(...))``, then ``close()``.
+
+For the lowtide modes the clock stops when the subscriber has the result punctuation that covers
+the last window (lowtide's figure includes every result; Spark's need not).
 
 Figures: rows/s (all rows / that time), median of ``--runs`` runs, modes interleaved per run, and
-each lowtide mode's ratio to Spark's own aggregation measured in the same process.
+each lowtide mode's ratio to Spark's own aggregation measured in the same process. Then the
+reader (``--reader``): a query with a result row for most input rows (``RANGE 10 ms`` by srcIP)
+over the files, fed by a producer; ``spark.readStream.format("lowtide")`` from the earliest
+offset into Parquet (``availableNow``), in result rows/s.
 
     python bench/spark.py [--source files|rate] [--files 8] [--rows 1000000] [--per-batch 1]
                           [--batches 8] [--runs 3] [--workers 2]
-                          [--modes source,handoff,spark,driver,parallel]
+                          [--modes source,handoff,spark,format,driver,parallel] [--no-reader]
 """
 
 from __future__ import annotations
@@ -53,11 +59,14 @@ from lowtide.clients.demos.spark import (
     window_sql,
     write_packet_files,
 )
-from lowtide.clients.spark import LowtideSink
+from lowtide.clients.spark import LowtideDataSource, LowtideSink
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 RANGE_S, SLIDE_S = 10, 5
-MODES = ("source", "handoff", "spark", "driver", "parallel")
+MODES = ("source", "handoff", "spark", "format", "driver", "parallel")
+READER_SQL = (
+    "SELECT srcIP, count(*) AS packets, sum(len) AS bytes [RANGE 10 ms, WA ts] FROM {s} GROUP BY srcIP"
+)
 RATE_SCHEMA = {"srcIP": "int64", "len": "int32", "ts": "timestamp[ms]"}
 ADVANCE_MS = 10_000  # event time per rate micro-batch
 
@@ -106,10 +115,20 @@ class Source:
             "timestamp_millis(unix_millis(timestamp) - (value * 7919) % 2000) AS ts",
         )
 
-    def run(self, frame: Any, checkpoint: Path, sink: Any = None) -> float:
-        """Run the query until ``micro_batches`` are done; returns the seconds it took."""
+    def run(
+        self, frame: Any, checkpoint: Path, sink: Any = None, target: str = "", stream: str = ""
+    ) -> float:
+        """Run the query until ``micro_batches`` are done; returns the seconds it took. Into
+        ``sink`` (foreachBatch), ``format("lowtide")`` (``target``, ``stream``) or ``noop``."""
         writer = frame.writeStream.option("checkpointLocation", str(checkpoint))
-        writer = writer.foreachBatch(sink) if sink is not None else writer.format("noop").outputMode("append")
+        if sink is not None:
+            writer = writer.foreachBatch(sink)
+        elif target:
+            writer = writer.format("lowtide").options(
+                server=target, stream=stream, punctuation="watermark:5 seconds"
+            )
+        else:
+            writer = writer.format("noop").outputMode("append")
         began = time.perf_counter()
         if self.kind == "files":
             writer.trigger(availableNow=True).start().awaitTermination()
@@ -156,30 +175,70 @@ def run_handoff(spark: Any, source: Source, scratch: Path) -> float:
     return source.run(source.read(spark), scratch / f"ck-{time.monotonic_ns()}", to_arrow)
 
 
-def run_lowtide(spark: Any, target: str, source: Source, scratch: Path, parallel: bool) -> float:
+def run_lowtide(spark: Any, target: str, source: Source, scratch: Path, mode: str) -> float:
+    """``format``, ``driver`` or ``parallel`` into a fresh stream and query; the seconds until
+    the query's last window is out."""
     stream = f"Packets{time.monotonic_ns()}"
     with Client(target, timeout=30) as client:
         client.create_stream(stream, source.schema, progressing="ts")
         query = client.register_query(window_sql(stream, RANGE_S, SLIDE_S), name=f"{stream}_q")
         results = client.subscribe(query)
-        sink = LowtideSink(target, stream, punctuation="watermark:5 seconds", parallel=parallel)
-        bounded = Bounded(sink, source.micro_batches)
         began = time.perf_counter()
-        source.run(source.read(spark), scratch / f"ck-{stream}", bounded)
-        bounded.done.wait()
-        sink.close()
+        if mode == "format":
+            source.run(source.read(spark), scratch / f"ck-{stream}", target=target, stream=stream)
+            with client.producer(stream, "spark") as producer:
+                producer.close()
+        else:
+            sink = LowtideSink(target, stream, punctuation="watermark:5 seconds", parallel=mode == "parallel")
+            bounded = Bounded(sink, source.micro_batches)
+            source.run(source.read(spark), scratch / f"ck-{stream}", bounded)
+            bounded.done.wait()
+            sink.close()
         for item in results:
             if isinstance(item, Punctuation) and item.value >= END_OF_STREAM:
                 break
         elapsed = time.perf_counter() - began
         results.cancel()
+        applied = next(s for s in client.list_streams() if s["name"] == stream)["tuples_ingested"]
         client.drop_query(query)
         client.drop_stream(stream)
-    if sink.rows != source.total:
-        raise RuntimeError(
-            f"{'parallel' if parallel else 'driver'} mode forwarded {sink.rows} of {source.total}"
-        )
+    # The rate source runs on while the query stops: format mode may commit a batch more.
+    if applied < source.total or (source.kind == "files" and applied != source.total):
+        raise RuntimeError(f"{mode} mode applied {applied} of {source.total} rows")
     return elapsed
+
+
+def run_reader(spark: Any, target: str, folder: Path, scratch: Path) -> tuple[int, float]:
+    """The files through a producer into a query with a row for most inputs, then Spark reads
+    its results from the earliest offset into Parquet: (result rows, seconds)."""
+    stream = f"Read{time.monotonic_ns()}"
+    with Client(target, timeout=60) as client:
+        client.create_stream(stream, SCHEMA, progressing="ts")
+        query = client.register_query(READER_SQL.format(s=stream), name=f"{stream}_q")
+        with client.producer(stream, "files") as producer:
+            for path in sorted(folder.glob("*.parquet")):
+                producer.send(pq.read_table(path))
+            producer.close()
+        for item in client.subscribe(query, from_oldest=True):
+            if isinstance(item, Punctuation) and item.value >= END_OF_STREAM:
+                break
+        began = time.perf_counter()
+        (
+            spark.readStream.format("lowtide")
+            .options(server=target, query=query, startingOffsets="earliest")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(scratch / f"{stream}-out"))
+            .option("checkpointLocation", str(scratch / f"ck-{stream}"))
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )
+        elapsed = time.perf_counter() - began
+        client.drop_query(query)
+        client.drop_stream(stream)
+    rows = pq.read_table(scratch / f"{stream}-out").num_rows
+    return rows, elapsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--no-reader", dest="reader", action="store_false", help="skip the reader figure")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     seconds: dict[str, list[float]] = {m: [] for m in modes}
@@ -206,13 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         source = Source(args.source, scratch / "packets", args.per_batch, args.rows, args.batches)
         warm = Source(args.source, scratch / "warm", 1, 100_000, 2)
         spark = local_session("lowtide-bench", cores=2)
+        spark.dataSource.register(LowtideDataSource)
 
         def once(mode: str, of: Source) -> float:
             if mode in ("source", "spark"):
                 return run_spark(spark, of, scratch, aggregate=mode == "spark")
             if mode == "handoff":
                 return run_handoff(spark, of, scratch)
-            return run_lowtide(spark, target, of, scratch, parallel=mode == "parallel")
+            return run_lowtide(spark, target, of, scratch, mode)
 
         for mode in modes:  # JIT, numba and Spark's first-query costs, off the clock
             once(mode, warm)
@@ -224,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"run {run + 1} {mode:>8}: {total / seconds[mode][-1] / 1e6:6.2f}M rows/s",
                     file=sys.stderr,
                 )
+        reads = [
+            run_reader(spark, target, source.folder, scratch) for _ in range(args.runs if args.reader else 0)
+        ]
         spark.stop()
     rates = {m: total / statistics.median(s) for m, s in seconds.items()}
     print(
@@ -237,6 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     for mode, rate in rates.items():
         ratio = f"{rate / spark_rate:.2f}x" if spark_rate else "-"
         print(f"| {mode} | {rate / 1e6:.2f}M | {ratio} |")
+    if "format" in rates and ("driver" in rates or "parallel" in rates):
+        best = max(rates.get("driver", 0.0), rates.get("parallel", 0.0))
+        print(f"\nformat / best LowtideSink mode: {rates['format'] / best:.2f}x")
+    if reads:
+        rows = reads[0][0]
+        median = statistics.median(seconds for _, seconds in reads)
+        print(
+            f'\nreader: spark.readStream.format("lowtide") into Parquet, {rows:,} result rows: '
+            f"{rows / median / 1e6:.2f}M rows/s (median of {len(reads)}; runs "
+            f"{', '.join(f'{r / s / 1e6:.2f}' for r, s in reads)})"
+        )
     return 0
 
 

@@ -239,6 +239,7 @@ def _query_info(q: Any) -> dict[str, Any]:
         "time_unit": q.time_unit,
         "oldest_offset": int(q.oldest_offset),
         "next_offset": int(q.next_offset),
+        "readers": {name: int(offset) for name, offset in q.readers.items()},
     }
 
 
@@ -267,6 +268,11 @@ def health() -> Call[dict[str, Any]]:
         pb.HealthRequest(),
         lambda r: {"status": r.status, "workers": int(r.workers), "version": r.version},
     )
+
+
+def commit_offset(query: str, reader: str, offset: int) -> Call[None]:
+    request = pb.CommitOffsetRequest(query=str(query), reader=str(reader), offset=int(offset))
+    return Call("CommitOffset", request, _nothing)
 
 
 # -- staged batches (Stage, CommitStaged, AbortStaged) ----------------------------------------

@@ -181,6 +181,12 @@ class Client:
         """``{"status": "SERVING", "workers": n, "version": ...}``."""
         return self._run(wire.health())
 
+    def commit_offset(self, query: str, reader: str, offset: int) -> None:
+        """Tell the server that ``reader`` has processed every item of ``query`` below ``offset``
+        (its output offsets): ``list_queries()`` shows it under ``readers``, the metrics show
+        the lag ``lowtide_reader_lag_items``. Never lowered; kept in memory only."""
+        self._run(wire.commit_offset(query, reader, offset))
+
     # -- staged batches: one batch written by many tasks (Spark's format("lowtide") writer) ----
     def stage(
         self,
@@ -366,6 +372,9 @@ class AsyncClient:
 
     async def health(self) -> dict[str, Any]:
         return await self._run(wire.health())
+
+    async def commit_offset(self, query: str, reader: str, offset: int) -> None:
+        await self._run(wire.commit_offset(query, reader, offset))
 
     async def stage(
         self,

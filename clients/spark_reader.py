@@ -12,8 +12,10 @@ idempotent per batch. Rows are read on the executors, by subscribing from ``star
 after ``end - 1``; the driver only asks the server where the query stands (``ListQueries``).
 
 Options (besides :mod:`.spark_options`'): ``query`` (required), ``startingOffsets`` (``latest``,
-the default as for Spark's Kafka source; ``earliest``: the oldest retained; or an offset). An
-unknown query or an offset no longer retained fails on the driver with lowtide's one-line reason.
+the default as for Spark's Kafka source; ``earliest``: the oldest retained; or an offset),
+``reader`` (the name a stream reader's commits go under, ``spark`` by default: the server shows
+each reader's lag). An unknown query or an offset no longer retained fails on the driver with
+lowtide's one-line reason.
 """
 
 from __future__ import annotations
@@ -134,9 +136,12 @@ def _spark_rows(table: pa.Table, offset: int, timestamps: Sequence[str]) -> pa.T
 class LowtideStreamReader(DataSourceStreamReader):
     """Micro-batches of a query's output offsets (see the module)."""
 
-    def __init__(self, connection: Connection, query: str, position: QueryPosition, starting: str) -> None:
+    def __init__(
+        self, connection: Connection, query: str, position: QueryPosition, starting: str, reader: str
+    ) -> None:
         self.connection = connection
         self.query = query
+        self.reader = reader
         self.start = position.start_at(starting, query)
         self.timestamps = tuple(name for name, kind in position.columns if kind.startswith("timestamp["))
 
@@ -153,6 +158,11 @@ class LowtideStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
         return read_range(self.connection, self.query, self.timestamps, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Spark is done with every offset below ``end``: the server shows how far behind
+        this reader is (``readers`` in ListQueries, ``lowtide_reader_lag_items``)."""
+        self.connection.call(lambda client: client.commit_offset(self.query, self.reader, end["offset"]))
 
 
 class LowtideBatchReader(DataSourceReader):

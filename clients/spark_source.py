@@ -53,7 +53,8 @@ class LowtideDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         starting = self.options.get("startingOffsets", "latest")
-        return LowtideStreamReader(self.connection, self.options["query"], self.position(), starting)
+        reader = self.options.get("reader", "spark")
+        return LowtideStreamReader(self.connection, self.options["query"], self.position(), starting, reader)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return LowtideStreamWriter(self.connection, Target.of(self.connection, self.options))

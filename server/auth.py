@@ -11,8 +11,8 @@ reflection are open to every role, but still need a valid token: without one a c
 nothing about the server, not even its streams' schemas.
 
 Roles: ``admin`` may call everything; ``producer`` Ingest, Stage, CommitStaged, AbortStaged,
-ListStreams, ListQueries and ListWorkers; ``reader`` Subscribe, ExplainQuery, ListStreams,
-ListQueries and ListWorkers. Tokens
+ListStreams, ListQueries and ListWorkers; ``reader`` Subscribe, CommitOffset, ExplainQuery,
+ListStreams, ListQueries and ListWorkers. Tokens
 are compared in constant time. A token may also be scoped to names (:mod:`lowtide.server.scopes`):
 its calls are then held to them here too, refused with ``PERMISSION_DENIED`` before the front
 acts, or their lists filtered.
@@ -59,7 +59,9 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
     "producer": frozenset(
         {"Ingest", "Stage", "CommitStaged", "AbortStaged", "ListStreams", "ListQueries", "ListWorkers"}
     ),
-    "reader": frozenset({"Subscribe", "ExplainQuery", "ListStreams", "ListQueries", "ListWorkers"}),
+    "reader": frozenset(
+        {"Subscribe", "CommitOffset", "ExplainQuery", "ListStreams", "ListQueries", "ListWorkers"}
+    ),
 }
 ROLES = ("admin", *ROLE_METHODS)
 # Open to any valid token: probes and tools must work with whatever token they were given.
@@ -249,6 +251,16 @@ def scoped(
                 yield response
 
         return grpc.unary_stream_rpc_method_handler(checked_subscribe, *serializers)
+    if name == "CommitOffset":
+        commit = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
+
+        async def checked_commit(request: Any, context: _Context) -> Any:
+            visible_names.set(shows)
+            if isinstance(request, pb.CommitOffsetRequest) and (error := scope.subscribe(request.query)):
+                await _abort(context, error)
+            return await commit(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(checked_commit, *serializers)
     if name in ("CommitStaged", "AbortStaged"):
         staged = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
 

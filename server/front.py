@@ -505,6 +505,9 @@ class Front:
                 "state_bytes": runner.state_bytes(name),
                 "operators": [(i, *counts) for i, counts in enumerate(runner.operators(name))],
             }
+            hub = self.hubs.get(name)
+            if hub is not None and hub.readers:
+                queries[name]["readers"] = {r: hub.next_offset - offset for r, offset in hub.readers.items()}
         inputs = {s["name"] for s in self.engine.list_streams()}  # not the queries' result streams
         streams = {name: value for name, value in stats["streams"].items() if name in inputs}
         strings = {"front": len(self.engine.pool)}

@@ -40,13 +40,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lowtide.errors import CorruptState, OutOfRange
+from lowtide.errors import CorruptState, InvalidArgument, OutOfRange, ResourceExhausted
 from lowtide.handles import Item
+from lowtide.names import shown
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 # What one log entry costs beside its buffers (the entry, its offset, a punctuation object): a
 # backlog of punctuation alone is bounded too.
 ENTRY_BYTES = 128
+MAX_READERS = 64  # readers whose committed offset a query keeps
+MAX_READER_NAME = 256
 
 
 def item_bytes(item: Item) -> int:
@@ -165,6 +168,7 @@ class Hub:
         self.closed: Closed | None = None
         self.ended = False  # the end-of-stream punctuation is in: nothing comes after it
         self.next_offset = 0  # the offset the next new item gets
+        self.readers: dict[str, int] = {}  # each reader's committed offset (CommitOffset)
         self.remade = 0  # items a recovery emits again before new ones come: already delivered
 
     @property
@@ -200,6 +204,20 @@ class Hub:
                 )
             subscription.wake()
         self._trim()
+
+    def commit_reader(self, reader: str, offset: int) -> None:
+        """``reader`` has processed every item below ``offset``: kept (never lowered) for the
+        lag ListQueries and the metrics show. In memory: a restarted server learns it again at
+        the reader's next commit."""
+        if not reader or len(reader) > MAX_READER_NAME or not reader.isprintable():
+            raise InvalidArgument(
+                f"a reader needs a name of 1 to {MAX_READER_NAME} printable characters, got {shown(reader)}"
+            )
+        if not 0 <= offset <= self.next_offset:
+            raise OutOfRange(f"offset {offset} is not one the query emitted: 0 to {self.next_offset}")
+        if reader not in self.readers and len(self.readers) >= MAX_READERS:
+            raise ResourceExhausted(f"the query keeps the offsets of at most {MAX_READERS} readers")
+        self.readers[reader] = max(offset, self.readers.get(reader, 0))
 
     def restore(self, next_offset: int, retained: list[tuple[int, Item]]) -> None:
         """A new hub takes a checkpoint's retained entries, which end at ``next_offset - 1``."""

@@ -41,6 +41,9 @@ Read from the snapshot at scrape time:
 ``lowtide_state_bytes{query}``                        gauge: bytes of window state
 ``lowtide_operator_tuples_in_total{query,operator}``  counter: tuples into one operator of the query
 ``lowtide_operator_tuples_out_total{query,operator}`` counter: tuples out of it
+``lowtide_reader_lag_items{query,reader}``            gauge: the query's items past what the reader
+                                                      last committed (CommitOffset: Spark's
+                                                      ``format("lowtide")`` reader's commit)
 ``lowtide_string_pool_entries{process}``              gauge: strings the string pool holds, in the
                                                       front (``process="front"``) and in each
                                                       worker's mirror (``"worker <n>"``, as of its
@@ -68,7 +71,8 @@ engine's ``Engine.stats()``)::
 
     {"streams": {name: {"low_watermark": int, "ingested": int, "behind": int, "late": int}},
      "queries": {name: {"low_watermark": int, "late": int, "open_windows": int, "state_bytes": int,
-                        "operators": [(index, label, tuples_in, tuples_out), ...]}},
+                        "operators": [(index, label, tuples_in, tuples_out), ...],
+                        "readers": {reader: lag}}},   (readers optional)
      "strings": {process: int},   (optional)
      "workers": {index: node},    (optional)
      "staged": {"bytes": int, "parts": int, "expired": int}}  (optional)
@@ -212,7 +216,14 @@ class SnapshotCollector(Collector):
             "Tuples out of each operator of a query.",
             labels=["query", "operator"],
         )
+        reader_lag = GaugeMetricFamily(
+            PREFIX + "reader_lag_items",
+            "Items of a query emitted past a reader's committed offset (CommitOffset).",
+            labels=["query", "reader"],
+        )
         for name, query in sorted(snapshot.get("queries", {}).items()):
+            for reader, lag in sorted(query.get("readers", {}).items()):
+                reader_lag.add_metric([name, reader], lag)
             query_late.add_metric([name], query["late"])
             value = watermark_value(int(query["low_watermark"]))
             if value is not None:
@@ -257,6 +268,7 @@ class SnapshotCollector(Collector):
             state_bytes,
             tuples_in,
             tuples_out,
+            reader_lag,
             strings,
             workers,
             staged_bytes,

@@ -288,6 +288,7 @@ class Service(pb_grpc.LowtideServicer):
                     time_unit=q["time_unit"],
                     oldest_offset=hub.retained_from,
                     next_offset=hub.next_offset,
+                    readers=hub.readers,
                 )
             )
         return pb.ListQueriesResponse(queries=infos)
@@ -424,6 +425,14 @@ class Service(pb_grpc.LowtideServicer):
                 yield response
         finally:
             hub.unsubscribe(subscription)
+
+    @translated
+    async def CommitOffset(self, request: pb.CommitOffsetRequest, context: Any) -> pb.CommitOffsetResponse:
+        hub = self.front.hubs.get(request.query)
+        if hub is None:
+            raise unknown("query", request.query, self.front.hubs)
+        hub.commit_reader(request.reader, request.offset)
+        return pb.CommitOffsetResponse()
 
     @translated
     async def Stage(self, request_iterator: AsyncIterator[pb.StageRequest], context: Any) -> pb.StageResponse:

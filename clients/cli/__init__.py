@@ -14,7 +14,8 @@
     lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now | --from-offset N]
                        [--time-format raw|iso]
                        [--limit N] [--show-punctuation]
-    lowtide demo [--seconds S] [--rate R] [--workers N] [--in-process | --spark [--parallel]]
+    lowtide demo [--seconds S] [--rate R] [--workers N]
+                 [--in-process | --spark [--foreach-batch | --parallel]]
 
 Every command but ``serve`` and ``demo`` talks to the server named by ``--server`` (default
 ``$LOWTIDE_SERVER``, else ``127.0.0.1:50051``), over TLS with ``--tls-ca F`` (the PEM roots to
@@ -251,9 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2, help="server worker processes (default 2)")
     demo.add_argument("--in-process", action="store_true", help="run the engine in this process, no server")
     demo.add_argument(
-        "--spark", action="store_true", help="a Spark Structured Streaming job feeds the server (LowtideSink)"
+        "--spark",
+        action="store_true",
+        help='a Spark Structured Streaming job writes to the server (writeStream.format("lowtide"))',
     )
-    demo.add_argument("--parallel", action="store_true", help="with --spark: send from the executors")
+    spark_sink = demo.add_mutually_exclusive_group()
+    spark_sink.add_argument(
+        "--foreach-batch", action="store_true", help="with --spark: through LowtideSink on the driver"
+    )
+    spark_sink.add_argument(
+        "--parallel", action="store_true", help="with --spark: through LowtideSink(parallel=True)"
+    )
     return parser
 
 
@@ -269,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.spark:
                 from lowtide.clients.demos.spark import run as run_spark_demo
 
-                run_spark_demo(workers=args.workers, parallel=args.parallel)
+                sink = "parallel" if args.parallel else "foreachBatch" if args.foreach_batch else "lowtide"
+                run_spark_demo(workers=args.workers, sink=sink)
             elif args.in_process:
                 from lowtide.clients.demos.in_process import run
 

@@ -2,9 +2,10 @@
 
 Writes disordered packet files (each file's rows shuffled, consecutive files overlapping in event
 time), starts ``lowtide serve``, and runs a Structured Streaming query that reads the files one
-per micro-batch and forwards each batch through :class:`~lowtide.clients.spark.LowtideSink`.
-lowtide's windows print as its punctuation closes them; at the end they are checked against
-Spark's own batch ``groupBy(window(ts, ...))`` over the same files.
+per micro-batch and writes them with ``writeStream.format("lowtide")`` (or, on request, through
+:class:`~lowtide.clients.spark.LowtideSink`). lowtide's windows print as its punctuation closes
+them; at the end they are checked against Spark's own batch ``groupBy(window(ts, ...))`` over the
+same files, and Spark reads them back with ``spark.read.format("lowtide")``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rich.console import Console
 
 from lowtide.clients import Client
 from lowtide.clients.demos.in_process import show
-from lowtide.clients.spark import LowtideSink
+from lowtide.clients.spark import LowtideDataSource, LowtideSink
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 SCHEMA = {"srcIP": "string", "len": "int32", "ts": "timestamp[ms]"}
@@ -155,9 +156,11 @@ def run(
     files: int = 12,
     rows: int = 250_000,
     workers: int = 2,
-    parallel: bool = False,
+    sink: str = "lowtide",
     console: Console | None = None,
 ) -> dict[str, float]:
+    """The demo; ``sink``: ``lowtide`` (``writeStream.format("lowtide")``, the executors send),
+    ``foreachBatch`` (:class:`LowtideSink` on the driver) or ``parallel`` (its parallel mode)."""
     from lowtide.clients.demos.server import local_server
 
     console = console or Console()
@@ -177,40 +180,72 @@ def run(
         for reader in readers.values():
             reader.start()
         spark = local_session("lowtide-demo")
-        sink = LowtideSink(target, "Packets", punctuation="watermark:5 seconds", parallel=parallel)
-        began = time.perf_counter()
-        query = (
-            spark.readStream.schema(SPARK_SCHEMA)
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(folder))
-            .writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
+        spark.dataSource.register(LowtideDataSource)
+        files_read = (
+            spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
         )
-        query.awaitTermination()
-        sink.close()
+        began = time.perf_counter()
+        if sink == "lowtide":
+            query = (
+                files_read.writeStream.format("lowtide")
+                .option("server", target)
+                .option("stream", "Packets")
+                .option("punctuation", "watermark:5 seconds")
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            with Client(target) as client, client.producer("Packets", "spark") as producer:
+                producer.close()  # every file is read: the last windows can close
+        else:
+            forward = LowtideSink(
+                target, "Packets", punctuation="watermark:5 seconds", parallel=sink == "parallel"
+            )
+            query = (
+                files_read.writeStream.foreachBatch(forward)
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            forward.close()
         for reader in readers.values():
             reader.join()
         elapsed = time.perf_counter() - began
+        micro_batches = sum(1 for progress in query.recentProgress if progress.numInputRows)
+        with Client(target) as client:
+            sent = next(s for s in client.list_streams() if s["name"] == "Packets")["tuples_ingested"]
         exact = all(
             lowtide_windows(readers[name].tables) == spark_windows(spark, folder, *WINDOWS[name])
             for name in WINDOWS
         )
+        # Both ways: Spark reads lowtide's windows back, as a batch of every retained result.
+        read_back = spark.read.format("lowtide").option("server", target).option("query", "sliding").load()
+        read_rows = read_back.drop("_offset").toArrow()
+        read_exact = lowtide_windows([read_rows]) == lowtide_windows(readers["sliding"].tables)
         spark.stop()
     summary = {
-        "rows": float(sink.rows),
+        "rows": float(sent),
         "seconds": elapsed,
-        "rows_per_s": sink.rows / elapsed,
-        "micro_batches": float(sink.batches),
+        "rows_per_s": sent / elapsed,
+        "micro_batches": float(micro_batches),
         "windows": float(readers["sliding"].windows),
-        "exact": float(exact),
+        "exact": float(exact and read_exact),
+    }
+    how = {
+        "lowtide": 'writeStream.format("lowtide")',
+        "foreachBatch": "LowtideSink",
+        "parallel": "LowtideSink(parallel=True)",
     }
     verdict = "[bold green]equal[/]" if exact else "[bold red]NOT equal[/]"
     console.print(
-        f"\n[bold green]done[/]: Spark forwarded {sink.rows:,} rows in {sink.batches} micro-batches "
-        f"({'parallel' if parallel else 'driver'} mode) in {elapsed:.1f} s = "
-        f"{sink.rows / elapsed / 1e6:.2f}M rows/s end to end; lowtide's windows are {verdict} to "
-        "Spark's own batch groupBy(window(ts, ...)) over the same files"
+        f"\n[bold green]done[/]: Spark wrote {sent:,} rows in {micro_batches} micro-batches through "
+        f"{how[sink]} in {elapsed:.1f} s = {sent / elapsed / 1e6:.2f}M rows/s end to end; lowtide's "
+        f"windows are {verdict} to Spark's own batch groupBy(window(ts, ...)) over the same files"
+    )
+    back = "[bold green]the same rows[/]" if read_exact else "[bold red]other rows[/]"
+    console.print(
+        f'spark.read.format("lowtide") read the sliding windows back: {read_rows.num_rows:,} rows, {back}'
     )
     return summary

@@ -4,11 +4,15 @@
         --server 127.0.0.1:50051 --input /data/packets --checkpoint /var/lib/spark/packets
 
 Reads Parquet packet files (``srcIP string, len int, ts timestamp``) as they land in ``--input``,
-and forwards every micro-batch to the lowtide stream ``--stream`` through ``LowtideSink``. The
-stream (and a sliding count per srcIP reading it) is created when missing. Spark's checkpoint
-plus lowtide's batch ids make the pair exactly once: stop the job and start it again with the
-same ``--checkpoint`` and nothing is lost or applied twice. ``--once`` reads what is there and
-stops (``trigger(availableNow=True)``), then closes the source so every window is emitted.
+and writes every micro-batch to the lowtide stream ``--stream`` with ``writeStream.format("lowtide")``:
+the executors send their partitions straight to the server, the driver commits each micro-batch
+whole (``--foreach-batch`` sends through ``LowtideSink`` on the driver instead, ``--parallel``
+through its parallel mode). The stream (and a sliding count per srcIP reading it) is created
+when missing. Spark's checkpoint plus lowtide's batch ids make the pair exactly once: stop the
+job and start it again with the same ``--checkpoint`` and nothing is lost or applied twice.
+``--once`` reads what is there and stops (``trigger(availableNow=True)``), then closes the
+source so every window is emitted. The executors need ``lowtide`` installed (``pip install
+lowtide``: the thin client is enough).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 from typing import Any
 
 from lowtide.clients import Client
-from lowtide.clients.spark import LowtideSink
+from lowtide.clients.spark import LowtideDataSource, LowtideSink
 from lowtide.errors import AlreadyExists
 
 SCHEMA = {"srcIP": "string", "len": "int32", "ts": "timestamp[ms]"}
@@ -47,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, help="Spark's checkpoint folder")
     parser.add_argument("--watermark", default="10 seconds", help="allowed disorder, as withWatermark")
     parser.add_argument("--files-per-batch", type=int, default=1)
-    parser.add_argument("--parallel", action="store_true", help="send from the executors")
+    sink = parser.add_mutually_exclusive_group()
+    sink.add_argument("--foreach-batch", action="store_true", help="send through LowtideSink on the driver")
+    sink.add_argument("--parallel", action="store_true", help="send through LowtideSink's parallel mode")
     parser.add_argument("--once", action="store_true", help="read the files there, then stop")
     args = parser.parse_args(argv)
 
@@ -55,21 +61,28 @@ def main(argv: list[str] | None = None) -> int:
 
     spark: Any = SparkSession.builder.appName("lowtide-forward-packets").getOrCreate()
     declare(args.server, args.stream)
-    sink = LowtideSink(
-        args.server, args.stream, punctuation=f"watermark:{args.watermark}", parallel=args.parallel
-    )
-    writer = (
-        spark.readStream.schema(SPARK_SCHEMA)
-        .option("maxFilesPerTrigger", args.files_per_batch)
-        .parquet(args.input)
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", args.checkpoint)
-    )
-    if args.once:
-        writer.trigger(availableNow=True).start().awaitTermination()
-        sink.close()  # the files are all read: every window can close
+    punctuation = f"watermark:{args.watermark}"
+    files = spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", args.files_per_batch)
+    frame = files.parquet(args.input).writeStream.option("checkpointLocation", args.checkpoint)
+    sink: LowtideSink | None = None
+    if args.foreach_batch or args.parallel:
+        sink = LowtideSink(args.server, args.stream, punctuation=punctuation, parallel=args.parallel)
+        writer = frame.foreachBatch(sink)
     else:
+        spark.dataSource.register(LowtideDataSource)
+        writer = frame.format("lowtide").options(
+            server=args.server, stream=args.stream, punctuation=punctuation
+        )
+    if not args.once:
         writer.start().awaitTermination()
+        return 0
+    writer.trigger(availableNow=True).start().awaitTermination()
+    # The files are all read: the source ends, and every window can close.
+    if sink is not None:
+        sink.close()
+    else:
+        with Client(args.server, timeout=30) as client, client.producer(args.stream, "spark") as producer:
+            producer.close()
     return 0
 
 

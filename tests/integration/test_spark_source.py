@@ -9,6 +9,7 @@ the driver with lowtide's one-line reason.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -142,6 +143,12 @@ def test_a_stream_read_into_parquet_adds_each_result_once(
         run()
         everything = subscribed(client, name, end)
         assert spark_rows(spark.read.parquet(str(out)).collect()) == everything
+        # Spark commits a micro-batch to its source when it plans the next one: batch 1 told the
+        # server that the reader is past batch 0's end, as Spark's offset log holds it.
+        batch_0_end = json.loads((checkpoint / "offsets" / "0").read_text().splitlines()[-1])["offset"]
+        assert next(q for q in client.list_queries() if q["name"] == name)["readers"] == {
+            "spark": batch_0_end
+        }
 
 
 def test_what_cannot_be_read_fails_on_the_driver_in_one_line(
