@@ -18,7 +18,7 @@ everything a call can raise::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -277,15 +277,26 @@ def commit_offset(query: str, reader: str, offset: int) -> Call[None]:
 
 # -- staged batches (Stage, CommitStaged, AbortStaged) ----------------------------------------
 def stage(
-    stream: str, source: str, batch_id: int, part: str, table: pa.Table, max_part_rows: int
+    stream: str,
+    source: str,
+    batch_id: int,
+    part: str,
+    rows: pa.Table | Iterable[pa.Table],
+    max_part_rows: int,
 ) -> Call[dict[str, Any]]:
     """One part of batch ``batch_id``: the first message names it, each carries up to
-    ``max_part_rows`` rows (an empty table stages an empty part)."""
-    first = pb.StageRequest(stream=stream, source=source, batch_id=batch_id, part=part)
-    step = max(1, max_part_rows)
-    slices = [table.slice(at, step) for at in range(0, table.num_rows, step)]
-    requests = [first] + [pb.StageRequest(arrow=arrow_bytes([piece])) for piece in slices]
-    return Call("Stage", iter(requests), lambda r: {"tuples": int(r.tuples), "duplicate": bool(r.duplicate)})
+    ``max_part_rows`` rows (an empty table stages an empty part). ``rows``: a table, or tables
+    made while the call runs (sent as they come)."""
+
+    def requests() -> Iterator[Any]:
+        yield pb.StageRequest(stream=stream, source=source, batch_id=batch_id, part=part)
+        step = max(1, max_part_rows)
+        for table in [rows] if isinstance(rows, pa.Table) else rows:
+            for at in range(0, table.num_rows, step):
+                yield pb.StageRequest(arrow=arrow_bytes([table.slice(at, step)]))
+        yield pb.StageRequest(last=True)  # the server keeps the part only once this arrives
+
+    return Call("Stage", requests(), lambda r: {"tuples": int(r.tuples), "duplicate": bool(r.duplicate)})
 
 
 def commit_staged(

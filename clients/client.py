@@ -33,7 +33,7 @@ Producer errors follow DESIGN §10:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -193,12 +193,13 @@ class Client:
         stream: str,
         batch_id: int,
         part: str,
-        table: pa.Table,
+        table: pa.Table | Iterable[pa.Table],
         source: str = "default",
         max_part_rows: int = 250_000,
     ) -> dict[str, Any]:
-        """Stage ``table`` as part ``part`` of batch ``batch_id`` (1 or more) of ``source``:
-        checked like a batch sent, not applied. Staged again, a part replaces what it held.
+        """Stage ``table`` (or tables made while the call runs: sent as they come) as part
+        ``part`` of batch ``batch_id`` (1 or more) of ``source``: checked like a batch sent, not
+        applied. Staged again, a part replaces what it held.
         ``{"tuples": n, "duplicate": bool}``; duplicate: the batch was applied before, nothing
         was staged."""
         return self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows))
@@ -381,7 +382,7 @@ class AsyncClient:
         stream: str,
         batch_id: int,
         part: str,
-        table: pa.Table,
+        table: pa.Table | Iterable[pa.Table],
         source: str = "default",
         max_part_rows: int = 250_000,
     ) -> dict[str, Any]:

@@ -20,18 +20,20 @@ across its own restart; every call waits for a server that cannot be reached (up
 
 Options (besides :mod:`.spark_options`'): ``stream`` (required), ``source`` (``spark``),
 ``punctuation`` (``watermark:<delay>`` | ``column:<name>`` | ``none``, as ``LowtideSink``'s;
-``watermark:0`` by default), ``max_part_rows`` (rows per message, 250000).
+``watermark:0`` by default), ``max_part_rows`` (rows per message, 100000: a task sends its first
+messages while Spark converts the rest of its partition).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from lowtide.clients._conform import Layout, PunctuationMode, conform
+from lowtide.clients._conform import Conformed, Layout, PunctuationMode, conform
 from lowtide.clients.spark_options import Connection
 from lowtide.errors import InvalidArgument, NotFound
 from lowtide.names import unknown
@@ -76,7 +78,7 @@ class Target:
         layout = Layout.of(info)
         delay = duration_units(mode.delay, layout.unit_ms) if mode.kind == "watermark" else 0
         try:
-            max_part_rows = int(options.get("max_part_rows", "250000"))
+            max_part_rows = int(options.get("max_part_rows", "100000"))
         except ValueError:
             max_part_rows = 0
         if max_part_rows < 1:
@@ -97,6 +99,52 @@ class Target:
         return None
 
 
+class Chunks:
+    """A task's rows, typed for the stream in chunks of ``max_part_rows`` as Spark hands them
+    over, so that the first chunks are on their way to the server while Spark converts the next.
+    Kept as they are made: a Stage call sent again (a server that restarted) sends them again,
+    then goes on with the rows not yet read. Iterated under a lock: a call given up on may still
+    be reading when its retry begins."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], target: Target) -> None:
+        self.batches = batches
+        self.target = target
+        self.done: list[Conformed] = []
+        self._exhausted = False
+        self._lock = threading.Lock()
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._more(0)
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        index = 0
+        while True:
+            with self._lock:
+                if not self._more(index):
+                    return
+                table = self.done[index].table
+            index += 1
+            yield table
+
+    def _more(self, index: int) -> bool:
+        """Whether chunk ``index`` exists, reading (and typing) rows to make it if need be."""
+        while index >= len(self.done) and not self._exhausted:
+            pending: list[pa.RecordBatch] = []
+            rows = 0
+            for batch in self.batches:
+                pending.append(batch)
+                rows += batch.num_rows
+                if rows >= self.target.max_part_rows:
+                    break
+            else:
+                self._exhausted = True
+            if rows:
+                table = pa.Table.from_batches(pending)
+                self.done.append(conform(table, self.target.layout, self.target.mode.column))
+        return index < len(self.done)
+
+
 class LowtideStreamWriter(DataSourceStreamArrowWriter):
     """Stages each task's rows; the driver commits a micro-batch whole (see the module)."""
 
@@ -109,22 +157,23 @@ class LowtideStreamWriter(DataSourceStreamArrowWriter):
 
         context = TaskContext.get()
         assert context is not None, "write runs in a Spark task"
-        received = list(iterator)
-        rows = sum(batch.num_rows for batch in received)
-        if not rows:
-            return StagedPart("", 0, NO_PROGRESS, NO_PROGRESS)
-        target = self.target
-        conformed = conform(pa.Table.from_batches(received), target.layout, target.mode.column)
         batch_id = int(context.getLocalProperty(BATCH_ID) or -1) + 1
         if batch_id < 1:
             raise InvalidArgument('format("lowtide") writes streaming queries only (writeStream)')
+        target = self.target
+        chunks = Chunks(iterator, target)
+        if chunks.empty():
+            return StagedPart("", 0, NO_PROGRESS, NO_PROGRESS)
         part = f"p{context.partitionId()}.a{context.attemptNumber()}"
         self.connection.call(
             lambda client: client.stage(
-                target.stream, batch_id, part, conformed.table, target.source, target.max_part_rows
+                target.stream, batch_id, part, chunks, target.source, target.max_part_rows
             )
         )
-        return StagedPart(part, conformed.table.num_rows, conformed.max_event, conformed.watermark)
+        rows = sum(chunk.table.num_rows for chunk in chunks.done)
+        max_event = max(chunk.max_event for chunk in chunks.done)
+        watermark = max(chunk.watermark for chunk in chunks.done)
+        return StagedPart(part, rows, max_event, watermark)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         parts = [m for m in messages if isinstance(m, StagedPart) and m.part]

@@ -577,10 +577,15 @@ class Door(Generic[R]):
         target, table = self._input(stream, data, validated)
         return target.admit(table, StringPool(), reads=()).n
 
-    def _input(self, stream: str, data: Any, validated: bool) -> tuple[Stream, pa.Table]:
+    def _input_stream(self, stream: str) -> Stream:
+        """``stream``, if it takes input (rows, punctuation, a close): not a query's result stream."""
         target = self._stream(stream)
         if target.derived:
             raise InvalidArgument(f"{stream!r} is the result stream of a query and takes no input")
+        return target
+
+    def _input(self, stream: str, data: Any, validated: bool) -> tuple[Stream, pa.Table]:
+        target = self._input_stream(stream)
         table = to_arrow_table(data)
         if table.num_rows > self.limits.max_batch_rows:  # before any column is converted
             raise ResourceExhausted(
@@ -645,7 +650,7 @@ class Door(Generic[R]):
 
     def check_punctuation(self, stream: str, value: Any, source: str = DEFAULT_SOURCE) -> int:
         """Raise what :meth:`punctuate` would raise now; the value as an int."""
-        target = self._stream(stream)
+        target = self._input_stream(stream)
         integral = isinstance(value, int | np.integer) or (
             isinstance(value, float | np.floating) and bool(np.isfinite(value)) and float(value).is_integer()
         )
@@ -668,7 +673,7 @@ class Door(Generic[R]):
         self.changes += 1
 
     def check_close(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
-        self._stream(stream).check_source(source)
+        self._input_stream(stream).check_source(source)
 
     def tick(self) -> None:
         """Run heartbeats and idle timeouts against the engine's clock, then the early results

@@ -4,7 +4,9 @@ Invariant: a batch id applies once per ``(stream, source)``, whichever way it ca
 commit), and a commit applies all the parts it names or none of them. A part is checked as it
 is staged, as Ingest checks a batch (Arrow validated in full, the stream's schema, the row and
 message limits), so that a commit of checked parts fails only on what changed since (the stream
-dropped, the string pool full, a tuple late under ``late='error'``).
+dropped, the string pool full, a tuple late under ``late='error'``). A part is kept only once the
+message marked ``last`` arrived: gRPC ends the requests of a call cut short (a message over the
+limit, a cancel) as if the client had sent them all.
 """
 
 from __future__ import annotations
@@ -45,18 +47,21 @@ async def stage(
     """Stage one part from every message of the call; nothing is kept if the call fails."""
     key: BatchKey | None = None
     name = ""
-    duplicate = False
+    duplicate = ended = False
     payloads: list[bytes] = []
     rows = reserved = 0
     try:
         async for message in requests:
             request: pb.StageRequest = decoded(message)
+            if ended:
+                raise InvalidArgument("a Stage message came after the one marked last: nothing was staged")
             if key is None:
                 source = request.source or DEFAULT_SOURCE
                 key = _batch_key(front, request.stream, source, request.batch_id, "the first Stage message")
                 name = request.part
                 check_part_name(name)
                 duplicate = _applied(front, key)
+            ended = request.last
             if duplicate or not request.arrow:
                 continue  # a batch applied before: its rows are not read
             front.staging.reserve(len(request.arrow))
@@ -66,6 +71,8 @@ async def stage(
             payloads.append(request.arrow)
         if key is None:
             raise InvalidArgument("a Stage call needs at least one message")
+        if not ended:  # gRPC ends the stream of a call cut short as if the client had ended it
+            raise InvalidArgument("the Stage call ended before a message marked last: nothing was staged")
         if not duplicate:
             await front.staging.stage(key, name, payloads, rows)
             reserved = 0  # the part holds them now

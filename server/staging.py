@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -70,6 +71,7 @@ class StagingArea:
         self.batches: dict[BatchKey, dict[str, Part]] = {}
         self.bytes = 0  # of every part staged, and of those being received
         self.expired = 0  # parts dropped after staging_timeout_s, since the start
+        self._writes = itertools.count()  # each write its own temporary file
 
     # -- staging ----------------------------------------------------------------------------------
     def reserve(self, size: int) -> None:
@@ -85,15 +87,27 @@ class StagingArea:
         self.bytes -= size
 
     async def stage(self, key: BatchKey, name: str, payloads: list[bytes], rows: int) -> None:
-        """Keep the part (its bytes already reserved), replacing one staged before under ``name``."""
+        """Keep the part (its bytes already reserved), replacing one staged before under ``name``.
+
+        A call cancelled meanwhile keeps nothing: its file is written under a name of its own
+        (a ``.tmp``) and renamed here, on the event loop, only if the call is still running."""
         size = sum(len(p) for p in payloads)
         part = Part(rows, size, time.time(), tuple(payloads), None)
         if self.directory is not None:
             path = self.directory / _file_name(key, name)
+            temporary = path.with_name(f"{path.name}.{next(self._writes)}.tmp")
             data = frame(_encode(key, name, part.staged_at, payloads))
+            write = asyncio.get_running_loop().run_in_executor(None, _write, temporary, data, self.fsync)
             try:
-                await asyncio.to_thread(_write, path, data, self.fsync)
+                await asyncio.shield(write)  # the thread runs on when the call is cancelled
+                os.replace(temporary, path)
+                if self.fsync:
+                    fsync_directory(path.parent)
+            except asyncio.CancelledError:
+                write.add_done_callback(lambda done: _remove(temporary, done))
+                raise
             except OSError as exc:
+                _remove(temporary)
                 reason = exc.strerror or str(exc)
                 raise ResourceExhausted(f"cannot stage the part in {path.parent}: {reason}") from None
             part = Part(rows, size, part.staged_at, None, path)
@@ -233,18 +247,24 @@ def _read(path: Path) -> tuple[dict[str, Any], list[bytes]]:
     return header, payloads
 
 
-def _write(path: Path, data: bytes, fsync: bool) -> None:
-    """``path`` holds ``data`` whole: a crash during the write leaves a ``.tmp`` file (dropped at
-    the next start). Without ``fsync`` it survives a crash of the process, not of the machine."""
-    temporary = path.with_name(path.name + ".tmp")
+def _write(temporary: Path, data: bytes, fsync: bool) -> None:
+    """``temporary`` (a ``.tmp``, renamed to the part's file once whole: a crash before leaves it,
+    dropped at the next start) holds ``data``. Without ``fsync`` it survives a crash of the
+    process, not of the machine."""
     with temporary.open("wb") as f:
         f.write(data)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    os.replace(temporary, path)
-    if fsync:
-        fsync_directory(path.parent)
+
+
+def _remove(temporary: Path, write: asyncio.Future[None] | None = None) -> None:
+    """A part's temporary file that will not be renamed: removed (once ``write`` is over, what
+    it raised is moot)."""
+    if write is not None and not write.cancelled():
+        write.exception()
+    with contextlib.suppress(OSError):
+        temporary.unlink()
 
 
 __all__ = ["BatchKey", "StagingArea", "check_part_name"]

@@ -9,7 +9,7 @@ reason: never UNKNOWN, INTERNAL or UNAVAILABLE (a dead server). After each test 
 still answers Health, the stream's ``tuples_ingested`` and the query's results are what they
 were, and its log holds no internal error.
 
-Cases by default: ``HOSTILE`` (65 hand-built requests) + the issue's payload + a batch of
+Cases by default: ``HOSTILE`` (102 hand-built requests) + the issue's payload + a batch of
 timestamps 2^62 ms apart + 200 damaged Arrow streams (``test_damaged_arrow_streams``,
 the same every run; ``LOWTIDE_FUZZ_EXAMPLES`` scales it).
 """
@@ -74,7 +74,7 @@ class Scene:
     def raw(self, method: str, payload: bytes) -> Failure:
         """A request whose bytes are sent as they are, protobuf or not."""
         same = lambda data: data  # noqa: E731
-        if method == "Ingest":
+        if method in ("Ingest", "Stage"):
             call = self.channel.stream_unary(
                 SERVICE + method, request_serializer=same, response_deserializer=same
             )
@@ -94,6 +94,14 @@ class Scene:
 
     def arrow(self, payload: bytes, stream: str = "fz") -> Failure:
         return self.ingest(pb.IngestRequest(stream=stream, source="p"), pb.IngestRequest(arrow=payload))
+
+    def stage(self, *messages: pb.StageRequest) -> Failure:
+        return self.answer(lambda: self.stub.Stage(iter(messages), timeout=30))
+
+    def staged_parts(self) -> int:
+        """The parts staged for batch 1 of fz/p (the batch the Stage cases name), dropped."""
+        request = pb.AbortStagedRequest(stream="fz", source="p", batch_id=1)
+        return int(self.stub.AbortStaged(request, timeout=10).parts)
 
     def assert_intact(self) -> None:
         assert self.server.alive(), self.server.stderr_tail()
@@ -215,11 +223,37 @@ def _raw(method: str, payload: bytes) -> Callable[[Scene], Failure]:
     return lambda s: s.raw(method, payload)
 
 
+def _staged(payload: bytes, **first: Any) -> list[pb.StageRequest]:
+    """The messages of a Stage call: its first (part p0 of batch 1 of fz/p, unless ``first``
+    says otherwise), then one carrying ``payload``."""
+    header = pb.StageRequest(**{"stream": "fz", "source": "p", "batch_id": 1, "part": "p0", **first})
+    return [header, pb.StageRequest(arrow=payload), pb.StageRequest(last=True)]
+
+
+def _stage(payload: bytes, **first: Any) -> Callable[[Scene], Failure]:
+    messages = _staged(payload, **first)
+    return lambda s: s.stage(*messages)
+
+
+def _commit(**fields: Any) -> Callable[[Scene], Failure]:
+    fields = {"stream": "fz", "source": "p", "batch_id": 1, "parts": ["p0"], **fields}
+    request = pb.CommitStagedRequest(**fields)
+    return lambda s: s.answer(lambda: s.stub.CommitStaged(request, timeout=30))
+
+
+def _abort(**fields: Any) -> Callable[[Scene], Failure]:
+    request = pb.AbortStagedRequest(**{"stream": "fz", "source": "p", "batch_id": 1, **fields})
+    return lambda s: s.answer(lambda: s.stub.AbortStaged(request, timeout=30))
+
+
 def _schema(*columns: tuple[str, str]) -> list[pb.Column]:
     return [pb.Column(name=n, type=t) for n, t in columns]
 
 
 LONG = "x" * 10_000
+# A Stage call whose second message passes max_message_bytes: the transport refuses it after the
+# first, which carried rows, and before the message marked last: nothing is staged.
+CUT_STAGE = "Stage cut by a message over 4 MiB"
 UNARY = ("CreateStream", "DropStream", "RegisterQuery", "ExplainQuery", "DropQuery", "Subscribe")
 GOOD = ipc(good_table(5, t0=T0 + 100_000))
 NEST = "SELECT count(*) [RANGE 1 minute, WA ts] FROM fz WHERE "
@@ -280,6 +314,9 @@ HOSTILE: list[tuple[str, Callable[[Scene], Failure]]] = [
     ("Ingest naming no stream", _ingest(pb.IngestRequest(source="p", punctuation=1))),
     ("Ingest to no stream", _from("nope", "p", arrow=GOOD)),
     ("Ingest to a query's stream", _from("fzq", "p", arrow=GOOD)),
+    ("Ingest punctuating a query's stream", _from("fzq", "p", punctuation=T0)),
+    ("Ingest punctuating a query's stream as the query", _from("fzq", "fzq", punctuation=T0)),
+    ("Ingest closing a query's stream", _from("fzq", "fzq", close=True)),
     ("garbage arrow", _arrow(b"\x00\x01garbage")),
     ("empty arrow", _arrow(b"")),
     ("compressed arrow", _arrow(_compressed())),
@@ -289,6 +326,39 @@ HOSTILE: list[tuple[str, Callable[[Scene], Failure]]] = [
     ("parts without an id", _from("fz", "p", arrow=GOOD, batch_parts=3)),
     ("a message over 4 MiB", _arrow(b"\x00" * (5 << 20))),
     ("close an unknown source", _from("fz", "never", close=True)),
+    # Stage, CommitStaged, AbortStaged (staged batches)
+    *[(f"{m}: bad UTF-8", _raw(m, _bad_utf8_string(1))) for m in ("Stage", "CommitStaged", "AbortStaged")],
+    ("Stage: bad UTF-8 part name", _raw("Stage", _bad_utf8_string(4))),
+    ("Stage: cut varint", _raw("Stage", b"\x0a\x80\x80\x80")),
+    ("CommitStaged: garbage", _raw("CommitStaged", b"\xff" * 32)),
+    ("AbortStaged: cut length", _raw("AbortStaged", b"\x0a" + b"\x80" * 11)),
+    ("Stage of no messages", lambda s: s.stage()),
+    ("Stage naming no stream", _stage(GOOD, stream="")),
+    ("Stage to no stream", _stage(GOOD, stream="nope")),
+    ("Stage to a query's stream", _stage(GOOD, stream="fzq")),
+    ("Stage with batch_id 0", _stage(GOOD, batch_id=0)),
+    ("Stage with no part name", _stage(GOOD, part="")),
+    ("Stage with a part name of 10 kB", _stage(GOOD, part=LONG)),
+    ("Stage with a part name with NUL", _stage(GOOD, part="p\x00")),
+    ("Stage with a source with a '..' segment", _stage(GOOD, source="a/../b")),
+    ("Stage of the issue's payload", _stage(the_issue_payload())),
+    ("Stage of garbage arrow", _stage(b"\x00\x01garbage")),
+    ("Stage of compressed arrow", _stage(_compressed())),
+    ("Stage of 2^40 null rows", _stage(_null_rows())),
+    ("Stage of a claim of 2^62 rows", _stage(_patched_row_count())),
+    (CUT_STAGE, lambda s: s.stage(*_staged(GOOD)[:2], pb.StageRequest(arrow=b"\x00" * (5 << 20)))),
+    ("CommitStaged naming no stream", _commit(stream="")),
+    ("CommitStaged to no stream", _commit(stream="nope")),
+    ("CommitStaged with batch_id 0", _commit(batch_id=0)),
+    ("CommitStaged of a part never staged", _commit(parts=["never"])),
+    ("CommitStaged of a part name of 10 kB", _commit(parts=[LONG])),
+    ("CommitStaged of a part twice", _commit(parts=["p0", "p0"])),
+    ("CommitStaged of 10,000 parts", _commit(parts=[f"p{i}" for i in range(10_000)])),
+    ("CommitStaged with a source with NUL", _commit(source="a\x00")),
+    ("CommitStaged punctuating a query's stream", _commit(stream="fzq", parts=[], punctuation=5)),
+    ("AbortStaged to no stream", _abort(stream="nope")),
+    ("AbortStaged with batch_id 0", _abort(batch_id=0)),
+    ("AbortStaged with a source of 10 kB", _abort(source=LONG)),
 ]
 
 
@@ -296,7 +366,15 @@ HOSTILE: list[tuple[str, Callable[[Scene], Failure]]] = [
 def test_hostile_requests(scene: Scene, case: str) -> None:
     send = dict(HOSTILE)[case]
     refused(send(scene), case)
+    if case.startswith("Stage"):  # nothing staged
+        assert scene.staged_parts() == 0, f"{case}: a refused Stage left a part"
     scene.assert_intact()
+
+
+def test_a_stage_call_cut_by_the_transport_stages_nothing(scene: Scene) -> None:
+    found = dict(HOSTILE)[CUT_STAGE](scene)
+    assert found.code == grpc.StatusCode.RESOURCE_EXHAUSTED, found
+    assert scene.staged_parts() == 0
 
 
 # -- damaged Arrow --------------------------------------------------------------------------------

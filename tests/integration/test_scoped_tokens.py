@@ -149,6 +149,30 @@ def test_a_scoped_producer_cannot_close_another_producers_source(server: Server,
         assert _stream(admin, "Main")["source_punctuation"]["sensor"] == 100  # type: ignore[index]
 
 
+SCOPE = r"^this token may ingest only into streams \['Main'\] under sources \['link-\*'\], "
+
+
+def test_a_scoped_producer_stages_only_into_its_stream_under_its_sources(server: Server, keys: Keys) -> None:
+    part = pa.table({"k": ["s", "t"], "ts": pa.array([300, 301], pa.int64())})
+    with Client(server.target, timeout=30, token=keys.producer) as client:
+        assert client.stage("Main", 1, "p0", part, source="link-9") == {"tuples": 2, "duplicate": False}
+        assert client.commit_staged("Main", 1, ["p0"], source="link-9")["tuples"] == 2
+        for stream, source in (("Other", "link-1"), ("Main", "sensor")):
+            refusal = SCOPE + f"not into stream '{stream}' under source '{source}'$"
+            with pytest.raises(PermissionDenied, match=refusal):
+                client.stage(stream, 1, "p0", part, source=source)
+            with pytest.raises(PermissionDenied, match=refusal):
+                client.commit_staged(stream, 1, ["p0"], source=source, punctuation=150)
+            with pytest.raises(PermissionDenied, match=refusal):
+                client.abort_staged(stream, 1, source=source)
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        for stream, source in (("Other", "link-1"), ("Main", "sensor")):
+            with pytest.raises(NotFound, match="'p0'"):  # the refused Stage calls staged nothing
+                admin.commit_staged(stream, 1, ["p0"], source=source)
+        assert _stream(admin, "Other")["tuples_ingested"] == 0
+        assert _stream(admin, "Main")["source_punctuation"]["sensor"] == 100  # type: ignore[index]
+
+
 # -- readers --------------------------------------------------------------------------------------
 def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: Server, keys: Keys) -> None:
     with Client(server.target, timeout=30, token=keys.reader) as reader:
@@ -167,6 +191,16 @@ def test_a_scoped_reader_subscribes_and_lists_only_its_queries(server: Server, k
     assert [w["queries"] for w in shown] == [["q1"]] and [w["queries"] for w in every] == [["q1", "q2"]]
     # The state bytes are q1's alone: q2 is the same query over the same stream, holding as much.
     assert 2 * shown[0]["state_bytes"] == every[0]["state_bytes"]
+
+
+def test_a_scoped_reader_commits_offsets_only_of_its_queries(server: Server, keys: Keys) -> None:
+    with Client(server.target, timeout=30, token=keys.reader) as reader:
+        reader.commit_offset("q1", "scoped-job", 1)
+        with pytest.raises(PermissionDenied, match=r"only to queries \['q1'\], not 'q2'$"):
+            reader.commit_offset("q2", "scoped-job", 1)
+        assert reader.list_queries()[0]["readers"]["scoped-job"] == 1
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        assert "scoped-job" not in next(q for q in admin.list_queries() if q["name"] == "q2")["readers"]
 
 
 def test_a_reader_granted_q1_star_reads_q1_late(server: Server, keys: Keys) -> None:

@@ -27,7 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_harness import Server, lowtide_command, running_server
 
-from lowtide import InvalidArgument, PermissionDenied, Punctuation, Unauthenticated
+from lowtide import InvalidArgument, NotFound, PermissionDenied, Punctuation, Unauthenticated
 from lowtide.clients import AsyncClient, Client, ServerUnavailable
 from lowtide.clients._wire import arrow_bytes, translate
 from lowtide.clients.spark import LowtideSink, PartitionSender
@@ -315,6 +315,32 @@ def test_a_producer_ingests_but_neither_registers_nor_drops(
             producer_client.drop_stream(stream)
         with pytest.raises(PermissionDenied, match="Subscribe"):
             first_table(producer_client, query)
+
+
+def test_a_producer_stages_and_commits_but_a_reader_may_not(
+    token_server: Server, keys: Tokens, fresh: Callable[[str], str]
+) -> None:
+    with Client(token_server.target, timeout=30, token=keys.admin) as admin:
+        stream, _ = populate(admin, fresh)
+    part = pa.table({"k": ["s", "t"], "ts": pa.array([200, 201], pa.int64())})
+    with Client(token_server.target, timeout=30, token=keys.reader) as reader:
+        with pytest.raises(PermissionDenied, match=r"^role 'reader' may not call Stage \(it may call "):
+            reader.stage(stream, 1, "p0", part, source="spark")
+        with pytest.raises(PermissionDenied, match=r"^role 'reader' may not call CommitStaged "):
+            reader.commit_staged(stream, 1, ["p0"], source="spark", punctuation=500)
+        with pytest.raises(PermissionDenied, match=r"^role 'reader' may not call AbortStaged "):
+            reader.abort_staged(stream, 1, source="spark")
+    with Client(token_server.target, timeout=30, token=keys.producer) as producer:
+        with pytest.raises(NotFound, match="'p0'"):  # the reader's Stage staged nothing
+            producer.commit_staged(stream, 1, ["p0"], source="spark")
+        assert producer.stage(stream, 1, "p0", part, source="spark") == {"tuples": 2, "duplicate": False}
+        assert producer.stage(stream, 2, "p0", part, source="spark")["tuples"] == 2
+        assert producer.commit_staged(stream, 1, ["p0"], source="spark")["tuples"] == 2
+        assert producer.abort_staged(stream, 2, source="spark") == 1
+    with Client(token_server.target, timeout=30, token=keys.admin) as admin:
+        (info,) = [s for s in admin.list_streams() if s["name"] == stream]
+        assert info["tuples_ingested"] == 3 + 2
+        assert info["source_punctuation"].get("spark", -1) < 500  # the reader's punctuation was refused
 
 
 def test_an_admin_does_everything(token_server: Server, keys: Tokens, fresh: Callable[[str], str]) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lowtide import Engine, LateTuple, ManualClock
+from lowtide import Engine, InvalidArgument, LateTuple, ManualClock
 from lowtide.door import Door
 from lowtide.handles import Item
 from lowtide.server import messages as msg
@@ -83,6 +83,24 @@ def test_a_judgement_holds_for_its_own_stream_and_source_only() -> None:
     assert not checked.current("T", "a", engine.changes)
     engine.create_stream("U", SCHEMA)  # any change applied
     assert not checked.current("S", "a", engine.changes)
+
+
+def test_a_querys_result_stream_takes_no_rows_punctuation_or_close() -> None:
+    """Only the query feeds its result stream: nobody else may move its progress (a query over
+    it would drop rows as late) or end it."""
+    engine = engine_with_strict_query()
+    result = pa.table({"window_start": [0], "key": ["k"], "total": [1]})
+    refused = pytest.raises(InvalidArgument, match="'q' is the result stream of a query and takes no input")
+    for source in ("p", "q"):  # "q": the query's own source on its result stream
+        with refused:
+            engine.push("q", result, source)
+        with refused:
+            engine.punctuate("q", 5, source)
+        with refused:
+            engine.close_source("q", source)
+    engine.push("S", rows([1, 7]))
+    engine.punctuate("S", 20)
+    assert [type(item).__name__ for item in engine.poll("q")] == ["Table", "Punctuation"]
 
 
 class ObjectWorkers:
