@@ -131,6 +131,15 @@ def subscribe_item(response: Any) -> tuple[int, pa.Table | Punctuation]:
     raise ServerError(f"Subscribe sent a message without an item ({which})", "INTERNAL")
 
 
+def whole_table(first: pa.Table | Punctuation, rest: list[pa.Table | Punctuation]) -> pa.Table | Punctuation:
+    """A result table sent in slices (``more``), put back together."""
+    if not rest:
+        return first
+    if not all(isinstance(piece, pa.Table) for piece in (first, *rest)):
+        raise ServerError("Subscribe split an item that is not a table", "INTERNAL")
+    return pa.concat_tables([first, *rest])
+
+
 def ends_stream(item: pa.Table | Punctuation) -> bool:
     """Whether ``item`` is the end-of-stream punctuation: the last item of a subscription."""
     return isinstance(item, Punctuation) and item.value >= END_OF_STREAM

@@ -73,16 +73,24 @@ class Subscription:
     def __next__(self) -> Item:
         if self._cancelled:
             raise StopIteration
+        response = self._next_message()
+        self.offset, item = wire.subscribe_item(response)
+        rest = []
+        while response.more:  # a wide table, in slices under the message limit
+            response = self._next_message()
+            rest.append(wire.subscribe_item(response)[1])
+        item = wire.whole_table(item, rest)
+        if wire.ends_stream(item):
+            self.cancel()  # a server that keeps the call open after the end is not waited for
+        return item
+
+    def _next_message(self) -> Any:
         try:
-            response = next(self._call)
+            return next(self._call)
         except grpc.RpcError as exc:
             if self._cancelled:
                 raise StopIteration from None
             raise translate(exc, self._target) from exc
-        self.offset, item = wire.subscribe_item(response)
-        if wire.ends_stream(item):
-            self.cancel()  # a server that keeps the call open after the end is not waited for
-        return item
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -278,6 +286,18 @@ class AsyncSubscription:
     async def __anext__(self) -> Item:
         if self._cancelled:
             raise StopAsyncIteration
+        response = await self._next_message()
+        self.offset, item = wire.subscribe_item(response)
+        rest = []
+        while response.more:  # a wide table, in slices under the message limit
+            response = await self._next_message()
+            rest.append(wire.subscribe_item(response)[1])
+        item = wire.whole_table(item, rest)
+        if wire.ends_stream(item):
+            self.cancel()
+        return item
+
+    async def _next_message(self) -> Any:
         try:
             response = await self._call.read()
         except grpc.RpcError as exc:
@@ -290,10 +310,7 @@ class AsyncSubscription:
             raise
         if response is _EOF:
             raise StopAsyncIteration
-        self.offset, item = wire.subscribe_item(response)
-        if wire.ends_stream(item):
-            self.cancel()
-        return item
+        return response
 
     def cancel(self) -> None:
         self._cancelled = True

@@ -56,15 +56,36 @@ def _arrow_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _subscribe_response(entry: Entry) -> pb.SubscribeResponse | Closed:
+_MESSAGE_HEADROOM = 4096  # of max_message_bytes, for a response's fields around its Arrow bytes
+
+
+def _subscribe_responses(entry: Entry, max_bytes: int) -> list[pb.SubscribeResponse] | Closed:
+    """The messages of one item: a table over ``max_bytes`` as slices under it, each but the
+    last marked ``more`` (a message over gRPC's limit would end the subscription)."""
     if isinstance(entry, Closed):
         return entry
     offset, item = entry
     if isinstance(item, Punctuation):
-        return pb.SubscribeResponse(
-            punctuation=pb.Punctuation(value=item.value, attribute=item.attribute), offset=offset
-        )
-    return pb.SubscribeResponse(arrow=_arrow_bytes(item), offset=offset)
+        punctuation = pb.Punctuation(value=item.value, attribute=item.attribute)
+        return [pb.SubscribeResponse(punctuation=punctuation, offset=offset)]
+    pieces = _slices_under(item, max_bytes)
+    return [
+        pb.SubscribeResponse(arrow=piece, offset=offset, more=k < len(pieces) - 1)
+        for k, piece in enumerate(pieces)
+    ]
+
+
+def _slices_under(table: pa.Table, max_bytes: int) -> list[bytes]:
+    """``table`` as Arrow IPC streams of consecutive rows, each under ``max_bytes`` (a single row
+    over it goes alone: gRPC then refuses it, naming the limit)."""
+    whole = _arrow_bytes(table)
+    if len(whole) <= max_bytes or table.num_rows <= 1:
+        return [whole]
+    rows = max(1, table.num_rows * max_bytes // (2 * len(whole)))  # half the limit: headroom
+    pieces: list[bytes] = []
+    for at in range(0, table.num_rows, rows):
+        pieces.extend(_slices_under(table.slice(at, rows), max_bytes))
+    return pieces
 
 
 async def _abort(
@@ -407,12 +428,14 @@ class Service(pb_grpc.LowtideServicer):
         if from_offset is not None and from_offset < 0:
             raise InvalidArgument(f"from_offset must be 0 or more, got {from_offset}")
         subscription = hub.subscribe(request.from_oldest, from_offset)
+        limit = self.front.config.max_message_bytes - _MESSAGE_HEADROOM
         try:
             while True:
                 # The table stays out of this frame: while a slow reader parks the send, only the
                 # serialized message is held here (the hub charges it as the item in flight).
-                response = _subscribe_response(await subscription.next())
-                if isinstance(response, Closed):
+                responses = _subscribe_responses(await subscription.next(), limit)
+                if isinstance(responses, Closed):
+                    response = responses
                     if response.status is not None:
                         # A limit passed (state, backlog) names its class like every other error.
                         kind = (
@@ -422,7 +445,8 @@ class Service(pb_grpc.LowtideServicer):
                         code = grpc.StatusCode[response.status]
                         await context.abort(code, response.reason, trailing_metadata=metadata)
                     return
-                yield response
+                for response in responses:
+                    yield response
         finally:
             hub.unsubscribe(subscription)
 

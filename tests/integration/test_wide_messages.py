@@ -1,5 +1,7 @@
 """Wide results and wide streams through the real server: every row arrives, exactly once.
 
+A result table over max_message_bytes travels in slices (``more``) and arrives as one table.
+
 Messages between the front and its workers past 16 KiB used to be read in two parts from a
 non-blocking pipe; the second part was taken for an error and the channel fell out of step,
 dropping results without a word (issue: results dropped when a worker message is over 16 KiB).
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from server_harness import running_server
 
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import Client
@@ -85,3 +88,24 @@ def test_a_wide_stream_through_a_filter_gives_every_row(target: str, fresh: Call
     assert sorted(result.column("ts").to_pylist()) == list(range(rows))
     ts, last = result.column("ts").to_pylist(), result.column(f"c{width - 2}").to_pylist()
     assert all(value == t + width - 2 for t, value in zip(ts, last, strict=True))
+
+
+def test_a_result_table_over_the_message_limit_arrives_whole(fresh: Callable[[str], str]) -> None:
+    """One window closing on ~180,000 groups: a result table of several MiB, over a 1 MiB message
+    limit; it travels in slices and the client gives it back as one table, every group once."""
+    groups = 180_000
+    limited = {"max_message_bytes": 1 << 20}
+    with (
+        running_server(workers=1, metrics=False, config=limited) as server,
+        Client(server.target, timeout=60) as client,
+    ):
+        client.create_stream("S", {"k": "int64", "ts": "int64"})
+        client.register_query("SELECT k, count(*) AS n [RANGE 10, WA ts] FROM S GROUP BY k", name="q")
+        with client.producer("S", linger_ms=0, max_batch_rows=20_000) as producer:
+            keys = np.arange(groups, dtype=np.int64)
+            producer.send({"k": keys, "ts": keys % 10})
+            producer.close()
+        tables = read_to_end(client, "q")
+    assert len(tables) == 1, [t.num_rows for t in tables]
+    assert tables[0].num_rows == groups and tables[0].nbytes > 1 << 20
+    assert sorted(tables[0].column("k").to_pylist()) == list(range(groups))
