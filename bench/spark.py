@@ -14,6 +14,9 @@ Modes:
 * ``source``: the rows into Spark's ``noop`` sink - what producing them alone costs (context);
 * ``handoff``: ``foreachBatch`` that only calls ``toArrow()`` - the most any Python
   ``foreachBatch`` sink can forward on this machine (context: driver mode's ceiling);
+* ``pywriter``: a Python streaming data source whose writer only reads its Arrow batches - the
+  most any ``DataSourceStreamArrowWriter`` can take on this machine (context: the ceiling of
+  ``format`` and of parallel mode's ``mapInArrow``);
 * ``spark``: Spark's own ``withWatermark("ts", "5 seconds").groupBy(window(ts, "10 seconds",
   "5 seconds"), srcIP).agg(count, sum(len))``, append mode, into ``noop``;
 * ``format``: ``writeStream.format("lowtide")`` (the executors stage their partitions, the driver
@@ -32,7 +35,7 @@ offset into Parquet (``availableNow``), in result rows/s.
 
     python bench/spark.py [--source files|rate] [--files 8] [--rows 1000000] [--per-batch 1]
                           [--batches 8] [--runs 3] [--workers 2]
-                          [--modes source,handoff,spark,format,driver,parallel] [--no-reader]
+                          [--modes source,handoff,pywriter,spark,format,driver,parallel] [--no-reader]
 """
 
 from __future__ import annotations
@@ -43,11 +46,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
 
 from lowtide.clients import Client
 from lowtide.clients.demos.server import local_server
@@ -63,7 +73,7 @@ from lowtide.clients.spark import LowtideDataSource, LowtideSink
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 
 RANGE_S, SLIDE_S = 10, 5
-MODES = ("source", "handoff", "spark", "format", "driver", "parallel")
+MODES = ("source", "handoff", "pywriter", "spark", "format", "driver", "parallel")
 READER_SQL = (
     "SELECT srcIP, count(*) AS packets, sum(len) AS bytes [RANGE 10 ms, WA ts] FROM {s} GROUP BY srcIP"
 )
@@ -116,19 +126,12 @@ class Source:
         )
 
     def run(
-        self, frame: Any, checkpoint: Path, sink: Any = None, target: str = "", stream: str = ""
+        self, frame: Any, checkpoint: Path, sink: Any = None, into: str = "noop", **options: str
     ) -> float:
         """Run the query until ``micro_batches`` are done; returns the seconds it took. Into
-        ``sink`` (foreachBatch), ``format("lowtide")`` (``target``, ``stream``) or ``noop``."""
+        ``sink`` (foreachBatch), or the data source ``into`` with ``options``."""
         writer = frame.writeStream.option("checkpointLocation", str(checkpoint))
-        if sink is not None:
-            writer = writer.foreachBatch(sink)
-        elif target:
-            writer = writer.format("lowtide").options(
-                server=target, stream=stream, punctuation="watermark:5 seconds"
-            )
-        else:
-            writer = writer.format("noop").outputMode("append")
+        writer = writer.foreachBatch(sink) if sink is not None else writer.format(into).options(**options)
         began = time.perf_counter()
         if self.kind == "files":
             writer.trigger(availableNow=True).start().awaitTermination()
@@ -139,6 +142,33 @@ class Source:
         elapsed = time.perf_counter() - began
         query.stop()
         return elapsed
+
+
+class Received(WriterCommitMessage):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class ReadOnly(DataSourceStreamArrowWriter):
+    """A writer that only reads what Spark hands it (``pywriter``)."""
+
+    def write(self, iterator: Iterator[Any]) -> Received:
+        return Received(sum(batch.num_rows for batch in iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
+class ReadOnlySource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "pywriter"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+        return ReadOnly()
 
 
 class Bounded:
@@ -185,7 +215,8 @@ def run_lowtide(spark: Any, target: str, source: Source, scratch: Path, mode: st
         results = client.subscribe(query)
         began = time.perf_counter()
         if mode == "format":
-            source.run(source.read(spark), scratch / f"ck-{stream}", target=target, stream=stream)
+            options = {"server": target, "stream": stream, "punctuation": "watermark:5 seconds"}
+            source.run(source.read(spark), scratch / f"ck-{stream}", into="lowtide", **options)
             with client.producer(stream, "spark") as producer:
                 producer.close()
         else:
@@ -267,12 +298,15 @@ def main(argv: list[str] | None = None) -> int:
         warm = Source(args.source, scratch / "warm", 1, 100_000, 2)
         spark = local_session("lowtide-bench", cores=2)
         spark.dataSource.register(LowtideDataSource)
+        spark.dataSource.register(ReadOnlySource)
 
         def once(mode: str, of: Source) -> float:
             if mode in ("source", "spark"):
                 return run_spark(spark, of, scratch, aggregate=mode == "spark")
             if mode == "handoff":
                 return run_handoff(spark, of, scratch)
+            if mode == "pywriter":
+                return of.run(of.read(spark), scratch / f"ck-{time.monotonic_ns()}", into="pywriter")
             return run_lowtide(spark, target, of, scratch, mode)
 
         for mode in modes:  # JIT, numba and Spark's first-query costs, off the clock
