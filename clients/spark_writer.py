@@ -35,7 +35,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from lowtide.clients._conform import Conformed, Layout, PunctuationMode, conform
 from lowtide.clients.spark_options import Connection
-from lowtide.errors import InvalidArgument, NotFound
+from lowtide.errors import InvalidArgument, LowtideError, NotFound
 from lowtide.names import unknown
 from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS, TIME_MIN
@@ -110,6 +110,7 @@ class Chunks:
         self.batches = batches
         self.target = target
         self.done: list[Conformed] = []
+        self.failure: Exception | None = None  # what typing a chunk raised, in gRPC's thread
         self._exhausted = False
         self._lock = threading.Lock()
 
@@ -121,7 +122,12 @@ class Chunks:
         index = 0
         while True:
             with self._lock:
-                if not self._more(index):
+                try:
+                    more = self._more(index)
+                except Exception as exc:  # gRPC ends the call ("Exception iterating requests")
+                    self.failure = exc
+                    raise
+                if not more:
                     return
                 table = self.done[index].table
             index += 1
@@ -165,11 +171,16 @@ class LowtideStreamWriter(DataSourceStreamArrowWriter):
         if chunks.empty():
             return StagedPart("", 0, NO_PROGRESS, NO_PROGRESS)
         part = f"p{context.partitionId()}.a{context.attemptNumber()}"
-        self.connection.call(
-            lambda client: client.stage(
-                target.stream, batch_id, part, chunks, target.source, target.max_part_rows
+        try:
+            self.connection.call(
+                lambda client: client.stage(
+                    target.stream, batch_id, part, chunks, target.source, target.max_part_rows
+                )
             )
-        )
+        except LowtideError:
+            if chunks.failure is not None:  # the rows' own fault (a column the stream lacks...)
+                raise chunks.failure from None
+            raise
         rows = sum(chunk.table.num_rows for chunk in chunks.done)
         max_event = max(chunk.max_event for chunk in chunks.done)
         watermark = max(chunk.watermark for chunk in chunks.done)

@@ -74,7 +74,7 @@ async def stage(
         if not ended:  # gRPC ends the stream of a call cut short as if the client had ended it
             raise InvalidArgument("the Stage call ended before a message marked last: nothing was staged")
         if not duplicate:
-            await front.staging.stage(key, name, payloads, rows)
+            await front.staging.stage(key, name, payloads)
             reserved = 0  # the part holds them now
         return pb.StageResponse(tuples=0 if duplicate else rows, duplicate=duplicate)
     finally:

@@ -53,7 +53,6 @@ def check_part_name(name: str) -> None:
 class Part:
     """One staged part: in memory (``payloads``) or in its file (``path``)."""
 
-    rows: int
     size: int  # its Arrow bytes
     staged_at: float  # wall-clock seconds
     payloads: tuple[bytes, ...] | None
@@ -86,13 +85,13 @@ class StagingArea:
     def release(self, size: int) -> None:
         self.bytes -= size
 
-    async def stage(self, key: BatchKey, name: str, payloads: list[bytes], rows: int) -> None:
+    async def stage(self, key: BatchKey, name: str, payloads: list[bytes]) -> None:
         """Keep the part (its bytes already reserved), replacing one staged before under ``name``.
 
         A call cancelled meanwhile keeps nothing: its file is written under a name of its own
         (a ``.tmp``) and renamed here, on the event loop, only if the call is still running."""
         size = sum(len(p) for p in payloads)
-        part = Part(rows, size, time.time(), tuple(payloads), None)
+        part = Part(size, time.time(), tuple(payloads), None)
         if self.directory is not None:
             path = self.directory / _file_name(key, name)
             temporary = path.with_name(f"{path.name}.{next(self._writes)}.tmp")
@@ -110,7 +109,7 @@ class StagingArea:
                 _remove(temporary)
                 reason = exc.strerror or str(exc)
                 raise ResourceExhausted(f"cannot stage the part in {path.parent}: {reason}") from None
-            part = Part(rows, size, part.staged_at, None, path)
+            part = Part(size, part.staged_at, None, path)
         self._forget(key, name)
         self.batches.setdefault(key, {})[name] = part
 
@@ -173,8 +172,8 @@ class StagingArea:
     # -- at start ----------------------------------------------------------------------------------
     def load(self, applied: Callable[[BatchKey], bool]) -> tuple[int, int]:
         """The parts a server before this one staged in ``directory`` (made if missing): kept,
-        except those of a batch ``applied`` (committed, then the server stopped before their files went) and
-        files that cannot be read (a task that stages again finds them missing: nothing was
+        except those of a batch ``applied`` (committed, then the server stopped before their
+        files went) and files that cannot be read (a task that stages again finds them missing: nothing was
         applied). Returns how many parts were kept and dropped."""
         assert self.directory is not None
         self.directory.mkdir(exist_ok=True)
@@ -196,7 +195,7 @@ class StagingArea:
                 path.unlink()
                 continue
             size = sum(len(p) for p in payloads)
-            self.batches.setdefault(key, {})[name] = Part(0, size, staged_at, None, path)
+            self.batches.setdefault(key, {})[name] = Part(size, staged_at, None, path)
             self.bytes += size
             kept += 1
         return kept, dropped

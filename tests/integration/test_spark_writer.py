@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from server_harness import START_TIMEOUT, start_server
 from spark_checks import assert_exact, setup, stream_info
@@ -206,3 +208,31 @@ def test_what_cannot_be_written_fails_start_in_one_line(spark: Any, target: str,
         start(server=target)
     with pytest.raises(Exception, match="unknown punctuation 'soon'"):
         start(server=target, stream="nowhere", punctuation="soon")
+
+
+def test_rows_the_server_refuses_fail_the_job_with_its_reason_and_apply_nothing(
+    spark: Any, target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "packets"
+    folder.mkdir()
+    wide = pa.table(
+        {
+            "srcIP": ["10.0.0.1", "10.0.0.2"],
+            "len": pa.array([60, 3_000_000_000], pa.int64()),  # over the stream's int32
+            "ts": pa.array([1_700_000_000_000, 1_700_000_000_001], pa.timestamp("ms")),
+        }
+    )
+    pq.write_table(wide, folder / "part-0.parquet")
+    with Client(target, timeout=30) as client:
+        stream, _ = setup(client, fresh)
+        files = spark.readStream.schema("srcIP string, len bigint, ts timestamp").parquet(str(folder))
+        query = (
+            files.writeStream.format("lowtide")
+            .options(server=target, stream=stream)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        with pytest.raises(Exception, match="int32, got values out of its range"):
+            query.awaitTermination(WAIT)
+        assert stream_info(client, stream)["tuples_ingested"] == 0

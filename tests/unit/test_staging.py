@@ -30,7 +30,7 @@ def stage(staging: StagingArea, key: BatchKey, name: str, *payloads: bytes) -> N
     """As the Stage call does: reserve the part's bytes, then keep it."""
     for payload in payloads:
         staging.reserve(len(payload))
-    asyncio.run(staging.stage(key, name, list(payloads), rows=len(payloads)))
+    asyncio.run(staging.stage(key, name, list(payloads)))
 
 
 @pytest.mark.parametrize("directory", [False, True], ids=["memory", "directory"])
@@ -194,7 +194,7 @@ def test_a_cancelled_stage_changes_no_file_and_no_part(
 
     async def cancelled() -> None:
         staging.reserve(len(b"second"))
-        task = asyncio.create_task(staging.stage(KEY, "p0", [b"second"], rows=1))
+        task = asyncio.create_task(staging.stage(KEY, "p0", [b"second"]))
         assert await asyncio.to_thread(entered.wait, 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
