@@ -13,6 +13,10 @@ from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import Client
 from lowtide.clients.demos.spark import SCHEMA, WINDOWS, Window, lowtide_windows, spark_windows, window_sql
 
+ROWS = 20_000  # per packet file
+DELAY = "watermark:5 seconds"  # the packet files overlap by 3 s: nothing is late
+WAIT = 300.0  # for a Spark query to finish
+
 
 def setup(client: Client, fresh: Callable[[str], str]) -> tuple[str, dict[str, str]]:
     """A packet stream and, per window of WINDOWS, a query on it: (stream, {window: query})."""

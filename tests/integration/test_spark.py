@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from server_harness import START_TIMEOUT, start_server
-from spark_checks import assert_exact, setup, stream_info, windows_of
+from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info, windows_of
 
 from lowtide import NotFound, SchemaMismatch
 from lowtide.clients import Client
@@ -34,10 +34,6 @@ from lowtide.clients.spark import LowtideSink
 
 pytest.importorskip("pyspark")
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]
-
-ROWS = 20_000  # per file
-DELAY = "watermark:5 seconds"  # files overlap by 3 s: nothing is late
-WAIT = 300.0
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from server_harness import START_TIMEOUT, start_server
-from spark_checks import assert_exact, setup, stream_info
+from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info
 from spark_faults import FlakyLowtideDataSource, KillingLowtideDataSource
 
 from lowtide.clients import Client
@@ -30,10 +30,6 @@ from lowtide.clients.spark import LowtideDataSource
 
 pytest.importorskip("pyspark")
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]
-
-ROWS = 20_000  # per file
-DELAY = "watermark:5 seconds"  # files overlap by 3 s: nothing is late
-WAIT = 300.0
 
 
 @pytest.fixture(scope="module")
