@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from server_harness import Server, start_server
+from server_harness import Server, free_port, start_server
 
 from lowtide.clients import Client
 from lowtide.errors import LowtideError
@@ -29,9 +28,7 @@ class Cluster:
     ``options``: more of ``lowtide serve``'s (``--ray ADDRESS``: its workers are Ray actors)."""
 
     def __init__(self, state_dir: Path, checkpoint_interval_s: float, options: tuple[str, ...] = ()) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.config = {
             "state_dir": str(state_dir),
             "retained_items": 100_000,

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,13 @@ STOP_TIMEOUT = 30.0
 
 
 T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server started again on the same port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_for(

@@ -13,7 +13,6 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from server_harness import free_port
 
 from lowtide import Engine
 from lowtide.server.metrics import ServerMetrics, snapshot_from_engine_stats
@@ -53,12 +53,6 @@ def find_prometheus() -> Path:
     if found is None:
         pytest.skip(f"prometheus is not installed: run `{INSTALL_COMMAND}` (as .ci/run does)")
     return Path(found)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, probe: Callable[[], T | None], diagnostics: Callable[[], str] = lambda: "") -> T:

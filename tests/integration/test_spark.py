@@ -12,14 +12,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from server_harness import START_TIMEOUT, start_server
+from server_harness import START_TIMEOUT, free_port, start_server
 from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info, windows_of
 
 from lowtide import NotFound, SchemaMismatch
@@ -141,9 +140,7 @@ def test_a_server_killed_mid_job_comes_back_and_the_job_goes_on_exactly_once(
     directory: the sink waits for it, and Spark's windows come out each once."""
     folder, checkpoint, state = tmp_path / "packets", tmp_path / "checkpoint", tmp_path / "state"
     total = write_packet_files(folder, files=6, rows=ROWS, seed=6)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = {"state_dir": str(state)}
     servers = [start_server(config=config, port=port)]
     restarted = threading.Thread(target=lambda: servers.append(start_server(config=config, port=port)))

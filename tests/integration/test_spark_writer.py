@@ -11,7 +11,6 @@ Spark runs it again.
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from server_harness import START_TIMEOUT, start_server
+from server_harness import START_TIMEOUT, free_port, start_server
 from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info
 from spark_faults import FlakyLowtideDataSource, KillingLowtideDataSource
 
@@ -149,9 +148,7 @@ def test_lowtide_killed_around_commits_goes_on_exactly_once(
     directory: the job goes on, every row applied once, each window once."""
     folder, checkpoint, state = tmp_path / "packets", tmp_path / "checkpoint", tmp_path / "state"
     total = write_packet_files(folder, files=5, rows=ROWS, seed=16)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = {"state_dir": str(state)}
     servers = [start_server(config=config, port=port)]
     pid_file = tmp_path / "server.pid"
