@@ -161,9 +161,12 @@ def _extent(manifest_path: Path) -> Extent:
 
 def _read(path: Path) -> Checkpoint:
     manifest = json.loads((path / MANIFEST).read_text())
+    seq = int(manifest["seq"])
+    if f"{seq:020d}" != path.name:  # a damaged digit still parses: the log would replay from it
+        raise CorruptState(f"{path / MANIFEST} names checkpoint {seq}, not the one of its directory")
     for name, expected in manifest["files"].items():
         data = (path / name).read_bytes()
         if len(data) != expected["bytes"] or zlib.crc32(data) != expected["crc32"]:
             raise CorruptState(f"{path / name} does not match its manifest")
     front = unpack((path / FRONT).read_bytes())
-    return Checkpoint(int(manifest["seq"]), path, front, int(manifest["workers"]))
+    return Checkpoint(seq, path, front, int(manifest["workers"]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,7 +58,17 @@ class KillsTheServer(LowtideStreamWriter):
             self._kill()
 
     def _kill(self) -> None:
-        os.kill(int(self.pid_file.read_text()), signal.SIGKILL)
+        """SIGKILL the server the pid file names; the test rewrites the file a moment after a new
+        server is ready, so a pid already gone is read again (for at most a minute)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                os.kill(int(self.pid_file.read_text()), signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
 
 class KillingLowtideDataSource(LowtideDataSource):
