@@ -44,7 +44,6 @@ Spark's file and Kafka sources do). Do not declare the partition sources on the 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -55,8 +54,9 @@ from lowtide.clients._conform import Conformed, Layout, PunctuationMode, conform
 from lowtide.clients._security import RootCertificates, pem_bytes
 from lowtide.clients._wire import IngestResult
 from lowtide.clients.client import Client, Producer
+from lowtide.clients.spark_options import until_reachable
 from lowtide.clients.spark_source import LowtideDataSource
-from lowtide.errors import InvalidArgument, NotFound, ServerUnavailable
+from lowtide.errors import InvalidArgument, NotFound
 from lowtide.names import unknown
 from lowtide.punctuation.generators import duration_units
 from lowtide.punctuation.model import NO_PROGRESS, TIME_MIN
@@ -139,20 +139,13 @@ class LowtideSink:
 
     def _until_reachable(self, send: Callable[[], T]) -> T:
         """``send()``, again while the server cannot be reached, up to ``reconnect_timeout``."""
-        deadline = time.monotonic() + self.reconnect_timeout
-        pause = 0.25
-        while True:
-            try:
-                return send()
-            except ServerUnavailable:
-                if time.monotonic() + pause > deadline:
-                    raise
-            if self._client is not None:  # a new channel: the server may be a new process
-                self._client.close()
-                self._client = None
-            self.reconnects += 1
-            time.sleep(pause)
-            pause = min(2 * pause, 5.0)
+        return until_reachable(send, self.reconnect_timeout, self._reconnect)
+
+    def _reconnect(self) -> None:
+        if self._client is not None:  # a new channel: the server may be a new process
+            self._client.close()
+            self._client = None
+        self.reconnects += 1
 
     def _forward(self, conformed: Conformed, wire_id: int) -> None:
         """One micro-batch from the driver: the rows under their id, then the punctuation."""

@@ -20,6 +20,24 @@ from lowtide.errors import InvalidArgument, ServerUnavailable
 T = TypeVar("T")
 
 
+def until_reachable(
+    send: Callable[[], T], timeout: float, before_retry: Callable[[], None] = lambda: None
+) -> T:
+    """``send()``, again while the server cannot be reached (a pause doubling from 0.25 s to 5 s
+    between tries, ``before_retry()`` in each), for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = 0.25
+    while True:
+        try:
+            return send()
+        except ServerUnavailable:
+            if time.monotonic() + pause > deadline:
+                raise
+        before_retry()
+        time.sleep(pause)
+        pause = min(2 * pause, 5.0)
+
+
 def seconds(options: Mapping[str, str], name: str, default: float) -> float:
     """The option ``name`` as a number of seconds (more than 0)."""
     text = options.get(name)
@@ -63,17 +81,11 @@ class Connection:
         """``action`` on a client of its own, again while the server cannot be reached, for up
         to ``reconnect_timeout``: a call that did not complete is sent again whole (each call of
         the data source may be: a part staged again replaces itself, a commit is once per id)."""
-        deadline = time.monotonic() + self.reconnect_timeout
-        pause = 0.25
-        while True:
-            try:
-                with self.client() as client:
-                    return action(client)
-            except ServerUnavailable:
-                if time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(2 * pause, 5.0)
+        return until_reachable(lambda: self._once(action), self.reconnect_timeout)
+
+    def _once(self, action: Callable[[Client], T]) -> T:
+        with self.client() as client:
+            return action(client)
 
 
-__all__ = ["Connection", "seconds"]
+__all__ = ["Connection", "seconds", "until_reachable"]

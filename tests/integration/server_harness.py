@@ -23,10 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
 
 READY = re.compile(r"lowtide serving on (\S+):(\d+) with (\d+) workers; metrics on (\S+)")
 START_TIMEOUT = 180.0  # seconds: a cold start compiles numba kernels
@@ -57,6 +60,19 @@ def wait_for(
                 f"gave up after {timeout:g} s waiting for {what}" + (f"\n{extra}" if extra else "")
             )
         time.sleep(0.02)
+    return found
+
+
+def scrape(server: Server) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """A real scrape of the server: each sample's value by its name (a counter's ``<name>_total``)
+    and its sorted labels."""
+    assert server.metrics_url is not None
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return found
 
 

@@ -8,9 +8,9 @@ Python workers by value (this module is not importable there).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,17 +58,11 @@ class KillsTheServer(LowtideStreamWriter):
             self._kill()
 
     def _kill(self) -> None:
-        """SIGKILL the server the pid file names; the test rewrites the file a moment after a new
-        server is ready, so a pid already gone is read again (for at most a minute)."""
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                os.kill(int(self.pid_file.read_text()), signal.SIGKILL)
-                return
-            except ProcessLookupError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
+        """SIGKILL the server the pid file names. The test holds an exclusive lock on the file
+        from a server's death until its successor's pid is in it: a shared lock waits for that."""
+        with self.pid_file.open() as named:
+            fcntl.flock(named, fcntl.LOCK_SH)
+            os.kill(int(named.read()), signal.SIGKILL)
 
 
 class KillingLowtideDataSource(LowtideDataSource):

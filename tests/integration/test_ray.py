@@ -20,15 +20,13 @@ import re
 import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
-from server_harness import Server, lowtide_command, running_server, wait_for
+from server_harness import Server, lowtide_command, running_server, scrape, wait_for
 from thesis import PACKET
 from wire import Mirror, Subscription, assert_same, connect, packets, rows, schedule
 
@@ -251,12 +249,9 @@ def test_lowtide_workers_and_the_metric_say_where_each_actor_runs(server: Server
     assert sum(w["restarts"] for w in listed) == server.stderr.read_text().count("placed again on")
     assert server.metrics_url is not None
     expected = {(("node", LOOPBACK), ("worker", str(i))): 1.0 for i in range(2)}
-    url = server.metrics_url
 
     def worker_info() -> dict[Any, float]:
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        families = {f.name: f for f in text_string_to_metric_families(text)}
-        return {tuple(sorted(s.labels.items())): s.value for s in families["lowtide_worker_info"].samples}
+        return scrape(server)["lowtide_worker_info"]
 
     wait_for(
         "lowtide_worker_info on each node",

@@ -3,11 +3,8 @@ Spark's ``format("lowtide")`` reader does at each commit); ListQueries and the m
 
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from server_harness import Server, running_server, wait_for
+from server_harness import Server, running_server, scrape, wait_for
 
 from lowtide import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from lowtide.clients import Client
@@ -19,14 +16,9 @@ SQL = "SELECT k, count(*) AS n [RANGE 10, WA ts] FROM S GROUP BY k"
 
 def lag(server: Server) -> dict[str, float]:
     """lowtide_reader_lag_items of query q by reader, from a real scrape."""
-    assert server.metrics_url is not None
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    samples = scrape(server).get("lowtide_reader_lag_items", {})
     return {
-        sample.labels["reader"]: sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "lowtide_reader_lag_items"
-        for sample in family.samples
-        if sample.labels["query"] == "q"
+        dict(labels)["reader"]: value for labels, value in samples.items() if dict(labels)["query"] == "q"
     }
 
 

@@ -10,6 +10,7 @@ Spark runs it again.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -158,8 +159,11 @@ def test_lowtide_killed_around_commits_goes_on_exactly_once(
         for _ in range(2):
             servers[-1].process.wait()
             servers[-1].exit_code = 0  # killed on purpose
-            servers.append(start_server(config=config, port=port))
-            pid_file.write_text(str(servers[-1].pid))
+            with pid_file.open("r+") as named:
+                fcntl.flock(named, fcntl.LOCK_EX)  # the next kill reads the pid once it is written
+                servers.append(start_server(config=config, port=port))
+                named.truncate()
+                named.write(str(servers[-1].pid))
 
     restarts = threading.Thread(target=restart_twice, daemon=True)
     restarts.start()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from server_harness import Server, running_server, start_server, wait_for
+from server_harness import Server, running_server, scrape, start_server, wait_for
 from test_durability import kill9
 from wire import failure_of
 
@@ -89,10 +87,7 @@ def results(client: Client, query: str, until: int) -> dict[tuple[int, str], tup
 
 def metrics(server: Server) -> dict[str, float]:
     """The server's unlabelled samples, by name (a counter's as ``<name>_total``)."""
-    assert server.metrics_url is not None
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    return {name: samples[()] for name, samples in scrape(server).items() if () in samples}
 
 
 def staged_metric(server: Server, **expected: float) -> Callable[[], bool]:

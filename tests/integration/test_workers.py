@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from server_harness import Server, running_server, wait_for
+from server_harness import Server, running_server, scrape, wait_for
 from test_cli import ok
 
 from lowtide.clients import AsyncClient, Client
@@ -26,16 +24,6 @@ pytestmark = pytest.mark.integration
 
 SPLIT = "SELECT k, count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W GROUP BY k"
 SINGLE = "SELECT count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W"
-
-
-def scrape(server: Server) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """Each family's samples by their sorted labels, from a real scrape of the server."""
-    assert server.metrics_url is not None
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    return {
-        family.name: {tuple(sorted(s.labels.items())): s.value for s in family.samples}
-        for family in text_string_to_metric_families(text)
-    }
 
 
 @pytest.fixture(scope="module")
