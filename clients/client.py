@@ -74,12 +74,13 @@ class Subscription:
         if self._cancelled:
             raise StopIteration
         response = self._next_message()
-        self.offset, item = wire.subscribe_item(response)
+        offset, item = wire.subscribe_item(response)
         rest = []
         while response.more:  # a wide table, in slices under the message limit
             response = self._next_message()
             rest.append(wire.subscribe_item(response)[1])
         item = wire.whole_table(item, rest)
+        self.offset = offset  # once whole: a call cut between slices resumes at this item
         if wire.ends_stream(item):
             self.cancel()  # a server that keeps the call open after the end is not waited for
         return item
@@ -260,8 +261,10 @@ class Client:
         ``from_oldest=False``: only what comes from now on. ``from_offset=n``: from output offset
         ``n`` on (``Subscription.offset`` is the offset of the last item yielded: resume at
         ``offset + 1`` after a disconnect or a server restart); ``OutOfRange`` when ``n`` is no
-        longer retained. A subscription more than ``max_subscriber_bytes`` behind raises
-        ``ResourceExhausted`` naming the offset to resume from. Iteration ends after the
+        longer retained. A subscription more than ``max_subscriber_bytes`` behind, or whose next
+        message would take what the server is sending to all subscribers past
+        ``max_subscriber_bytes_total``, raises ``ResourceExhausted`` naming the offset to resume
+        from (``offset + 1``: a table cut between its slices comes again). Iteration ends after the
         end-of-stream punctuation; from now or past it, on a query that has ended, at once.
         """
         return Subscription(self._stub, self.target, query, from_oldest, from_offset)
@@ -287,12 +290,13 @@ class AsyncSubscription:
         if self._cancelled:
             raise StopAsyncIteration
         response = await self._next_message()
-        self.offset, item = wire.subscribe_item(response)
+        offset, item = wire.subscribe_item(response)
         rest = []
         while response.more:  # a wide table, in slices under the message limit
             response = await self._next_message()
             rest.append(wire.subscribe_item(response)[1])
         item = wire.whole_table(item, rest)
+        self.offset = offset  # once whole: a call cut between slices resumes at this item
         if wire.ends_stream(item):
             self.cancel()
         return item

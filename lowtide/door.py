@@ -14,11 +14,15 @@ streams and every other query; the failed query takes no more input, and polling
 Invariant: a batch is judged late once, by :meth:`Door.check_batch`; its judgement travels with it
 (:class:`CheckedBatch`) to :meth:`Door.push_admitted` and is taken again only when a change was
 applied in between (:attr:`Door.changes`), so what applies is what the state at application says.
+Its strings enter the string pool only as it applies, in the order changes apply
+(:mod:`lowtide.strings`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -64,10 +68,10 @@ from lowtide.query.reads import columns_read
 from lowtide.query.sharing import ShareIndex
 from lowtide.results import Sink
 from lowtide.runner import PlannedQuery, Runner
-from lowtide.schema import Schema, to_arrow_table
+from lowtide.schema import Schema, to_arrow_table, with_codes
 from lowtide.snapshot import State, as_dict, as_float, as_int
 from lowtide.stream import Stream, select_rows
-from lowtide.strings import PoolLimits, StringPool
+from lowtide.strings import Coding, PoolLimits, StringPool, Uncoded
 
 DEFAULT_SOURCE = "default"
 MAX_QUERY_BYTES = 64 * 1024
@@ -82,12 +86,19 @@ class Limits:
     max_query_bytes: int = MAX_QUERY_BYTES  # query text, UTF-8 encoded
     max_windows_per_tuple: int = WindowLimits.max_windows_per_tuple  # RANGE / SLIDE, at register
     max_windows_per_step: int = WindowLimits.max_windows_per_step  # landmark windows per punctuation
-    max_strings: int = 5_000_000  # strings the pool holds (see lowtide.strings)
-    max_string_bytes: int = 512 << 20  # ... and their UTF-8 bytes
+    max_strings: int = 5_000_000  # strings one stream may add to the pool (see lowtide.strings)
+    max_string_bytes: int = 512 << 20  # ... and the memory they take (lowtide.strings.cost)
 
     @property
     def windows(self) -> WindowLimits:
         return WindowLimits(self.max_windows_per_tuple, self.max_windows_per_step)
+
+    def lifted(self) -> Limits:
+        """These limits with every one that judges new input lifted (a replay applies what was
+        accepted under the limits of its day); those that shape how a query runs are kept."""
+        shaping = {"max_windows_per_step"}
+        lifted = {f.name: sys.maxsize for f in dataclasses.fields(self) if f.name not in shaping}
+        return dataclasses.replace(self, **lifted)
 
 
 @dataclass
@@ -151,14 +162,14 @@ class RunningQuery:
 @dataclass(frozen=True)
 class CheckedBatch:
     """One batch from ``source`` as :meth:`Door.check_batch` judged it after ``stamp`` changes
-    (:attr:`Door.changes`): its admitted ``parts``, each ``coded`` as it applies (the string
-    columns admit kept as Arrow coded where needed) and which of its tuples are ``behind``
-    punctuation."""
+    (:attr:`Door.changes`): its admitted ``parts``, how their string columns code as it applies
+    (``coding``: the pool adds the strings new to it only then) and which of its tuples are
+    ``behind`` punctuation."""
 
     stream: str
     source: str
     parts: list[Batch]
-    coded: list[Batch]
+    coding: Coding
     behind: list[npt.NDArray[np.bool_]]
     stamp: int
 
@@ -558,24 +569,23 @@ class Door(Generic[R]):
         """Send a batch from ``source``; rejected whole (nothing applied) on any error."""
         self.push_admitted(stream, [self.admit(stream, data)], source)
 
-    def admit(self, stream: str, data: Any, validated: bool = False, limited: bool = True) -> Batch:
-        """Check a batch, or one part of a batch, against ``stream``: engine columns, strings coded.
+    def admit(self, stream: str, data: Any, validated: bool = False) -> Batch:
+        """Check a batch, or one part of a batch, against ``stream``: engine columns, the string
+        columns still Arrow (coded as the batch applies: the pool takes no string of a batch
+        refused or never completed).
 
-        Nothing is applied (only the string pool grows, within its limits unless not
-        ``limited``: a replay applies what was accepted): ``push_admitted`` applies it. The
-        server admits the parts of a large batch as they arrive and applies them together.
-        Arrow data is validated in full first, unless ``validated`` (the server's
-        :func:`~lowtide.ipc.read_ipc` did it).
+        Nothing changes: ``push_admitted`` applies it. The server admits the parts of a large
+        batch as they arrive and applies them together. Arrow data is validated in full first,
+        unless ``validated`` (the server's :func:`~lowtide.ipc.read_ipc` did it).
         """
         target, table = self._input(stream, data, validated)
-        limits = PoolLimits(self.limits.max_strings, self.limits.max_string_bytes) if limited else None
-        return target.admit(table, self.pool, self.string_reads(stream), limits)
+        return target.admit(table)
 
     def check(self, stream: str, data: Any, validated: bool = False) -> int:
-        """Raise what :meth:`admit` would raise for its columns, changing nothing (no string is
-        coded): a part staged now and admitted when its batch commits. Returns its rows."""
+        """Raise what :meth:`admit` would raise for its columns, changing nothing: a part staged
+        now and admitted when its batch commits. Returns its rows."""
         target, table = self._input(stream, data, validated)
-        return target.admit(table, StringPool(), reads=()).n
+        return target.admit(table).n
 
     def _input_stream(self, stream: str) -> Stream:
         """``stream``, if it takes input (rows, punctuation, a close): not a query's result stream."""
@@ -599,8 +609,9 @@ class Door(Generic[R]):
         self, stream: str, batch: Sequence[Batch] | CheckedBatch, source: str = DEFAULT_SOURCE
     ) -> None:
         """Apply the admitted parts of one batch from ``source``, all or none: they are late
-        against the same progress, and the stream advances once, after all of them. A batch
-        :meth:`check_batch` judged applies as judged, unless a change applied since."""
+        against the same progress, and the stream advances once, after all of them; the string
+        pool takes the strings new to it now. A batch :meth:`check_batch` judged applies as
+        judged, unless a change applied since: then it is judged again (and may fail)."""
         target = self._stream(stream)
         self.tick()
         if not isinstance(batch, CheckedBatch):
@@ -608,14 +619,21 @@ class Door(Generic[R]):
         elif batch.current(stream, source, self.changes):
             checked = batch
         else:
-            checked = self.check_batch(stream, batch.parts, source)
-        target.ingest_parts(list(zip(checked.coded, checked.behind, strict=True)), source)
+            checked = self.check_batch(stream, batch.parts, source, batch.coding)
+        codes = self.pool.commit(checked.coding)
+        schema = target.schema
+        coded = [with_codes(part, schema, c) for part, c in zip(checked.parts, codes, strict=True)]
+        target.ingest_parts(list(zip(coded, checked.behind, strict=True)), source)
         self.changes += 1
 
-    def check_batch(self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE) -> CheckedBatch:
+    def check_batch(
+        self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE, before: Coding | None = None
+    ) -> CheckedBatch:
         """Raise what :meth:`push_admitted` would raise now; else the batch as it would apply now
-        (see :class:`CheckedBatch`). Only the string pool changes (the columns ``admit`` kept
-        as Arrow are coded where the batch needs them)."""
+        (see :class:`CheckedBatch`). Nothing changes: the string columns ``admit`` kept as Arrow
+        are looked up in the pool (their strings new to it within its limits for the stream),
+        and coded only as the batch applies. ``before``: the coding of an earlier check of these
+        parts (its whole columns are not made again)."""
         target = self._stream(stream)
         known = target.sources.get(source)
         if known is None:
@@ -624,14 +642,20 @@ class Door(Generic[R]):
             raise InvalidArgument(f"source {source!r} of stream {stream!r} is closed")
         behind = [target.late_mask(part) for part in parts]
         reads = self.string_reads(stream)
-        coded = [
-            target.code_kept(part, self.pool, reads, mask) for part, mask in zip(parts, behind, strict=True)
-        ]
+        made: Sequence[dict[str, Uncoded]] = before.columns if before is not None else [{} for _ in parts]
+        columns = [target.to_code(p, reads, m, kept) for p, m, kept in zip(parts, behind, made, strict=True)]
+        coding = self.pool.look(stream, columns)
+        self.pool.check(coding, PoolLimits(self.limits.max_strings, self.limits.max_string_bytes))
         strict = [q for q in self._queries.values() if q.policy is LatePolicy.ERROR and stream in q.streams]
         n_late = 0
         if strict and any(mask.any() for mask in behind):
-            # Behind punctuation is late only where a query can no longer count it (§2).
-            rows = [select_rows(part, mask) for part, mask in zip(coded, behind, strict=True)]
+            # Behind punctuation is late only where a query can no longer count it (§2), judged on
+            # provisional codes: the pool takes the batch's new strings only as it applies.
+            schema = target.schema
+            rows = [
+                select_rows(with_codes(part, schema, codes), mask)
+                for part, codes, mask in zip(parts, coding.provisional(), behind, strict=True)
+            ]
             progress = {name: s.progress for name, s in self._streams.items()}
             n_late = max(q.late_count(stream, rows, progress) for q in strict)
         if n_late:
@@ -639,7 +663,7 @@ class Door(Generic[R]):
                 f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "
                 "and a query reading it has late='error'"
             )
-        return CheckedBatch(stream, source, list(parts), coded, behind, self.changes)
+        return CheckedBatch(stream, source, list(parts), coding, behind, self.changes)
 
     def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
         """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""

@@ -1,8 +1,8 @@
 """Stream schemas and the door: user batches in, typed numpy columns out.
 
 Inside the engine every column is a numpy array: int64/int32/float64/bool keep their dtype,
-``string`` becomes int64 codes of the engine's :class:`~lowtide.strings.StringPool` (a column
-no query reads stays Arrow until the batch is applied: :func:`code_kept`), and
+``string`` becomes int64 codes of the engine's :class:`~lowtide.strings.StringPool` (at the door a
+string column stays Arrow until its batch applies: :func:`to_code` says what is coded then), and
 ``timestamp[unit]`` becomes int64 counts of that unit. A batch that does not fit its schema is
 rejected whole with a one-line reason, before anything is changed; so is a batch with a value of
 the progressing attribute outside its domain ``[-2^62, 2^62)``, where every window bound of every
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,9 @@ from lowtide.batch import Batch
 from lowtide.errors import InvalidArgument, SchemaMismatch
 from lowtide.names import check_column, shown
 from lowtide.punctuation.model import DOMAIN, TIME_END, TIME_MIN
-from lowtide.strings import NULL_CODE, PoolLimits, StringPool
+from lowtide.strings import NULL_CODE, PoolLimits, StringPool, Uncoded
+
+T = TypeVar("T")
 
 _TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns)\]$")
 _BASE_TYPES = {"int64", "int32", "float64", "bool", "string"}
@@ -252,16 +254,16 @@ def _column(name: str, values: pa.ChunkedArray, kind: ColumnType) -> npt.NDArray
 def admit(
     data: Any,
     schema: Schema,
-    pool: StringPool,
+    pool: StringPool | None = None,
     holder: str | None = None,
     reads: Collection[str] | None = None,
     limits: PoolLimits | None = None,
 ) -> Batch:
-    """Check a user batch against ``schema`` and turn it into engine columns (the door).
+    """Check a user batch against ``schema`` and turn it into engine columns.
 
-    String columns in ``reads`` (None: all) become codes of ``pool``, held by ``holder`` (the
-    stream), within ``limits``; the others no query reads stay Arrow arrays, for
-    :func:`code_kept` when the batch is applied."""
+    With a ``pool``, string columns in ``reads`` (None: all) become its codes now, held by
+    ``holder`` (the stream), within ``limits``. Every other string column stays an Arrow array:
+    the door's batches code their strings as they apply (:func:`to_code`)."""
     table = to_arrow_table(data)
     check_names(table.column_names, schema)
     columns: dict[str, Any] = {}
@@ -274,50 +276,65 @@ def admit(
             reason = " ".join(str(exc).split())
             raise SchemaMismatch(f"column {name!r} is {kind.name}, got {values.type}: {reason}") from exc
         if kind.is_string and values.null_count < len(values):
-            if reads is None or name in reads:
+            if pool is not None and (reads is None or name in reads):
                 strings[name] = values
             else:
-                columns[name] = values  # no query reads it: coded when applied, where needed
+                columns[name] = values  # coded as its batch applies (lowtide.door), where needed
     check_domain(schema.progressing, columns[schema.progressing])  # before the pool takes strings
-    try:
-        columns.update(pool.encode(strings, holder, limits))
-    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-        reason = " ".join(str(exc).split())
-        raise SchemaMismatch(f"string column(s) {', '.join(map(repr, strings))}: {reason}") from exc
+    if pool is not None:
+        columns.update(_coding(strings, lambda: pool.encode(strings, holder, limits)))
     return Batch(columns, table.num_rows)
 
 
-def code_kept(
+def to_code(
     batch: Batch,
     schema: Schema,
-    pool: StringPool,
-    holder: str,
     reads: Collection[str] | None,
     behind: npt.NDArray[np.bool_],
-) -> Batch:
-    """``batch`` with the string columns :func:`admit` kept as Arrow coded: all rows of a column
-    a query reads now, else the rows ``behind`` punctuation only (a query's late side stream
-    shows them, nothing else shows a column no query reads). The other rows get ``NULL_CODE``.
-    No limit applies: the batch was accepted."""
+    known: Mapping[str, Uncoded],
+) -> dict[str, Uncoded]:
+    """The string columns :func:`admit` kept as Arrow, as they are coded when the batch applies:
+    all rows of a column a query reads now, else the rows ``behind`` punctuation only (a query's
+    late side stream shows them, nothing else shows a column no query reads; the other rows get
+    ``NULL_CODE``: :func:`with_codes`). ``known``: what an earlier look at the same batch made
+    (a whole column is taken from it, not made again)."""
     kept = {
         name: values
         for name, values in batch.columns.items()
         if isinstance(values, pa.Array | pa.ChunkedArray) and schema.type_of(name).is_string
     }
-    if not kept:
-        return batch
-    read = {name: v for name, v in kept.items() if reads is None or name in reads}
-    coded = pool.encode(read, holder)
-    rows = pa.array(behind)
-    if behind.any():
-        some = pool.encode({name: v.filter(rows) for name, v in kept.items() if name not in read}, holder)
-        for name, codes in some.items():
-            full = np.full(batch.n, NULL_CODE, dtype=np.int64)
-            full[behind] = codes
-            coded[name] = full
-    for name in kept:
-        coded.setdefault(name, np.full(batch.n, NULL_CODE, dtype=np.int64))
-    return batch.with_columns(coded)
+
+    def made() -> dict[str, Uncoded]:
+        out: dict[str, Uncoded] = {}
+        for name, values in kept.items():
+            before = known.get(name)
+            if reads is None or name in reads:
+                out[name] = before if before is not None and before.where is None else Uncoded.of(values)
+            elif behind.any():
+                out[name] = Uncoded.of(values, behind)
+        return out
+
+    return _coding(kept, made)
+
+
+def with_codes(batch: Batch, schema: Schema, codes: Mapping[str, npt.NDArray[np.int64]]) -> Batch:
+    """``batch`` with its Arrow string columns replaced: by ``codes`` where given, else by
+    ``NULL_CODE`` (a column no query reads, of rows not behind punctuation)."""
+    coded = {
+        name: codes[name] if name in codes else np.full(batch.n, NULL_CODE, dtype=np.int64)
+        for name, values in batch.columns.items()
+        if isinstance(values, pa.Array | pa.ChunkedArray) and schema.type_of(name).is_string
+    }
+    return batch.with_columns(coded) if coded else batch
+
+
+def _coding(columns: Mapping[str, Any], work: Callable[[], T]) -> T:
+    """``work`` over string ``columns``, an Arrow failure as the batch's SchemaMismatch."""
+    try:
+        return work()
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        reason = " ".join(str(exc).split())
+        raise SchemaMismatch(f"string column(s) {', '.join(map(repr, columns))}: {reason}") from exc
 
 
 def check_domain(name: str, values: npt.NDArray[Any]) -> None:

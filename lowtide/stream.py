@@ -11,7 +11,7 @@ applied, so a rejected call changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +25,9 @@ from lowtide.errors import NotFound, RegressingPunctuation
 from lowtide.operators.input import Input
 from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN, Punctuation
-from lowtide.schema import Schema, admit, code_kept
+from lowtide.schema import Schema, admit, to_code
 from lowtide.snapshot import State, as_bool, as_dict, as_float, as_int, as_list, as_str
-from lowtide.strings import PoolLimits, StringPool
+from lowtide.strings import PoolLimits, StringPool, Uncoded
 
 
 @dataclass
@@ -127,20 +127,25 @@ class Stream:
     def admit(
         self,
         data: Any,
-        pool: StringPool,
+        pool: StringPool | None = None,
         reads: Collection[str] | None = None,
         limits: PoolLimits | None = None,
     ) -> Batch:
-        """The batch as engine columns; raises on a schema mismatch. String columns not in
-        ``reads`` (None: all) stay Arrow (see :func:`~lowtide.schema.admit`)."""
+        """The batch as engine columns; raises on a schema mismatch. String columns stay Arrow
+        unless a ``pool`` codes those in ``reads`` (None: all) now (see
+        :func:`~lowtide.schema.admit`)."""
         return admit(data, self.schema, pool, self.name, reads, limits)
 
-    def code_kept(
-        self, batch: Batch, pool: StringPool, reads: Collection[str] | None, behind: npt.NDArray[np.bool_]
-    ) -> Batch:
-        """An admitted batch with the string columns :meth:`admit` kept coded, as needed now
-        (``behind``: its :meth:`late_mask`)."""
-        return code_kept(batch, self.schema, pool, self.name, reads, behind)
+    def to_code(
+        self,
+        batch: Batch,
+        reads: Collection[str] | None,
+        behind: npt.NDArray[np.bool_],
+        known: Mapping[str, Uncoded],
+    ) -> dict[str, Uncoded]:
+        """The string columns of an admitted batch to code as it applies, as needed now
+        (``behind``: its :meth:`late_mask`; see :func:`~lowtide.schema.to_code`)."""
+        return to_code(batch, self.schema, reads, behind, known)
 
     def late_mask(self, batch: Batch) -> npt.NDArray[np.bool_]:
         """Which tuples are behind punctuation: below the published progress."""

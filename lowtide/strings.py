@@ -1,9 +1,14 @@
-"""The engine-wide string dictionary: strings become int64 codes at the door.
+"""The engine-wide string dictionary: strings become int64 codes as their batch applies.
 
 One pool serves every stream and query of an engine, so equal strings have equal codes across
 streams: joins and predicates compare codes, never strings. ``NULL_CODE`` stands for a missing
 string. Invariants:
 
+* **Only what applies is added.** A batch holds its strings as :class:`Uncoded` columns until it
+  applies; :meth:`StringPool.look` finds, before that, what it would add (its limits are checked
+  and its late tuples judged on that, see :class:`Coding`), and :meth:`StringPool.commit` adds it
+  as it applies. Changes apply in one order (the input log's, at replay too), so a string gets the
+  same code at every replay, and a batch refused, or cut short by its producer, adds nothing.
 * **Only what is used is added.** A batch adds the strings its rows hold, never the unused
   entries of a dictionary-encoded column (the door also leaves out the columns no query reads:
   see :mod:`lowtide.schema`).
@@ -14,18 +19,23 @@ string. Invariants:
   is dropped only after every query reading it, and a query's state holds codes of the streams
   it reads only). A bit shared by several streams is released with the last of them. Freed
   codes are given out again, lowest first.
-* **Limits** (:class:`PoolLimits`): a batch whose new strings would take the pool past either
-  is refused whole with :class:`~lowtide.errors.ResourceExhausted`, before any is added.
+* **Limits are per stream** (:class:`PoolLimits`): each stream is charged for the strings it
+  added, in strings and in the bytes they take in memory (:func:`cost`); a batch that would take
+  its stream past either is refused whole with :class:`~lowtide.errors.ResourceExhausted`, and
+  adds nothing. So a producer of one stream cannot fill the pool for the others. A string a
+  dropped stream added that others still hold is charged to none from then on.
 
 A worker's pool is a *mirror*: it takes the front's codes (:meth:`StringPool.adopt`) and
-forgets them when told (:meth:`StringPool.forget`); it never gives out codes itself.
+forgets them when told (:meth:`StringPool.forget`); it never gives out codes itself. Workers
+decode strings only for a string column's ``heavy_hitters``; otherwise they need the codes of
+query literals alone (:meth:`StringPool.pinned`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,23 +47,39 @@ from lowtide.errors import CorruptState, ResourceExhausted
 from lowtide.snapshot import State, as_array, as_dict, as_int
 
 NULL_CODE = -1
+_NOT_FOUND = -(1 << 62)  # what a look-up of a string the pool lacks answers (below every code)
+NO_OWNER = -1  # a string no stream is charged for (a literal's, or a dropped stream's)
 _HOLDER_BITS = 63  # bits 0..62 name streams; bit 63 pins
 _PINNED = np.uint64(1 << 63)
-_FORMAT = 2  # of the snapshot; format 1 (no "format" key) had no codes or holders: loaded pinned
+_FORMAT = 3  # of the snapshot: 3 adds each string's owner; 2 had none (loaded charged to none);
+# format 1 (no "format" key) had no codes or holders either: loaded pinned
+# What a string held costs the front besides the string object itself: its dict entry and code (an
+# int object), a slot in each per-code array (values, holders, owners, costs) with their growth's
+# slack, and what coding its batch leaves behind in the allocators. Measured by
+# bench/string_pool_memory.py (CPython 3.11, x86-64): 2 million strings of 16 ASCII characters
+# (objects of 65 bytes) grew a server's front by 231 to 255 bytes each over runs: charged 257.
+ENTRY_BYTES = 192
 
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
 class PoolLimits:
-    """The most strings, and UTF-8 bytes of them, the pool may hold."""
+    """The most strings, and bytes of memory (:func:`cost`), one stream may add to the pool."""
 
     max_strings: int
     max_bytes: int
 
 
-def _utf8(value: str) -> int:
-    return len(value.encode("utf-8", "surrogatepass"))
+def cost(value: str) -> int:
+    """The bytes holding ``value`` in the front's pool takes: the string object (as CPython lays
+    it out: 1, 2 or 4 bytes a character) and its entry (:data:`ENTRY_BYTES`)."""
+    return sys.getsizeof(value) + ENTRY_BYTES
+
+
+def _costs(values: Collection[str]) -> I64:
+    return np.fromiter(map(sys.getsizeof, values), np.int64, len(values)) + ENTRY_BYTES
 
 
 def _used(values: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, I64]:
@@ -81,30 +107,97 @@ def _used(values: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, I64]:
     return dictionary, rows
 
 
+@dataclass(frozen=True)
+class Uncoded:
+    """A string column of a batch not yet applied: the distinct strings its rows use (a null
+    entry of a client's dictionary stays None), each row's index among them (-1: a null row), and
+    which rows of the batch they are (None: all of them)."""
+
+    strings: list[str | None]
+    rows: I64
+    where: Mask | None = None
+
+    @staticmethod
+    def of(values: pa.Array | pa.ChunkedArray, where: Mask | None = None) -> Uncoded:
+        """The rows ``where`` (None: all) of an Arrow string column (plain or dictionary-encoded).
+        The Python loop runs over the distinct strings, not over rows."""
+        if where is not None:
+            values = values.filter(pa.array(where))
+        dictionary, rows = _used(values)
+        return Uncoded(dictionary.to_pylist(), rows, where)
+
+    def codes(self, mapping: I64) -> I64:
+        """Every row's code, given each distinct string's (``NULL_CODE`` where no row of it is)."""
+        codes = np.append(mapping, NULL_CODE)[self.rows]  # a null row's -1 takes the last
+        if self.where is None:
+            return codes
+        full = np.full(self.where.shape[0], NULL_CODE, np.int64)
+        full[self.where] = codes
+        return full
+
+
+@dataclass(frozen=True)
+class Coding:
+    """How the string columns of one batch's parts code, as :meth:`StringPool.look` found the
+    pool after ``releases`` releases: each distinct string's code, or for a string new to the pool
+    its *provisional* code ``-2 - k`` (``new[k]``: new strings in order of first use, with what
+    each costs). Provisional codes compare as codes do (equal strings, equal codes; never a
+    held string's), so the door judges late tuples on them before the batch applies."""
+
+    holder: str | None
+    columns: list[dict[str, Uncoded]]  # per part
+    found: list[dict[str, I64]]  # per part, per column: each distinct string's code
+    new: list[str]
+    costs: I64  # of each new string
+    releases: int
+
+    def provisional(self) -> list[dict[str, I64]]:
+        """Each part's columns, with provisional codes for the strings new to the pool."""
+        return [
+            {name: u.codes(found[name]) for name, u in part.items()}
+            for part, found in zip(self.columns, self.found, strict=True)
+        ]
+
+
 class StringPool:
     def __init__(self, mirrored: bool = False) -> None:
-        """``mirrored``: workers mirror this pool (the front's): it keeps the codes added since
-        :meth:`take_unsent` last ran."""
+        """``mirrored``: workers mirror this pool (the front's): it keeps the codes added (or
+        pinned) since :meth:`take_unsent` last ran."""
         self._codes: dict[str, int] = {}
         self._values = np.empty(1024, dtype=object)  # None: a free code
         self._holders = np.zeros(1024, dtype=np.uint64)  # bit per holder; 0: free (or a mirror's)
+        self._owners = np.full(1024, NO_OWNER, dtype=np.int32)  # the stream charged for each code
         self._next = 0  # every code below is held or free
         self._free: list[int] = []  # free codes below _next, the lowest last
         self._bits: dict[str, int] = {}  # holder (stream) -> its bit
+        self._owner_ids: dict[str, int] = {}  # stream -> its owner id (in _owners)
+        self._charged: dict[str, tuple[int, int]] = {}  # stream -> (strings, bytes) it owns
         self._unsent: list[int] | None = [] if mirrored else None
-        self.bytes = 0  # UTF-8 bytes of the strings held (a mirror's stays 0)
+        self.bytes = 0  # what the strings held cost (see cost; a mirror's stays 0)
         self.releases = 0  # releases that freed codes: what was coded before may name others now
 
     def __len__(self) -> int:
         return len(self._codes)
+
+    def charged(self, stream: str) -> tuple[int, int]:
+        """The strings ``stream`` is charged for, and their bytes (see :class:`PoolLimits`)."""
+        return self._charged.get(stream, (0, 0))
+
+    def strings(self) -> dict[str, int]:
+        """Every string held, with its code (a copy)."""
+        return dict(self._codes)
 
     # -- adding ---------------------------------------------------------------------------------
     def code(self, value: str) -> int:
         """The code of one string, added when new and pinned (a query's literal)."""
         found = self._codes.get(value)
         if found is None:
-            found = self._add(value)
-            self.bytes += _utf8(value)
+            added = self._allocate(1)
+            self._put(added, [value])  # charged to no stream
+            self.bytes += cost(value)
+            found = int(added[0])
+        elif not self._holders[found] & _PINNED and self._unsent is not None:
+            self._unsent.append(found)  # a mirror of literals alone lacks it
         self._holders[found] |= _PINNED
         return found
 
@@ -114,87 +207,147 @@ class StringPool:
         holder: str | None = None,
         limits: PoolLimits | None = None,
     ) -> dict[str, I64]:
-        """Codes for Arrow string columns (plain or dictionary-encoded), all or none.
+        """Codes for Arrow string columns (plain or dictionary-encoded), all or none, at once:
+        :meth:`look`, :meth:`check` against ``limits`` (None: none), :meth:`commit`."""
+        coding = self.look(holder, [{name: Uncoded.of(values) for name, values in columns.items()}])
+        if limits is not None:
+            self.check(coding, limits)
+        return self.commit(coding)[0]
 
-        ``holder`` (a stream; None: pinned) holds every string the rows use. New strings are
-        added only if they keep the pool within ``limits``; else ResourceExhausted, nothing added.
-        The Python loop runs over the distinct strings used, not over rows."""
-        if not columns:
-            return {}  # nothing held: a stream without strings takes no holder bit
-        used = {name: _used(values) for name, values in columns.items()}
-        looked: dict[str, tuple[list[str | None], list[int | None]]] = {}
-        new: dict[str, None] = {}  # in order of first use, for codes that do not depend on hashing
-        for name, (dictionary, _) in used.items():
-            strings: list[str | None] = dictionary.to_pylist()
-            # C-level lookups (a null dictionary entry looks up None, and finds nothing)
-            found: list[int | None] = list(map(self._codes.get, strings))  # type: ignore[arg-type]
-            looked[name] = (strings, found)
-            if None in found:
-                new.update(
-                    (s, None) for s, c in zip(strings, found, strict=True) if c is None and s is not None
-                )
-        new_bytes = sum(map(_utf8, new))
-        if limits is not None and new:
-            self._check(len(new), new_bytes, limits)
-        for value in new:
-            self._add(value)
-        self.bytes += new_bytes
-        bit = self._bit(holder)
-        out: dict[str, I64] = {}
-        for name, (strings, found) in looked.items():
-            mapping = np.array(
-                [
-                    NULL_CODE if s is None else self._codes[s] if c is None else c
-                    for s, c in zip(strings, found, strict=True)
-                ]
-                + [NULL_CODE],  # where a null row's -1 lands
-                dtype=np.int64,
+    def look(self, holder: str | None, columns: Sequence[Mapping[str, Uncoded]]) -> Coding:
+        """How the string columns of a batch's parts would code now, for ``holder`` (a stream;
+        None: pinned). Nothing changes."""
+        # New strings in order of first use. No Python object is kept per string (an int, say):
+        # many short-lived objects among the strings the pool keeps fragment the front's heap.
+        new: dict[str | None, None] = {}
+        found: list[dict[str, I64]] = []
+        for part in columns:
+            codes: dict[str, I64] = {}
+            for name, u in part.items():
+                got = self._find(u.strings)
+                missing = np.flatnonzero(got == _NOT_FOUND)
+                if missing.size:  # new strings (or a null dictionary entry: it finds nothing)
+                    fresh = np.array(u.strings, dtype=object)[missing].tolist()
+                    new.update(dict.fromkeys(fresh))
+                    new.pop(None, None)
+                    k = pc.index_in(pa.array(fresh, pa.string()), value_set=pa.array(list(new), pa.string()))
+                    got[missing] = -2 - np.asarray(pc.fill_null(k, -1), np.int64)  # a null entry: NULL_CODE
+                codes[name] = got
+            found.append(codes)
+        strings: list[str] = list(new)  # type: ignore[arg-type]
+        return Coding(holder, [dict(p) for p in columns], found, strings, _costs(strings), self.releases)
+
+    def _find(self, strings: Sequence[str | None]) -> I64:
+        """The code of each string, ``_NOT_FOUND`` where it has none (C-level look-ups)."""
+        return np.fromiter(
+            map(self._codes.get, strings, itertools.repeat(_NOT_FOUND)),  # type: ignore[arg-type]
+            np.int64,
+            len(strings),
+        )
+
+    def check(self, coding: Coding, limits: PoolLimits) -> None:
+        """ResourceExhausted if what ``coding`` adds would take its stream past ``limits``."""
+        holder = coding.holder
+        if not coding.new or holder is None:
+            return
+        held, held_bytes = self.charged(holder)
+        n_new, new_bytes = len(coding.new), int(coding.costs.sum())
+        if held + n_new > limits.max_strings:
+            raise ResourceExhausted(
+                f"the batch adds {n_new} strings to the {held} stream {holder!r} added, over the "
+                f"string pool's limit of {limits.max_strings} a stream (max_strings)"
             )
-            self._holders[mapping[mapping >= 0]] |= bit
-            out[name] = mapping[used[name][1]]
+        if held_bytes + new_bytes > limits.max_bytes:
+            raise ResourceExhausted(
+                f"the batch adds {new_bytes} bytes of strings to the {held_bytes} stream {holder!r} "
+                f"added, over the string pool's limit of {limits.max_bytes} a stream (max_string_bytes: "
+                f"each string's object and {ENTRY_BYTES} bytes of entry)"
+            )
+
+    def commit(self, coding: Coding) -> list[dict[str, I64]]:
+        """Add what ``coding`` found new (charged to its holder), make its holder hold every
+        string it uses, and return each part's code columns. No limit applies: the batch was
+        accepted. Looked up again when a release since may have freed a code it found."""
+        if coding.releases != self.releases:
+            coding = self.look(coding.holder, coding.columns)
+        holder = coding.holder
+        final = self._find(coding.new)  # another batch may have added some since the look-up
+        todo = np.flatnonzero(final == _NOT_FOUND)
+        if todo.size:
+            codes = self._allocate(todo.size)
+            values = coding.new if todo.size == len(coding.new) else [coding.new[k] for k in todo.tolist()]
+            self._put(codes, values)
+            costs = coding.costs[todo]
+            self._owners[codes] = NO_OWNER if holder is None else self._owner_of(holder)
+            self.bytes += int(costs.sum())
+            if holder is not None:
+                strings, size = self.charged(holder)
+                self._charged[holder] = (strings + len(codes), size + int(costs.sum()))
+            final[todo] = codes
+        bit = self._bit(holder) if any(coding.columns) else _PINNED
+        out: list[dict[str, I64]] = []
+        for part, found in zip(coding.columns, coding.found, strict=True):
+            coded: dict[str, I64] = {}
+            for name, u in part.items():
+                mapping = looked = found[name]
+                provisional = looked <= -2
+                if provisional.any():
+                    mapping = np.where(provisional, final[np.where(provisional, -2 - looked, 0)], looked)
+                self._holders[mapping[mapping >= 0]] |= bit
+                coded[name] = u.codes(mapping)
+            out.append(coded)
         return out
 
-    def _check(self, n_new: int, new_bytes: int, limits: PoolLimits) -> None:
-        if len(self) + n_new > limits.max_strings:
-            raise ResourceExhausted(
-                f"the batch adds {n_new} strings to the {len(self)} held, over the string pool's limit "
-                f"of {limits.max_strings} (max_strings)"
-            )
-        if self.bytes + new_bytes > limits.max_bytes:
-            raise ResourceExhausted(
-                f"the batch adds {new_bytes} bytes of strings to the {self.bytes} held, over the string "
-                f"pool's limit of {limits.max_bytes} (max_string_bytes)"
-            )
+    def _owner_of(self, holder: str) -> int:
+        owner = self._owner_ids.get(holder)
+        if owner is None:
+            owner = self._owner_ids[holder] = max(self._owner_ids.values(), default=-1) + 1
+        return owner
 
     def _bit(self, holder: str | None) -> np.uint64:
         if holder is None:
             return _PINNED
         bit = self._bits.get(holder)
         if bit is None:
-            users = Counter(self._bits.values())
+            users = {b: 0 for b in range(_HOLDER_BITS)}
+            for b in self._bits.values():
+                users[b] += 1
             bit = self._bits[holder] = min(range(_HOLDER_BITS), key=lambda b: users[b])
         return np.uint64(1 << bit)
 
-    def _add(self, value: str) -> int:
-        code = self._free.pop() if self._free else self._next
-        self._store(value, code)
-        return code
+    def _allocate(self, n: int) -> I64:
+        """``n`` codes to give out, in order: free ones lowest first, then new ones."""
+        reused = self._free[max(0, len(self._free) - n) :][::-1]
+        del self._free[len(self._free) - len(reused) :]
+        fresh = np.arange(self._next, self._next + n - len(reused), dtype=np.int64)
+        return np.concatenate([np.array(reused, np.int64), fresh])
 
-    def _store(self, value: str, code: int) -> None:
-        if code >= len(self._values):
-            size = max(code + 1, 2 * len(self._values))
-            self._values = np.concatenate([self._values, np.empty(size - len(self._values), dtype=object)])
-            self._holders = np.concatenate([self._holders, np.zeros(size - len(self._holders), np.uint64)])
-        self._values[code] = value
-        self._codes[value] = code
-        self._next = max(self._next, code + 1)
+    def _put(self, codes: I64, values: Sequence[str]) -> None:
+        """Name ``codes`` by ``values`` (free codes; holders, owners and costs are the caller's)."""
+        top = int(codes.max()) + 1 if len(codes) else 0
+        if top > len(self._values):
+            grow = max(top, 2 * len(self._values)) - len(self._values)
+            self._values = np.concatenate([self._values, np.empty(grow, dtype=object)])
+            self._holders = np.concatenate([self._holders, np.zeros(grow, np.uint64)])
+            self._owners = np.concatenate([self._owners, np.full(grow, NO_OWNER, np.int32)])
+        objects = np.empty(len(values), dtype=object)
+        objects[:] = values
+        self._values[codes] = objects
+        ints = codes.tolist()  # the dict keeps them; the unsent list shares them
+        self._codes.update(zip(values, ints, strict=True))
+        self._next = max(self._next, top)
         if self._unsent is not None:
-            self._unsent.append(code)
+            self._unsent.extend(ints)
 
     # -- releasing ------------------------------------------------------------------------------
     def release(self, holder: str) -> I64:
-        """``holder`` (a dropped stream) holds nothing any more; returns the codes freed: the
-        strings nothing else held."""
+        """``holder`` (a dropped stream) holds nothing any more, and is charged for nothing;
+        returns the codes freed: the strings nothing else held."""
+        self._charged.pop(holder, None)
+        owner = self._owner_ids.pop(holder, None)
+        if owner is not None:  # what it added and others hold is charged to none from now on
+            owners = self._owners[: self._next]
+            owners[owners == owner] = NO_OWNER
         bit = self._bits.pop(holder, None)
         if bit is None or bit in self._bits.values():  # a stream sharing its bit still holds them
             return np.empty(0, np.int64)
@@ -203,11 +356,12 @@ class StringPool:
         had = (held & mask) != 0
         held[had] &= ~mask
         freed = np.flatnonzero(had & (held == 0))
-        for code in freed.tolist():
-            value = self._values[code]
+        gone = self._values[freed].tolist()
+        for value in gone:
             del self._codes[value]
-            self._values[code] = None
-            self.bytes -= _utf8(value)
+        self._values[freed] = None
+        self._owners[freed] = NO_OWNER
+        self.bytes -= int(_costs(gone).sum())
         if freed.size:
             self.releases += 1
             self._compact()
@@ -221,14 +375,22 @@ class StringPool:
         size = max(1024, self._next)
         if len(self._values) > 2 * size:
             self._values, self._holders = self._values[:size].copy(), self._holders[:size].copy()
+            self._owners = self._owners[:size].copy()
 
     # -- a mirror -------------------------------------------------------------------------------
     def take_unsent(self) -> list[int]:
-        """The codes added since the last call and still held, once each (what a mirror lacks)."""
+        """The codes added (or pinned) since the last call and still held, once each (what a
+        mirror lacks)."""
         if not self._unsent:
             return []
         unsent, self._unsent = self._unsent, []
         return [c for c in dict.fromkeys(unsent) if self._values[c] is not None]
+
+    def pinned(self, codes: Sequence[int]) -> list[int]:
+        """Those of held ``codes`` a query literal pinned."""
+        at = np.asarray(codes, dtype=np.int64)
+        pinned: list[int] = at[(self._holders[at] & _PINNED) != 0].tolist()
+        return pinned
 
     def entries(self) -> list[int]:
         """Every code held, in order (all a new mirror needs)."""
@@ -248,7 +410,7 @@ class StringPool:
                 raise ValueError(f"string {value!r} already has code {known}, not {code}")
             if code < len(self._values) and self._values[code] is not None:
                 raise ValueError(f"code {code} already names {self._values[code]!r}, not {value!r}")
-            self._store(value, code)
+            self._put(np.array([code], np.int64), [value])
 
     def forget(self, codes: Sequence[int]) -> None:
         """Forget the strings of ``codes`` (the front released them); unknown codes are skipped."""
@@ -260,8 +422,8 @@ class StringPool:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def snapshot(self) -> State:
-        """Every string held with its code and holders, as UTF-8 bytes and offsets (no Python
-        objects); the holders' bits by name."""
+        """Every string held with its code, holders and owner, as UTF-8 bytes and offsets (no
+        Python objects); the holders' bits and the owners' ids by name."""
         codes = np.array(self.entries(), dtype=np.int64)
         encoded = [v.encode("utf-8", "surrogatepass") for v in self.values(codes.tolist())]
         offsets = np.zeros(len(encoded) + 1, np.int64)
@@ -271,13 +433,16 @@ class StringPool:
             "codes": codes,
             "holders": self._holders[codes].copy(),
             "bits": dict(self._bits),
+            "owners": self._owners[codes].copy(),
+            "owner_ids": dict(self._owner_ids),
             "offsets": offsets,
             "bytes": np.frombuffer(b"".join(encoded), np.uint8).copy(),
         }
 
     def restore(self, state: State) -> None:
-        """Take the codes and holders of a :meth:`snapshot`, into an empty pool. A snapshot of
-        format 1 (strings in code order, no holders) loads with every string pinned."""
+        """Take the codes, holders and owners of a :meth:`snapshot`, into an empty pool. A
+        snapshot of format 2 (no owners) loads with every string charged to none; one of format 1
+        (strings in code order, no holders) with every string pinned."""
         if len(self):
             raise ValueError("a pool restores only while empty")
         saved = as_dict(state, "strings")
@@ -290,16 +455,24 @@ class StringPool:
         except UnicodeDecodeError as exc:
             raise CorruptState(f"strings: not UTF-8: {exc}") from None
         n = len(values)
+        owners, owner_ids = np.full(n, NO_OWNER, np.int32), {}
         if "format" not in saved:
             codes, holders, bits = np.arange(n, dtype=np.int64), np.full(n, _PINNED, np.uint64), {}
         else:
-            if as_int(saved["format"], "strings format") != _FORMAT:
-                raise CorruptState(f"strings: format {saved['format']}, not {_FORMAT}")
+            form = as_int(saved["format"], "strings format")
+            if form not in (2, _FORMAT):
+                raise CorruptState(f"strings: format {form}, not 2 or {_FORMAT}")
             codes = as_array(saved["codes"], "string codes", np.int64, 1)
             holders = as_array(saved["holders"], "string holders", np.uint64, 1)
             bits = {
                 name: as_int(b, "holder bit") for name, b in as_dict(saved["bits"], "holder bits").items()
             }
+            if form == _FORMAT:
+                owners = as_array(saved["owners"], "string owners", np.int32, 1)
+                owner_ids = {
+                    name: as_int(o, "owner id")
+                    for name, o in as_dict(saved["owner_ids"], "owner ids").items()
+                }
         if len(codes) != n or len(holders) != n or (n and (codes.min() < 0 or np.any(holders == 0))):
             raise CorruptState("strings: codes, holders and strings do not match")
         if (
@@ -308,11 +481,21 @@ class StringPool:
             or not all(0 <= b < _HOLDER_BITS for b in bits.values())
         ):
             raise CorruptState("strings: a string, code or holder bit appears twice or out of range")
-        for code, value in zip(codes.tolist(), values, strict=True):
-            self._store(value, code)
-        self._holders[codes] = holders
-        self._bits = bits
-        self.bytes = len(data)
+        ids = np.array(sorted(owner_ids.values()), np.int32)
+        known = np.isin(owners, ids) | (owners == NO_OWNER)
+        if len(owners) != n or len(np.unique(ids)) != len(ids) or np.any(ids < 0) or not known.all():
+            raise CorruptState("strings: an owner is unknown, or named twice")
+        costs = _costs(values)
+        self._put(codes, values)
+        self._holders[codes], self._owners[codes] = holders, owners
+        self._bits, self._owner_ids = bits, owner_ids
+        owned = owners != NO_OWNER
+        present, which = np.unique(owners[owned], return_inverse=True)
+        strings = np.bincount(which, minlength=len(present)).tolist()
+        sizes = np.bincount(which, costs[owned], len(present)).astype(np.int64).tolist()
+        charged = {owner: (n, size) for owner, n, size in zip(present.tolist(), strings, sizes, strict=True)}
+        self._charged = {name: charged[owner] for name, owner in owner_ids.items() if owner in charged}
+        self.bytes = int(costs.sum())
         self._free = np.flatnonzero(self._holders[: self._next] == 0)[::-1].tolist()
 
     # -- decoding -------------------------------------------------------------------------------

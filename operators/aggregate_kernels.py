@@ -153,10 +153,28 @@ def expand_cells(wid_start: I64, wid_end: I64, wid_base: int, row_of: I64, gid: 
 
 
 @nb.njit(cache=True, nogil=True)
+def _lerp(a: float, b: float, t: float) -> float:
+    """``a`` and ``b`` (``a <= b``) weighted ``1 - t`` and ``t``, as numpy's linear method.
+
+    numpy's own interpolation turns infinities into NaN where the limit is defined (``inf - inf``
+    when both neighbours are inf, ``0 * inf`` at weight 0: numpy issues #12282, #21091); here a
+    neighbour of weight 0 takes no part and an infinite one wins, so ``q = 0.5`` gives what
+    ``numpy.median`` (the mean of the middle pair) gives: NaN only between -inf and +inf.
+    """
+    if t == 0.0 or a == b:
+        return a
+    if np.isinf(a) or np.isinf(b):
+        return a * (1.0 - t) + b * t  # the infinite end; -inf + inf = NaN
+    d = b - a
+    return a + d * t if t < 0.5 else b - d * (1.0 - t)  # numpy's _lerp: monotone in t
+
+
+@nb.njit(cache=True, nogil=True)
 def quantiles_of_segments(sorted_values: F64, starts: I64, ends: I64, q: float) -> F64:
     """Linear-interpolated quantile ``q`` of each sorted segment ``[starts[j], ends[j])``.
 
-    Matches ``numpy.quantile(..., method='linear')``; NaN for an empty segment. O(segments).
+    ``numpy.quantile(..., method='linear')`` on finite values, with infinities as :func:`_lerp`
+    takes them; NaN for an empty segment. O(segments).
     """
     out = np.empty(starts.shape[0], np.float64)
     for j in range(starts.shape[0]):
@@ -167,9 +185,7 @@ def quantiles_of_segments(sorted_values: F64, starts: I64, ends: I64, q: float) 
         pos = q * (n - 1)
         lo = int(np.floor(pos))
         hi = min(lo + 1, n - 1)
-        a = sorted_values[starts[j] + lo]
-        b = sorted_values[starts[j] + hi]
-        out[j] = a + (b - a) * (pos - lo)
+        out[j] = _lerp(sorted_values[starts[j] + lo], sorted_values[starts[j] + hi], pos - lo)
     return out
 
 

@@ -77,6 +77,9 @@ class AggregateCall:
         return FLOAT64
 
 
+# +inf + -inf in a sum, inf - inf in a mean make NaN on purpose (numpy's answer): no warning.
+_NONFINITE_QUIET = np.errstate(invalid="ignore")
+
 _KINDS = ("n", "rev", "count", "sum", "min", "max", "mcount", "mean", "m2")  # accumulator name = kind:column
 
 
@@ -321,6 +324,7 @@ class CellState:
                 rows, gids, values = rows[valid], gids[valid], values[valid]
             log.append(rows, gids, values.astype(log.values.dtype, copy=False))
 
+    @_NONFINITE_QUIET
     def merge_row(self, dst: int, src: int) -> None:
         """Fold row ``src`` into row ``dst`` for every group (landmark prefixes)."""
         a = self.arrays
@@ -420,6 +424,7 @@ class CellState:
         for name in names:
             self.arrays[name][dst, :width] = self.arrays[name][src, :width]
 
+    @_NONFINITE_QUIET
     def combine_rows(self, dst: int, sources: I64, width: int, names: tuple[str, ...]) -> None:
         """Set the accumulators ``names`` of row ``dst`` (groups ``< width``) to the combination
         of rows ``sources``, all at once: sums, minima, maxima, and Chan's combination of

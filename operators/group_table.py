@@ -8,8 +8,11 @@ renumbers the rest, which keeps the table bounded by the groups of open windows.
 Specialisation (Grizzly, seed 002): a single integer key whose values all fall in a small range
 (at most ``DENSE_SPAN`` wide, as ports, protocols, small ids and dictionary codes do) is looked up
 in a direct array ``index[key - base]`` instead of being hashed and probed. The guard is the
-range: the first batch with a key outside any range that small turns the table into the hash
-table for good, with the same group ids.
+range, and the memory it takes for the groups it holds: the first batch with a key outside any
+range that small, or that leaves the index more than ``DENSE_SLOTS_PER_GROUP`` slots a group
+(beyond the ``DENSE_FREE_SLOTS`` any table may take), turns the table into the hash table for
+good, with the same group ids. So a few keys spread wide (a thousand ports out of 65,536) cost
+what their groups do, not a 512 KiB index each query.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 _EMPTY = -1
 DENSE_SPAN = 1 << 16  # widest key range looked up directly (a 512 KiB index)
+DENSE_FREE_SLOTS = 1 << 12  # index slots (32 KiB) a direct lookup may take however few its groups
+DENSE_SLOTS_PER_GROUP = 8  # ... and beyond that, at most this many a group
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -157,35 +162,49 @@ class GroupTable:
             grown[: self.n_groups] = self._stored[: self.n_groups]
             self._stored = grown
         out = np.empty(n, dtype=np.int64)
-        if self.dense and n and self._fits(*_key_range(keys)):
+        if self.dense and n and self._fits(keys, need):
             self.n_groups = _dense_lookup_or_insert(
                 keys, self._base, self._index, self._stored, self.n_groups, out
             )
-            return out
-        if 2 * need > self._slots.shape[0]:
-            self._resize(1 << int(2 * need - 1).bit_length())
-        self.n_groups = _lookup_or_insert(keys, self._slots, self._stored, self.n_groups, out)
-        # Shrink the probe table back when a huge batch inflated it but added few groups.
-        if self._slots.shape[0] > 8 * max(self.n_groups, 64):
-            self._resize(1 << int(2 * max(self.n_groups, 64) - 1).bit_length())
+            if not self._compact_enough(self._index.shape[0], self.n_groups):
+                self._leave_dense()  # the batch held fewer distinct keys than rows
+        else:
+            if 2 * need > self._slots.shape[0]:
+                self._resize(1 << int(2 * need - 1).bit_length())
+            self.n_groups = _lookup_or_insert(keys, self._slots, self._stored, self.n_groups, out)
+            # Shrink the probe table back when a huge batch inflated it but added few groups.
+            if self._slots.shape[0] > 8 * max(self.n_groups, 64):
+                self._resize(1 << int(2 * max(self.n_groups, 64) - 1).bit_length())
+        if self._stored.shape[0] > 8 * max(self.n_groups, 64):  # ... and the keys' array, grown for every row
+            self._stored = self._stored[: max(64, 2 * self.n_groups)].copy()
         return out
 
-    def _fits(self, lo: int, hi: int) -> bool:
-        """Whether keys ``lo..hi`` can be looked up directly: re-bases the index to cover them,
-        or (the guard) leaves dense lookup for good when no small range holds every key."""
+    def _fits(self, keys: I64, groups: int) -> bool:
+        """Whether ``keys`` can be looked up directly, the table then holding at most ``groups``
+        groups: re-bases the index to cover them, or (the guard) leaves dense lookup for good
+        when no small range holds every key, or its index would be too sparse."""
+        lo, hi = _key_range(keys)
         have = self._stored[: self.n_groups, 0]
         if self._index.shape[0] and self._base <= lo and hi < self._base + self._index.shape[0]:
             return True
         lo, hi = min(lo, int(have.min(initial=lo))), max(hi, int(have.max(initial=hi)))
-        if hi - lo >= DENSE_SPAN:
-            self.dense = False
-            self._index = np.empty(0, dtype=np.int64)
-            self._resize(max(128, 1 << int(2 * max(self.n_groups, 1) - 1).bit_length()))
+        if hi - lo >= DENSE_SPAN or not self._compact_enough(hi - lo + 1, groups):
+            self._leave_dense()
             return False
         self._base = lo
         self._index = np.full(min(DENSE_SPAN, max(64, 2 * (hi - lo + 1))), _EMPTY, dtype=np.int64)
         self._index[have - lo] = np.arange(self.n_groups)
         return True
+
+    @staticmethod
+    def _compact_enough(slots: int, groups: int) -> bool:
+        """Whether a direct index of ``slots`` is worth its memory for ``groups`` groups."""
+        return slots <= max(DENSE_FREE_SLOTS, DENSE_SLOTS_PER_GROUP * groups)
+
+    def _leave_dense(self) -> None:
+        self.dense = False
+        self._index = np.empty(0, dtype=np.int64)
+        self._resize(max(128, 1 << int(2 * max(self.n_groups, 1) - 1).bit_length()))
 
     def compact(self, keep: npt.NDArray[np.bool_]) -> I64:
         """Keep the groups where ``keep`` is true; returns old id -> new id (-1 if dropped)."""

@@ -15,7 +15,8 @@ ListStreams, ListQueries and ListWorkers; ``reader`` Subscribe, CommitOffset, Ex
 ListStreams, ListQueries and ListWorkers. Tokens
 are compared in constant time. A token may also be scoped to names (:mod:`lowtide.server.scopes`):
 its calls are then held to them here too, refused with ``PERMISSION_DENIED`` before the front
-acts, or their lists filtered.
+acts, or their lists filtered. A CommitOffset carries its token's identity (its place in the file)
+to the front, where a reader name belongs to the token that first committed under it.
 Tokens on a plaintext port bound off loopback: the start warns in one line.
 
 TLS (``--tls-cert``/``--tls-key``) only changes how the port is bound; the files are read and the
@@ -30,7 +31,7 @@ import ipaddress
 import socket
 import ssl
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -43,7 +44,7 @@ from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied, Unau
 from lowtide.names import visible_names
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.server.config import ServerConfig
-from lowtide.server.scopes import Scope, counted, parse
+from lowtide.server.scopes import Scope, committer, counted, parse
 
 if TYPE_CHECKING:
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
@@ -73,6 +74,9 @@ OPEN_SERVICES = frozenset(
     }
 )
 OPEN_METHODS = frozenset({f"/{SERVICE}/Health"})
+# The names query ``name`` reads (FROM; none for a name that is no query): its ``.late`` stream
+# holds their raw rows. The front answers it, once there is one (Security.bind).
+Inputs = Callable[[str], Sequence[str]]
 HOW = "send metadata 'authorization: Bearer <token>' (Client(token=...), lowtide --token or $LOWTIDE_TOKEN)"
 
 
@@ -107,35 +111,48 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def _no_inputs(name: str) -> Sequence[str]:
+    return ()
+
+
 class TokenAuth(_ServerInterceptor):
     """The grpc.aio interceptor enforcing the module's invariant for a ``{token: scope}`` table."""
 
-    def __init__(self, tokens: Mapping[str, Scope]) -> None:
-        self._tokens = [(_digest(token), scope) for token, scope in tokens.items()]
+    def __init__(self, tokens: Mapping[str, Scope], inputs: Inputs = _no_inputs) -> None:
+        # Each token's identity is its place in the file: stable while the server runs, and
+        # nothing derived from the secret is kept or shown.
+        self._tokens = [
+            (_digest(token), scope, f"token #{number}")
+            for number, (token, scope) in enumerate(tokens.items(), 1)
+        ]
+        self.inputs = inputs
 
-    def scope_of(self, token: str) -> Scope | None:
-        """The scope of ``token``; every known token is compared (in constant time), match or not."""
+    def scope_of(self, token: str) -> tuple[Scope, str] | None:
+        """The scope and identity of ``token``; every known token is compared (in constant time),
+        match or not."""
         presented = _digest(token)
-        found: Scope | None = None
-        for digest, candidate in self._tokens:
+        found: tuple[Scope, str] | None = None
+        for digest, scope, identity in self._tokens:
             if hmac.compare_digest(presented, digest):
-                found = candidate
+                found = scope, identity
         return found
 
-    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> Scope:
-        """The scope of the call of ``method`` with ``metadata``; raises its rejection instead."""
+    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> tuple[Scope, str]:
+        """The scope and token identity of the call of ``method`` with ``metadata``; raises its
+        rejection instead."""
         token = bearer(metadata)
         if token is None:
             raise Unauthenticated(f"this server needs a bearer token: {HOW}")
-        scope = self.scope_of(token)
-        if scope is None:
+        found = self.scope_of(token)
+        if found is None:
             raise Unauthenticated("the bearer token is not known to this server")
+        scope = found[0]
         if not allows(scope.role, method):
             may = ", ".join(sorted(ROLE_METHODS.get(scope.role, ())))
             raise PermissionDenied(
                 f"role {scope.role!r} may not call {_split(method)[1]} (it may call {may})"
             )
-        return scope
+        return found
 
     async def intercept_service(
         self,
@@ -147,11 +164,15 @@ class TokenAuth(_ServerInterceptor):
             return handler
         method = str(handler_call_details.method)
         try:
-            scope = self.check(method, handler_call_details.invocation_metadata)
+            scope, identity = self.check(method, handler_call_details.invocation_metadata)
         except LowtideError as error:
             return refusal(handler, error)
         service, name = _split(method)
-        return scoped(handler, name, scope) if service == SERVICE else handler
+        if service != SERVICE:
+            return handler
+        if name == "CommitOffset":  # an admin's commits are bound to no token: it may move any reader
+            handler = committing(handler, None if scope.role == "admin" else identity)
+        return scoped(handler, name, scope, self.inputs)
 
 
 async def _abort(
@@ -218,17 +239,42 @@ def _visible(response: Any, scope: Scope) -> Any:
     return response
 
 
-def scoped(
-    handler: grpc.RpcMethodHandler[Any, Any], name: str, scope: Scope
+def committing(
+    handler: grpc.RpcMethodHandler[Any, Any], identity: str | None
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """``handler`` of lowtide.v1.Lowtide's method ``name``, held to ``scope`` (:mod:`.scopes`).
+    """The CommitOffset ``handler`` made for the token ``identity`` (None: an admin): the front
+    reads it from :data:`~lowtide.server.scopes.committer`."""
+    commit = cast("Callable[..., Awaitable[Any]]", handler.unary_unary)
+
+    async def committed(request: Any, context: _Context) -> Any:
+        committer.set(identity)  # the call's own task: it ends with the call
+        return await commit(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        committed, handler.request_deserializer, handler.response_serializer
+    )
+
+
+def _late_inputs(name: str, inputs: Inputs) -> Sequence[str]:
+    """The names whose raw rows ``name`` holds: its query's inputs if it is ``<query>.late``."""
+    return inputs(name.removesuffix(".late")) if name.endswith(".late") else ()
+
+
+def scoped(
+    handler: grpc.RpcMethodHandler[Any, Any], name: str, scope: Scope, inputs: Inputs = _no_inputs
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` of lowtide.v1.Lowtide's method ``name``, held to ``scope`` (:mod:`.scopes`);
+    ``inputs`` tells what a query reads, the scope of its ``.late`` stream.
 
     A request that did not parse is passed on as it came: the front answers INVALID_ARGUMENT.
     """
     if not scope.limited:
         return handler
+
     # Each call runs in a task of its own: what it sets here is its own, and ends with it.
-    shows = scope.sees
+    def shows(kind: str, name: str) -> bool:
+        return scope.sees(kind, name, _late_inputs(name, inputs) if kind == "query" else ())
+
     serializers = (handler.request_deserializer, handler.response_serializer)
     # grpc.aio's behaviours are coroutine functions (async generators for a streamed response),
     # which grpc's typing does not know.
@@ -245,7 +291,9 @@ def scoped(
 
         async def checked_subscribe(request: Any, context: _Context) -> AsyncIterator[Any]:
             visible_names.set(shows)
-            if isinstance(request, pb.SubscribeRequest) and (error := scope.subscribe(request.query)):
+            if isinstance(request, pb.SubscribeRequest) and (
+                error := scope.subscribe(request.query, _late_inputs(request.query, inputs))
+            ):
                 await _abort(context, error)
             async for response in subscribe(request, context):
                 yield response
@@ -256,7 +304,9 @@ def scoped(
 
         async def checked_commit(request: Any, context: _Context) -> Any:
             visible_names.set(shows)
-            if isinstance(request, pb.CommitOffsetRequest) and (error := scope.subscribe(request.query)):
+            if isinstance(request, pb.CommitOffsetRequest) and (
+                error := scope.subscribe(request.query, _late_inputs(request.query, inputs))
+            ):
                 await _abort(context, error)
             return await commit(request, context)
 
@@ -384,6 +434,12 @@ class Security:
     notice: str | None
     warning: str | None  # tokens over plaintext off loopback (plaintext_warning)
 
+    def bind(self, inputs: Inputs) -> None:
+        """Let the token checks ask the front what a query reads (the scope of its ``.late``)."""
+        for interceptor in self.interceptors:
+            if isinstance(interceptor, TokenAuth):
+                interceptor.inputs = inputs
+
 
 def load(config: ServerConfig) -> Security:
     """Read and check the TLS files and the tokens file of ``config`` (one line on any error)."""
@@ -405,6 +461,7 @@ __all__ = [
     "TokenAuth",
     "allows",
     "bearer",
+    "committing",
     "load",
     "load_tokens",
     "loopback",

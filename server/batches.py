@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from lowtide.batch import Batch
-from lowtide.errors import InvalidArgument
+from lowtide.errors import InvalidArgument, ResourceExhausted
 
 
 class AppliedBatches:
@@ -81,6 +86,7 @@ class PartialBatch:
         self.generation = generation  # of the engine that admitted the parts (see Front.submit)
         self.releases = releases  # of its string pool then (see Front._apply_batch)
         self.began = time.perf_counter()  # the first part's arrival
+        self.held = 0  # bytes of its parts charged to the server's PendingBytes
 
     def check(self, batch_id: int, parts: int) -> None:
         """The next message must be the next part of this batch."""
@@ -101,4 +107,58 @@ class PartialBatch:
         )
 
 
-__all__ = ["AppliedBatches", "PartialBatch"]
+def admitted_bytes(admitted: Batch, payload: bytes) -> int:
+    """The memory an admitted part keeps beyond its Arrow ``payload``: the buffers of its columns
+    (numpy or Arrow) that lie outside it (a converted column, codes). Arrow reads the payload in
+    place, so a column that is a view of it (most numeric columns, a string column kept as
+    Arrow) costs nothing more; a buffer two columns share counts once."""
+    start = pa.py_buffer(payload).address
+    outside: dict[int, int] = {}
+    for column in admitted.columns.values():
+        for address, size in _buffers(column):
+            if not start <= address < start + len(payload):
+                outside[address] = max(size, outside.get(address, 0))
+    return sum(outside.values())
+
+
+def _buffers(column: Any) -> Iterator[tuple[int, int]]:
+    """The ``(address, size)`` of each memory block an engine column (numpy, or Arrow) uses."""
+    if isinstance(column, np.ndarray):
+        yield column.ctypes.data, column.nbytes
+        return
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    for chunk in chunks:
+        dictionary = [chunk.dictionary] if pa.types.is_dictionary(chunk.type) else []
+        for array in [chunk, *dictionary]:
+            yield from ((b.address, b.size) for b in array.buffers() if b is not None)
+
+
+class PendingBytes:
+    """What every multi-part batch not yet applied holds, summed over all Ingest calls, within
+    ``max_pending_bytes``: each part stays in the front's memory until its batch applies, so
+    without a bound concurrent calls could hold any amount. A call gives back what its batch
+    held when the batch applies or the call ends, however it ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def hold(self, batch: PartialBatch, size: int) -> None:
+        """Charge ``size`` more bytes to ``batch``, or ResourceExhausted (nothing is charged)."""
+        if self.held + size > self.limit:
+            raise ResourceExhausted(
+                f"batch {batch.batch_id}: part {batch.received + 1} of {batch.parts} would take the bytes "
+                f"held for multi-part batches past max_pending_bytes ({self.limit}; {self.held} held by "
+                "calls in progress); nothing of it was applied: send smaller batches, or fewer "
+                "multi-part batches at once"
+            )
+        self.held += size
+        batch.held += size
+
+    def release(self, batch: PartialBatch) -> None:
+        """Give back all ``batch`` holds (once: a second release gives back nothing)."""
+        self.held -= batch.held
+        batch.held = 0
+
+
+__all__ = ["AppliedBatches", "PartialBatch", "PendingBytes", "admitted_bytes"]

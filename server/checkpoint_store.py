@@ -33,6 +33,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lowtide.errors import CorruptState, StartupFailure
 from lowtide.server.files import write_atomically, write_parts_atomically
@@ -91,6 +92,7 @@ class CheckpointStore:
             "files": files,
             "log": {"records": records, "segment": segment, "bytes": size},
         }
+        manifest["crc32"] = _crc(manifest)
         write_atomically(target / MANIFEST, json.dumps(manifest, indent=1).encode())
         return sum(size for size, _ in written)
 
@@ -119,7 +121,7 @@ class CheckpointStore:
         for path in self.complete():
             try:
                 found.append(_extent(path / MANIFEST))
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, CorruptState):
                 continue  # an unreadable manifest: load() falls back past it, saying so
         return max(found, key=lambda extent: extent.records, default=None)
 
@@ -151,8 +153,27 @@ class CheckpointStore:
         return int(kept[:keep][-1].name) if kept else None
 
 
+def _crc(manifest: dict[str, Any]) -> int:
+    """The CRC-32 of a manifest's content (all but its own ``crc32``), in one canonical form."""
+    content = {k: v for k, v in manifest.items() if k != "crc32"}
+    return zlib.crc32(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    """A manifest, checked: its own CRC-32 (an older lowtide's has none), and a worker file for
+    each worker it counts, no more, no fewer (a damaged digit in ``workers`` still parses)."""
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    if "crc32" in manifest and manifest["crc32"] != _crc(manifest):
+        raise CorruptState(f"{path} fails its CRC")
+    workers = int(manifest["workers"])
+    expected = {FRONT, *(worker_file(w) for w in range(workers))}
+    if workers < 0 or set(manifest["files"]) != expected:
+        raise CorruptState(f"{path} counts {workers} workers but lists the files {sorted(manifest['files'])}")
+    return manifest
+
+
 def _extent(manifest_path: Path) -> Extent:
-    manifest = json.loads(manifest_path.read_text())
+    manifest = _manifest(manifest_path)
     if "log" not in manifest:  # an older lowtide's: the log held the records before the checkpoint
         return Extent(int(manifest["seq"]), "", 0, manifest_path)
     log = manifest["log"]
@@ -160,7 +181,7 @@ def _extent(manifest_path: Path) -> Extent:
 
 
 def _read(path: Path) -> Checkpoint:
-    manifest = json.loads((path / MANIFEST).read_text())
+    manifest = _manifest(path / MANIFEST)
     seq = int(manifest["seq"])
     if f"{seq:020d}" != path.name:  # a damaged digit still parses: the log would replay from it
         raise CorruptState(f"{path / MANIFEST} names checkpoint {seq}, not the one of its directory")

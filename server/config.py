@@ -19,16 +19,23 @@ max_batch_rows = 1000000
 max_streams = 1000
 max_queries = 1000
 max_query_state_bytes = 1073741824
+max_state_bytes_total = 4294967296  # window state of all queries together; past it the query that
+                          # grew most fails RESOURCE_EXHAUSTED, the others go on
 max_windows_per_tuple = 100000    # RANGE / SLIDE of a window: a query over it is refused
 max_windows_per_step = 1000000    # windows one punctuation may make a landmark query emit
-max_strings = 5000000     # strings the string pool may hold (a batch adding more: RESOURCE_EXHAUSTED)
-max_string_bytes = 536870912  # ... and their UTF-8 bytes
+max_strings = 5000000     # strings one stream may add to the string pool (a batch adding more:
+                          # RESOURCE_EXHAUSTED)
+max_string_bytes = 536870912  # ... and the bytes of memory they take (each string's object and entry)
 retained_items = 1024     # result items kept per query for Subscribe(from_oldest / from_offset) ...
 retained_bytes = 268435456  # ... and at most this many bytes of them (both bound: oldest evicted)
 max_subscriber_bytes = 67108864  # one subscription's unread results; past it: RESOURCE_EXHAUSTED
+max_subscriber_bytes_total = 536870912  # result messages being sent to all subscribers at once; the
+                          # subscription that would pass it ends RESOURCE_EXHAUSTED
 staging_timeout_s = 600.0 # staged parts (Stage: Spark's format("lowtide") writer) not committed
                           # within this many seconds are dropped
 max_staged_bytes = 1073741824  # Arrow bytes staged and not yet committed (more: RESOURCE_EXHAUSTED)
+max_pending_bytes = 536870912  # bytes held for multi-part Ingest batches not yet applied, over all
+                          # calls (a part past it: its call ends RESOURCE_EXHAUSTED)
 flush_every = 0           # smooth emission: one result row per N input tuples; 0: off
 flush_max_windows = 2     # ... and no window more than this many behind punctuation
 tls_cert = ""             # PEM certificate (chain): serve TLS; needs tls_key, and the reverse
@@ -70,6 +77,7 @@ class ServerConfig:
     max_streams: int = 1000
     max_queries: int = 1000
     max_query_state_bytes: int = 1 << 30
+    max_state_bytes_total: int = 4 << 30
     max_windows_per_tuple: int = 100_000
     max_windows_per_step: int = 1_000_000
     max_strings: int = 5_000_000
@@ -77,8 +85,10 @@ class ServerConfig:
     retained_items: int = 1024
     retained_bytes: int = 256 << 20
     max_subscriber_bytes: int = 64 << 20
+    max_subscriber_bytes_total: int = 512 << 20
     staging_timeout_s: float = 600.0
     max_staged_bytes: int = 1 << 30
+    max_pending_bytes: int = 512 << 20
     flush_every: int = 0
     flush_max_windows: int = 2
     tls_cert: str = ""
@@ -119,6 +129,15 @@ class ServerConfig:
             raise InvalidArgument(
                 "retained_items, retained_bytes and max_subscriber_bytes must not be negative"
             )
+        if config.max_subscriber_bytes_total < config.max_message_bytes:
+            raise InvalidArgument(  # else a result as wide as a message could reach no subscriber
+                "max_subscriber_bytes_total must be at least max_message_bytes "
+                f"({config.max_subscriber_bytes_total} < {config.max_message_bytes})"
+            )
+        if config.max_pending_bytes < 0:
+            raise InvalidArgument("max_pending_bytes must not be negative")
+        if config.max_state_bytes_total < 0:
+            raise InvalidArgument("max_state_bytes_total must not be negative")
         if not config.staging_timeout_s > 0 or config.max_staged_bytes < 0:
             raise InvalidArgument("staging_timeout_s must be more than 0, max_staged_bytes not negative")
         if config.flush_every < 0 or config.flush_max_windows < 0:

@@ -19,7 +19,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from lowtide.batch import Batch
@@ -30,12 +30,12 @@ from lowtide.ipc import read_ipc
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.server import input_log as records
 from lowtide.server import messages as msg
-from lowtide.server.batches import AppliedBatches
+from lowtide.server.batches import AppliedBatches, PendingBytes
 from lowtide.server.checkpoint_coordinator import CheckpointCoordinator
 from lowtide.server.checkpoint_store import Checkpoint
 from lowtide.server.config import ServerConfig
 from lowtide.server.front_snapshot import restore_catalog, restore_output
-from lowtide.server.hub import Hub
+from lowtide.server.hub import Hub, SendBudget
 from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.local_workers import LocalWorkers
@@ -52,7 +52,7 @@ log = logging.getLogger("lowtide.server")
 class Front:
     """The engine's door, the worker pool, the hubs and the metrics of one server."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, truncate_log_tail: bool = False) -> None:
         self.config = config
         self.metrics = ServerMetrics()
         self.workers = self._transport(config)
@@ -65,13 +65,17 @@ class Front:
         self.engine = self._new_engine()
         self.hubs: dict[str, Hub] = {}
         self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source
-        self.state = StateDirectory(config.state_dir, config.fsync) if config.state_dir else None
+        self.state = (
+            StateDirectory(config.state_dir, config.fsync, truncate_log_tail) if config.state_dir else None
+        )
         self.staging = StagingArea(
             self.state.path / "staging" if self.state else None,
             config.fsync == "always",
             config.staging_timeout_s,
             config.max_staged_bytes,
         )
+        self.pending = PendingBytes(config.max_pending_bytes)  # multi-part batches not yet applied
+        self.sending = SendBudget(config.max_subscriber_bytes_total)  # result messages being sent
         self.journal = Journal(self.apply, self.state.log if self.state else None)
         # The catalog as created: what a checkpoint re-creates before it restores the state.
         self.catalog_streams: dict[str, records.CreateStream] = {}
@@ -91,8 +95,10 @@ class Front:
         self._syncs: dict[int, tuple[set[int], asyncio.Future[None]]] = {}  # token -> workers owing
         self._tokens = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
+        self.unrefused: tuple[Exception, int] | None = None  # the log's last record failed at replay
         # Scrapes run on the exposition's thread: they read a copy the event loop refreshes.
         self._snapshot: dict[str, Any] = {"streams": {}, "queries": {}}
+        self._state_seen: dict[str, int] = {}  # each query's state bytes at the last round
 
     def _transport(self, config: ServerConfig) -> WorkerTransport:
         """Local worker processes, or with ``ray`` actors of that Ray cluster (the ray extra)."""
@@ -186,7 +192,9 @@ class Front:
                 self.drop_stream(record.name)
                 del self.catalog_streams[record.name]
             case records.RegisterQuery():  # prepared: the slices it read, when restoring
-                name = self.register(record.sql, record.name, record.late, record.allowed_lateness, prepared)
+                with self._registered_under(record):
+                    lateness = record.allowed_lateness
+                    name = self.register(record.sql, record.name, record.late, lateness, prepared)
                 self.catalog_queries[name] = dataclasses.replace(record, name=name)
                 return name
             case records.DropQuery():
@@ -214,13 +222,17 @@ class Front:
         applied = self.applied_batches(record.stream, record.source)
         if record.batch_id and record.batch_id in applied:
             return 0
+        if not record.parts:  # a committed staged batch of no rows: only its id applies
+            self.engine.low_watermark(record.stream)  # NotFound once the stream is dropped
+            applied.add(record.batch_id)
+            return 0
         checked = prepared[1] if prepared is not None else None
         if prepared is not None and prepared[0] != self.engine.pool.releases:
             checked = None  # a dropped stream's codes were freed since: they may name others now
         if checked is None:  # at replay: admitted as it was when accepted (no string limit)
             limit = self.engine.limits.max_batch_rows
             parts = [
-                self.engine.admit(record.stream, read_ipc(part, limit), validated=True, limited=False)
+                self.engine.admit(record.stream, read_ipc(part, limit), validated=True)
                 for part in record.parts
             ]
         else:
@@ -243,12 +255,15 @@ class Front:
             start = 0
             if checkpoint is not None:
                 start = self._restore(checkpoint, live_hubs=False)
+            self.journal.refused = self.state.log.refused  # filled as each segment is read
             replayed = await self._replay(self.state.log.replay(start, self.checkpoints.store.extent()))
             await self.sync()
             if self.checkpoints.restore_errors:
                 raise StartupFailure(f"cannot restore the checkpoint: {self.checkpoints.restore_errors[0]}")
             # Recovered: now, and only now, the state directory may change.
             torn = self.state.log.recovered()
+            if self.unrefused is not None:
+                self.journal.refuse(*self.unrefused)
             self.checkpoints.store.remove_interrupted()
             kept, dropped = self.staging.load(lambda key: key[2] in self.applied_batches(key[0], key[1]))
             if kept or dropped:
@@ -262,21 +277,89 @@ class Front:
         return replayed, torn
 
     async def _replay(self, logged: Iterable[tuple[int, Record]]) -> int:
-        replayed = 0
+        """Apply logged records again, each as it applied live: limits judged new input when it was
+        logged, so today's (perhaps lowered) limits do not apply to it, and a record that failed
+        as it applied (a :class:`~lowtide.server.input_log.Refused` names it) is passed over. Any
+        other record that fails is damage, unless the log ends with it (a crash came before its
+        ``Refused``): :class:`StartupFailure` naming it and why, before anything in the state
+        directory changes."""
+        assert self.state is not None
+        replayed, last = 0, -1
+        failed: tuple[int, Record, str] | None = None
+        self.unrefused = None
         for seq, record in logged:
-            # A record that failed when it was accepted fails the same way now, changing nothing.
-            with contextlib.suppress(LowtideError):
-                self.apply(record)
-            self.journal.applied_through = max(self.journal.applied_through, seq)
+            if failed is not None:  # records follow it: it did apply live
+                at, what, reason = failed
+                raise StartupFailure(
+                    f"record {at} of the input log ({what.kind}, in {self.state.log.segment_of(at)}) "
+                    f"applied when it was logged but fails now: {reason}"
+                )
+            last = seq
+            if seq not in self.journal.refused and not isinstance(record, records.Refused):
+                try:
+                    with self._replaying():
+                        self.apply(record)
+                except Exception as exc:
+                    failed = (seq, record, str(exc) or type(exc).__name__)
+            self.journal.applied_through = max(self.journal.applied_through, last)
             replayed += 1
             await self.workers.wait_for_room()
+        if failed is not None:  # the log's last: logged as refused once recovered (records will follow it)
+            self.unrefused = Exception(failed[2]), failed[0]
         return replayed
+
+    @contextlib.contextmanager
+    def _replaying(self) -> Iterator[None]:
+        """Limits judge new input, not the log: lifted while a logged record applies again."""
+        engine = self.engine
+        limits = engine.limits
+        engine.limits = limits.lifted()
+        try:
+            yield
+        finally:
+            engine.limits = limits
+
+    @contextlib.contextmanager
+    def _registered_under(self, record: records.RegisterQuery) -> Iterator[None]:
+        """Plan a logged query under the settings it was registered with (its windows per step
+        and smooth emission shape its output), whatever the configuration says today."""
+        engine = self.engine
+        limits, flush = engine.limits, engine.flush
+        if record.windows_per_step is not None:
+            engine.limits = dataclasses.replace(limits, max_windows_per_step=record.windows_per_step)
+        if record.flush_every is not None:
+            shape = (record.flush_every, record.flush_max_windows or 0)
+            engine.flush = SlowFlush(*shape) if record.flush_every else None
+        try:
+            yield
+        finally:
+            engine.limits, engine.flush = limits, flush
+
+    def query_record(
+        self, sql: str, name: str | None, late: str, allowed_lateness: str | int | None
+    ) -> records.RegisterQuery:
+        """A query to register, with the settings it runs under (see :meth:`_registered_under`)."""
+        config = self.config
+        return records.RegisterQuery(
+            time.time(),
+            sql,
+            name,
+            late,
+            allowed_lateness,
+            windows_per_step=self.engine.limits.max_windows_per_step,
+            flush_every=config.flush_every,
+            flush_max_windows=config.flush_max_windows,
+        )
 
     def _restore(self, checkpoint: Checkpoint, live_hubs: bool) -> int:
         """Put the front and every worker where ``checkpoint`` was taken; returns its log position.
         New hubs take the offsets and items it retained; live ones skip what comes again."""
         front_state = as_dict(checkpoint.front, "front state")
-        restore_catalog(self, front_state["door"])
+        try:
+            with self._replaying():  # the catalog as it was accepted, whatever today's limits
+                restore_catalog(self, front_state["door"])
+        except LowtideError as exc:
+            raise StartupFailure(f"cannot restore the checkpoint {checkpoint.directory}: {exc}") from None
         messages = restore_output(self, front_state["output"], live_hubs)
         self.engine.runner.sync_strings()
         for worker in range(self.workers.size):
@@ -302,14 +385,18 @@ class Front:
             self.catalog_streams, self.catalog_queries = {}, {}
             for hub in self.hubs.values():  # the subscribers stay; what comes again is skipped
                 hub.remade = hub.next_offset
-            checkpoint = self.checkpoints.load()
-            start = 0
-            if checkpoint is not None:
-                start = self._restore(checkpoint, live_hubs=True)
             self.journal.forget_prepared()  # coded against the old pool: applied from their bytes
             through = self.journal.applied_through
-            logged = ((seq, r) for seq, r in self.state.log.records(start) if seq <= through)
-            replayed = await self._replay(logged)
+            try:
+                checkpoint = self.checkpoints.load()
+                start = 0
+                if checkpoint is not None:
+                    start = self._restore(checkpoint, live_hubs=True)
+                logged = ((seq, r) for seq, r in self.state.log.records(start) if seq <= through)
+                replayed = await self._replay(logged)
+            except StartupFailure as exc:  # damage found while serving: going on would lose results
+                self._give_up(f"worker {worker} cannot be recovered: {exc}")
+                return
             print(
                 f"lowtide: worker {worker} recovered: every worker restored from "
                 f"{f'checkpoint {checkpoint.seq}' if checkpoint is not None else 'the start'} and "
@@ -487,11 +574,32 @@ class Front:
                 log.warning("lowtide: %s", exc)
 
     async def _enforce_state_limit(self) -> None:
-        limit = self.config.max_query_state_bytes
-        for name, remote in list(self.engine.runner.queries.items()):
-            if not remote.failed and self.engine.state_bytes(name) > limit:
-                reason = f"query {name!r} holds {self.engine.state_bytes(name)} bytes of state, over {limit}"
+        """Fail each query holding more state than ``max_query_state_bytes``; then, while all the
+        others hold more than ``max_state_bytes_total`` together, the one that grew most since
+        the last round (the one taking the memory now, not those that hold what they held)."""
+        limit, total_limit = self.config.max_query_state_bytes, self.config.max_state_bytes_total
+        held = {
+            name: self.engine.state_bytes(name)
+            for name, remote in list(self.engine.runner.queries.items())
+            if not remote.failed
+        }
+        seen, self._state_seen = self._state_seen, held
+        for name, size in list(held.items()):
+            if size > limit:
+                reason = f"query {name!r} holds {size} bytes of state, over {limit}"
                 await self.submit(records.FailQuery(time.time(), name, "RESOURCE_EXHAUSTED", reason))
+                del held[name]
+        total = sum(held.values())
+        growth = sorted(held, key=lambda name: (held[name] - seen.get(name, 0), held[name]), reverse=True)
+        for name in growth:
+            if total <= total_limit:
+                break
+            reason = (
+                f"query {name!r} grew to {held[name]} bytes of state, taking all queries' state to "
+                f"{total} bytes, over max_state_bytes_total ({total_limit})"
+            )
+            await self.submit(records.FailQuery(time.time(), name, "RESOURCE_EXHAUSTED", reason))
+            total -= held[name]
 
     def snapshot(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -520,6 +628,7 @@ class Front:
             "strings": strings,
             "workers": workers,
             "staged": staged,
+            "held": {"pending": self.pending.held, "sending": self.sending.held},
         }
 
     async def stop(self) -> None:

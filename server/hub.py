@@ -19,16 +19,21 @@ Memory is bounded in bytes (DESIGN.md §8). An item weighs the Arrow buffers it 
   ``retained_bytes`` together; older ones are evicted at once (an item bigger than
   ``retained_bytes`` is never retained). ``Subscribe`` may start at any retained offset.
 * **A subscription** holds the item it is sending (the send waits on gRPC flow control, so a
-  reader that stops leaves its handler parked on that one message, charged at its item's size:
-  its serialized copy is about as big) and what was published since it subscribed that it has
-  not taken. It may always hold one item, whatever its size (so a result bigger than the limit
-  still reaches a reader that keeps up); once what it holds past
-  that oldest item exceeds ``max_subscriber_bytes``, it ends at once with ``RESOURCE_EXHAUSTED``:
+  reader that stops leaves its handler parked on that item, charged at its size: it stays alive
+  while it is sent) and what was published since it subscribed that it has not taken. It may
+  always hold one item, whatever its size (so a result bigger than the limit still reaches a
+  reader that keeps up); once what it holds past that oldest item exceeds
+  ``max_subscriber_bytes``, it ends at once with ``RESOURCE_EXHAUSTED``:
   its next entry is the end, none of its backlog comes first (the log forgets what only it held),
   and the reason names the offset to resume from - still retained if ``retained_bytes`` exceeds
   ``max_subscriber_bytes`` by what is published before it comes back. The retained items a
   subscription replays are not charged (they are retained anyway); one that stalls during the
   replay keeps at most ``retained_bytes`` of them alive past their eviction.
+* **Every subscription together** (:class:`SendBudget`): an item goes out one message at a time
+  (a wide table one slice at a time, serialized when its turn comes), so a parked handler holds
+  one message beside the item; the messages being sent stay within
+  ``max_subscriber_bytes_total``, and the subscription whose next message would pass it ends
+  with ``RESOURCE_EXHAUSTED`` naming that item's offset to resume from.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lowtide.errors import CorruptState, InvalidArgument, OutOfRange, ResourceExhausted
+from lowtide.errors import CorruptState, InvalidArgument, OutOfRange, PermissionDenied, ResourceExhausted
 from lowtide.handles import Item
 from lowtide.names import shown
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
@@ -48,7 +53,7 @@ from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 # What one log entry costs beside its buffers (the entry, its offset, a punctuation object): a
 # backlog of punctuation alone is bounded too.
 ENTRY_BYTES = 128
-MAX_READERS = 64  # readers whose committed offset a query keeps
+MAX_READERS = 64  # readers whose committed offset a query keeps for each token
 MAX_READER_NAME = 256
 
 
@@ -156,6 +161,34 @@ class Subscription:
         self._ready.set()
 
 
+class SendBudget:
+    """The serialized result messages all subscriptions of the server are sending at once, within
+    ``max_subscriber_bytes_total``. A subscription serializes one message at a time and holds it
+    until gRPC has sent it: a reader that stops keeps one message alive, and many of them would
+    add up without this bound. A subscription whose next message does not fit is the one cut
+    (``take`` answers False): the ones already sending go on."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+    def cut(self, offset: int) -> ResourceExhausted:
+        """The end of a subscription whose message at ``offset`` did not fit."""
+        return ResourceExhausted(
+            f"subscribers are being sent more than max_subscriber_bytes_total ({self.limit} bytes) "
+            f"of results at once; resume with from_offset={offset}"
+        )
+
+
 class Hub:
     def __init__(self, retained_items: int, retained_bytes: int, max_subscriber_bytes: int) -> None:
         self.retained_items = retained_items
@@ -169,6 +202,7 @@ class Hub:
         self.ended = False  # the end-of-stream punctuation is in: nothing comes after it
         self.next_offset = 0  # the offset the next new item gets
         self.readers: dict[str, int] = {}  # each reader's committed offset (CommitOffset)
+        self.owners: dict[str, str | None] = {}  # the token that first committed each (commit_reader)
         self.remade = 0  # items a recovery emits again before new ones come: already delivered
 
     @property
@@ -205,18 +239,31 @@ class Hub:
             subscription.wake()
         self._trim()
 
-    def commit_reader(self, reader: str, offset: int) -> None:
+    def commit_reader(self, reader: str, offset: int, owner: str | None = None) -> None:
         """``reader`` has processed every item below ``offset``: kept (never lowered) for the
         lag ListQueries and the metrics show. In memory: a restarted server learns it again at
-        the reader's next commit."""
+        the reader's next commit.
+
+        The name belongs to the token that first committed under it (``owner``: its identity;
+        None for an admin token or a server without tokens, which may commit under any name):
+        another token may not move it. Each owner keeps at most ``MAX_READERS`` names a query,
+        so one token cannot take every name there is."""
         if not reader or len(reader) > MAX_READER_NAME or not reader.isprintable():
             raise InvalidArgument(
                 f"a reader needs a name of 1 to {MAX_READER_NAME} printable characters, got {shown(reader)}"
             )
+        if reader in self.owners and owner is not None and self.owners[reader] != owner:
+            raise PermissionDenied(
+                f"reader {shown(reader)} was named by another token: "
+                "commit under a reader name of this token's own"
+            )
         if not 0 <= offset <= self.next_offset:
             raise OutOfRange(f"offset {offset} is not one the query emitted: 0 to {self.next_offset}")
-        if reader not in self.readers and len(self.readers) >= MAX_READERS:
-            raise ResourceExhausted(f"the query keeps the offsets of at most {MAX_READERS} readers")
+        if reader not in self.owners:
+            if sum(1 for named in self.owners.values() if named == owner) >= MAX_READERS:
+                each = "" if owner is None else " for each token"
+                raise ResourceExhausted(f"the query keeps the offsets of at most {MAX_READERS} readers{each}")
+            self.owners[reader] = owner
         self.readers[reader] = max(offset, self.readers.get(reader, 0))
 
     def restore(self, next_offset: int, retained: list[tuple[int, Item]]) -> None:

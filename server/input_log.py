@@ -50,6 +50,11 @@ _FRAME = struct.Struct("<II")
 _HEADER_LENGTH = struct.Struct("<I")
 _HEADER_START = b'{"kind":'  # every JSON header's first bytes (encode puts "kind" first)
 _SEAL = b'{"kind":"seal"'  # the header of a segment's seal (see the module docstring)
+_REFUSED = b'{"kind":"refused"'  # the header of a Refused record (found without reading the rest)
+_FIRST = b'{"kind":"segment"'  # the header of the frame that opens a segment, naming its first record
+END = "end"  # the file in the log's directory that says how far the log reached (see _EndMark)
+_END_SLOT = struct.Struct("<QQQQI")  # generation, records, segment's first record, its bytes; CRC-32
+_END_SLOTS = 2  # written in turn: a torn write spoils one, the other still says the end before it
 SEGMENT_BYTES = 64 << 20  # a new segment starts past this size: old ones go whole
 FSYNC_POLICIES = ("no", "always", "everysec")
 _DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -90,6 +95,11 @@ class RegisterQuery(Record):
     name: str | None  # None: the engine names it (q1, q2, ...), the same way at replay
     late: str
     allowed_lateness: str | int | None
+    # What the query runs under, as configured when it was registered (None in the records of an
+    # older lowtide: today's configuration): a restart with other settings replays it the same.
+    windows_per_step: int | None = None
+    flush_every: int | None = None
+    flush_max_windows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,17 @@ class Tick(Record):
     kind: ClassVar[str] = "tick"
 
 
+@dataclass(frozen=True)
+class Refused(Record):
+    """Record ``seq`` failed when it applied (a change another record applied first, in the time
+    between its check and its turn): it changes nothing live, nor at replay. Any other record
+    that fails at replay is damage (see :mod:`lowtide.server.front`)."""
+
+    kind: ClassVar[str] = "refused"
+    seq: int
+    reason: str
+
+
 _KINDS: dict[str, type[Record]] = {
     k.kind: k
     for k in (
@@ -156,6 +177,7 @@ _KINDS: dict[str, type[Record]] = {
         Punctuate,
         CloseSource,
         Tick,
+        Refused,
     )
 }
 
@@ -196,6 +218,24 @@ def _is_seal(data: bytes, at: int) -> bool:
     return data.startswith(_SEAL, at + _FRAME.size + _HEADER_LENGTH.size)
 
 
+def opening(first: int) -> bytes:
+    """The frame that begins the segment whose first record is ``first``: not a record, it is not
+    numbered. A segment renamed, or its name's digits damaged, no longer matches it."""
+    header = json.dumps({"kind": "segment", "first": first}, separators=(",", ":")).encode()
+    return frame(_HEADER_LENGTH.pack(len(header)) + header)
+
+
+def _opened_at(data: bytes, end: int) -> int | None:
+    """The first record named by the whole frame ``data[:end]`` if it opens a segment, else None."""
+    lead = _FRAME.size + _HEADER_LENGTH.size
+    if not data.startswith(_FIRST, lead):
+        return None
+    try:
+        return int(json.loads(data[lead:end])["first"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class Damaged(StartupFailure):
     """A log or checkpoint file that cannot be read as written."""
 
@@ -213,15 +253,75 @@ class Extent:
 
 @dataclass(frozen=True)
 class TornTail:
-    """The bytes after the last whole frame of the last segment: a write a crash tore."""
+    """The bytes after the last whole frame of the last segment: a write a crash tore, or, on the
+    operator's word (``--truncate-log-tail``), damaged records that are given up."""
 
     path: Path
     at: int  # where the torn frame begins
     size: int  # the segment's size, torn frame included
+    lost: int = 0  # acknowledged records given up (0: a torn write, never acknowledged)
 
     @property
     def dropped(self) -> int:
         return self.size - self.at
+
+
+@dataclass(frozen=True)
+class EndMark:
+    """How far the log reached when it last wrote ``D/log/end``: the records written and acknowledged
+    up to then (with ``fsync = "always"``, those on the disk). The log's own bytes cannot vouch
+    for their length (a segment cut at a record boundary reads as a log that ended there), so a
+    log found shorter than this has lost acknowledged records."""
+
+    records: int
+    segment: str
+    bytes: int
+    path: Path
+
+
+class _EndFile:
+    """``D/log/end``: two slots written in turn, each ``[generation][records][segment's first record]
+    [its bytes][CRC-32]``; the whole slot with the highest generation counts."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        found = read_end(path)
+        self._generation = found[1] if found is not None else 0
+
+    def write(self, records: int, segment_first: int, size: int) -> None:
+        self._generation += 1
+        body = _END_SLOT.pack(self._generation, records, segment_first, size, 0)[:-4]
+        slot = body + struct.pack("<I", zlib.crc32(body))
+        os.pwrite(self._fd, slot, (self._generation % _END_SLOTS) * _END_SLOT.size)
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_end(path: Path) -> tuple[EndMark, int] | None:
+    """The end ``path`` records and its generation; None if there is no such file (a log of an
+    older lowtide). Both slots damaged: :class:`Damaged`."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    best: tuple[EndMark, int] | None = None
+    for slot in range(_END_SLOTS):
+        chunk = data[slot * _END_SLOT.size : (slot + 1) * _END_SLOT.size]
+        if len(chunk) < _END_SLOT.size:
+            continue
+        generation, records, first, size, crc = _END_SLOT.unpack(chunk)
+        if zlib.crc32(chunk[:-4]) != crc or generation % _END_SLOTS != slot:
+            continue
+        if best is None or generation > best[1]:
+            best = EndMark(records, segment_name(first), size, path), generation
+    if best is None and data:
+        raise Damaged(f"{path}, which says how far the input log reached, is damaged")
+    return best
 
 
 def segment_name(first: int) -> str:
@@ -262,18 +362,71 @@ def _next_frame(data: bytes, at: int) -> int:
     return -1
 
 
-def _check_tail(path: Path, data: bytes, at: int, last: bool) -> None:
-    """The bytes of ``path`` from ``at`` on are not a whole frame: raise :class:`Damaged` unless
-    they are a torn write. Only the last frame of the last segment can be torn (each frame is one
-    write, appended), and then no whole frame follows it: one that does proves the bytes at
-    ``at`` were acknowledged and damaged since (a length field with a flipped bit, say)."""
+def _refusals(data: bytes) -> set[int]:
+    """The records the :class:`Refused` records among the whole frames of ``data`` name, found by
+    their header's first bytes (no other record is decoded)."""
+    lead = _FRAME.size + _HEADER_LENGTH.size
+    found: set[int] = set()
+    at = data.find(_REFUSED, lead)
+    while at >= 0:
+        end = _frame_end(data, at - lead)
+        if end >= 0:
+            try:
+                record = decode(data[at - lead + _FRAME.size : end])
+            except (ValueError, KeyError, TypeError, struct.error):
+                record = None  # unreadable: the replay names it
+            if isinstance(record, Refused):
+                found.add(record.seq)
+        at = data.find(_REFUSED, at + 1)
+    return found
+
+
+def _whole_length(data: bytes, at: int) -> bool:
+    """Whether the frame at ``at`` has all the bytes its length field declares (a valid one)."""
+    if len(data) - at < _FRAME.size:
+        return False
+    length = int(_FRAME.unpack_from(data, at)[0])
+    return length >= _HEADER_LENGTH.size and at + _FRAME.size + length <= len(data)
+
+
+def _frames_from(data: bytes, at: int) -> int:
+    """How many whole frames that are records there are from the whole frame at ``at`` on."""
+    count = 0
+    while at >= 0:
+        count += not _is_seal(data, at)
+        end = _frame_end(data, at)
+        at = end if _frame_end(data, end) >= 0 else _next_frame(data, end)
+    return count
+
+
+def _check_tail(path: Path, data: bytes, at: int, last: bool, repair: bool, vouched: bool) -> TornTail:
+    """The bytes of ``path`` from ``at`` on are not a whole frame: a torn write, or damage.
+
+    Only the last frame of the last segment can be torn (each frame is one write, appended), and
+    then no whole frame follows it, and it ends before its declared length, unless ``D/log/end``
+    does not vouch for it (not ``vouched``: a power loss may leave a frame's length on disk and
+    not all its bytes). A frame the end vouches for, its declared bytes all there but failing the
+    CRC, was written whole and acknowledged: damage, as is a bad frame that whole frames follow
+    (a length field with a flipped bit, say). Damage raises :class:`Damaged`, unless ``repair``
+    (the operator's ``--truncate-log-tail``) gives up the last segment's records from ``at`` on."""
+    hint = " (lowtide serve --truncate-log-tail drops it and what follows, on your word)"
     if not last:
         raise Damaged(f"the input log is damaged at byte {at} of {path}")
     after = _next_frame(data, at)
+    if after < 0 and not (vouched and _whole_length(data, at)):
+        return TornTail(path, at, len(data))
+    lost = 1 + (_frames_from(data, after) if after >= 0 else 0)
+    if repair:
+        return TornTail(path, at, len(data), lost)
     if after >= 0:
         raise Damaged(
-            f"the input log is damaged at byte {at} of {path}: whole records follow it from byte {after}"
+            f"the input log is damaged at byte {at} of {path}: whole records follow it from byte "
+            f"{after}{hint}"
         )
+    raise Damaged(
+        f"the last record of {path}, at byte {at}, fails its CRC: it was written whole, so it was "
+        f"acknowledged and damaged since, not torn by a crash{hint}"
+    )
 
 
 class InputLog:
@@ -283,18 +436,32 @@ class InputLog:
     has recovered: only then is a torn tail cut off and appending begins.
     """
 
-    def __init__(self, directory: Path, fsync: str = "no", segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        fsync: str = "no",
+        segment_bytes: int = SEGMENT_BYTES,
+        truncate_tail: bool = False,
+    ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise StartupFailure(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
         self.directory = directory
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.truncate_tail = truncate_tail  # the operator gives up a damaged or cut tail (see _check_tail)
         self.next_seq = 0  # the number the next record gets
         self.bytes_written = 0  # since this process opened the log
         self._fd = -1
         self._segment_start = 0
         self._segment_bytes = 0
         self._torn: TornTail | None = None
+        # The records a Refused names, in the segments read so far: a Refused is in the segment of
+        # the record it names (see append), so a segment's are known before its records are read.
+        self.refused: set[int] = set()
+        self._end: _EndFile | None = None
+        self._shortfall = (
+            0  # records the end file vouches for that are gone (given up on the operator's word)
+        )
         self._synced = threading.Condition()
         self._written_seq = -1  # highest seq written to the OS
         self._durable_seq = -1  # highest seq known on disk (fsync "always")
@@ -302,6 +469,7 @@ class InputLog:
         self._callback: Callable[[int], None] | None = None
         self._syncer: threading.Thread | None = None
         self._stopping = False
+        self._written_end = (0, 0, 0)  # what _mark_end records once the fsync of _written_seq is done
 
     @staticmethod
     def create(directory: Path) -> None:
@@ -310,6 +478,7 @@ class InputLog:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory / segment_name(0), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
+            os.write(fd, opening(0))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -320,9 +489,10 @@ class InputLog:
         """At start: every whole record numbered ``start`` or later, in order, changing nothing.
 
         Raises :class:`Damaged`, naming the file, for a log that misses records (a gap between
-        segments, records before ``start``, fewer records than ``extent`` says it held) or holds
-        a bad frame anywhere but at its very end. A torn last frame is only noted: see
-        :meth:`recovered`.
+        segments, records before ``start``, fewer records than ``extent`` or ``D/log/end`` say it
+        held), a segment whose name is not its first record's, or a bad frame anywhere but a torn
+        last one. A torn last frame is only noted: see :meth:`recovered`. With ``truncate_tail``
+        damage within the last segment, and a log cut short of its end, are noted too, as given up.
         """
         return self._read(start, extent, opening=True)
 
@@ -336,6 +506,7 @@ class InputLog:
         segments = _segments(self.directory)
         if not segments:
             raise Damaged(f"the input log {self.directory} holds no segment (a log always holds one)")
+        end_mark = self._read_end() if opening else None
         seq, path = segments[0]
         if seq > start:
             why = (
@@ -345,11 +516,19 @@ class InputLog:
             )
             raise Damaged(f"the input log begins at record {seq} in {path}, but {why}")
         for index, (first, path) in enumerate(segments):
+            data = path.read_bytes()
+            self.refused |= _refusals(data)
+            at = 0  # where the whole frames end
+            if (end := _frame_end(data, 0)) >= 0 and (named := _opened_at(data, end)) is not None:
+                if named != first:
+                    raise Damaged(
+                        f"{path} holds the records from {named} on: its name says {first} "
+                        "(renamed, or its name damaged)"
+                    )
+                at = end
             if first != seq:
                 raise Damaged(f"the input log misses records {seq} to {first - 1} before {path}")
             last = opening and index == len(segments) - 1
-            data = path.read_bytes()
-            at = 0  # where the whole frames end
             sealed = False
             while (end := _frame_end(data, at)) >= 0:
                 sealed = _is_seal(data, at)
@@ -365,8 +544,8 @@ class InputLog:
                 seq += 1
                 at = end
             if at < len(data):
-                _check_tail(path, data, at, last and not sealed)
-                self._torn = TornTail(path, at, len(data))
+                vouched = end_mark is None or seq < end_mark.records  # an older lowtide's log: no end
+                self._torn = _check_tail(path, data, at, last and not sealed, self.truncate_tail, vouched)
             if sealed and index == len(segments) - 1:
                 raise Damaged(f"the input log misses the segment(s) after {path}, which ends sealed")
             if last:
@@ -374,46 +553,96 @@ class InputLog:
                 self._segment_bytes = at
         if not opening:
             return
-        if extent is not None and seq < extent.records:
+        hint = "; lowtide serve --truncate-log-tail gives them up, on your word"
+        if extent is not None and seq < extent.records and not (self.truncate_tail and seq >= start):
             then = ""
             if extent.segment:
                 then = f", through byte {extent.bytes} of {self.directory / extent.segment}"
             raise Damaged(
                 f"the input log ends at record {seq} in {path}, but {extent.manifest} was written when "
                 f"it held {extent.records} records{then}: a segment is missing or cut short"
+                + (hint if seq >= start else "")
             )
+        if end_mark is not None and seq < end_mark.records:
+            if not self.truncate_tail:
+                raise Damaged(
+                    f"the input log ends at record {seq} in {path}, but {end_mark.path} says "
+                    f"{end_mark.records} records were written, through byte {end_mark.bytes} of "
+                    f"{end_mark.segment}: {end_mark.records - seq} acknowledged records are missing{hint}"
+                )
+            self._shortfall = end_mark.records - seq
         self.next_seq = seq
         self._written_seq = self._durable_seq = seq - 1
+
+    def _read_end(self) -> EndMark | None:
+        try:
+            found = read_end(self.directory / END)
+        except Damaged:
+            if self.truncate_tail:
+                return None  # written again once recovered
+            raise
+        return found[0] if found is not None else None
+
+    def segment_of(self, seq: int) -> Path:
+        """The segment that holds record ``seq``."""
+        firsts = [(first, path) for first, path in _segments(self.directory) if first <= seq]
+        return firsts[-1][1] if firsts else self.directory
 
     def recovered(self) -> TornTail | None:
         """The server has recovered: cut off the torn last frame, if any (never acknowledged, and
         appends must follow whole frames), and open the last segment for appends. Returns what was
-        cut off."""
+        cut off, with the acknowledged records given up on the operator's word."""
         torn, self._torn = self._torn, None
         path = self.directory / segment_name(self._segment_start)
         if torn is not None:
             os.truncate(path, torn.at)
+        if self._shortfall:
+            size = torn.size if torn is not None else self._segment_bytes
+            at = torn.at if torn is not None else self._segment_bytes
+            torn = TornTail(path, at, size, max(self._shortfall, torn.lost if torn is not None else 0))
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.fsync(self._fd)
+        if (self.directory / END).exists() and self.truncate_tail:
+            (self.directory / END).unlink()  # damaged, or vouching for what was given up
+        self._end = _EndFile(self.directory / END)
+        self._mark_end()
+        self._end.sync()
+        fsync_directory(self.directory)
         return torn
 
+    def _mark_end(self) -> None:
+        """Record in ``D/log/end`` that the log reaches its present end."""
+        assert self._end is not None
+        self._end.write(self.next_seq, self._segment_start, self._segment_bytes)
+
     # -- writing ------------------------------------------------------------------------------
-    def append(self, record: Record) -> int:
-        """Write ``record`` to the OS (one ``write``) and return its number.
+    def append(self, record: Record, may_rotate: bool = True) -> int:
+        """Write ``record`` to the OS (one ``write``) and return its number. Not ``may_rotate``:
+        in the current segment whatever its size (a :class:`Refused` stays with the record it
+        names, and so do records logged while one may still fail: see the journal).
 
         A full disk raises :class:`ResourceExhausted` and leaves the log as it was.
         """
         assert self._fd >= 0, "append before recovered()"
         data = frame(encode(record))
-        if self._segment_bytes >= self.segment_bytes:
+        full = self._segment_bytes >= self.segment_bytes and self.next_seq > self._segment_start
+        if full and may_rotate and not isinstance(record, Refused):  # (a segment holds a record at least)
             self._next_segment()
         self._write(data)
         seq = self.next_seq
         self.next_seq += 1
+        if self.fsync != "always":  # written to the OS, acknowledged: the end vouches for it
+            self._mark_end()
         with self._synced:
             self._written_seq = seq
+            self._written_end = (self.next_seq, self._segment_start, self._segment_bytes)
             self._synced.notify()
         return seq
+
+    def sync_now(self) -> None:
+        """Make everything written so far durable, here and now (a rare record, :class:`Refused`,
+        that must not wait for the next group commit)."""
+        os.fsync(self._fd)
 
     def _write(self, data: bytes) -> None:
         """Append one frame to the current segment (one ``write``); a full disk raises
@@ -434,21 +663,35 @@ class InputLog:
         self.bytes_written += len(data)
 
     def _next_segment(self) -> None:
-        """Begin the next segment: made (and in its directory) before the current one is sealed,
-        so a crash between the two leaves an unsealed segment and an empty one, not a seal whose
-        next segment is missing."""
+        """Begin the next segment: made (and in its directory, its opening frame in it) before the
+        current one is sealed, so a crash between the two leaves an unsealed segment and a new one
+        holding at most its opening, not a seal whose next segment is missing."""
         name = segment_name(self.next_seq)
-        fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        head = opening(self.next_seq)
         try:
+            # Truncated: a try a full disk stopped may have left part of its opening behind.
+            fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise ResourceExhausted(
+                f"cannot begin a segment of the input log: {exc.strerror or exc}"
+            ) from None
+        try:
+            if os.write(fd, head) != len(head):
+                raise OSError(errno.ENOSPC, "short write")
             fsync_directory(self.directory)
             self._write(seal(name))
             os.fsync(self._fd)  # a segment is complete on disk before the next begins
+        except OSError as exc:
+            os.close(fd)
+            raise ResourceExhausted(
+                f"cannot begin a segment of the input log: {exc.strerror or exc}"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
         os.close(self._fd)
         self._fd = fd
-        self._segment_bytes = 0
+        self._segment_bytes = len(head)
         self._segment_start = self.next_seq
 
     def sync_extent(self) -> tuple[int, str, int]:
@@ -477,11 +720,13 @@ class InputLog:
                     self._synced.wait()
                 if self._stopping:
                     return
-                target, fd = self._written_seq, self._fd
+                target, fd, end = self._written_seq, self._fd, self._written_end
             try:
                 os.fsync(fd)
             except OSError:
                 continue  # rotated meanwhile: the closed segment was synced, the next round covers it
+            if self._end is not None and target > self._durable_seq:  # on disk: the end vouches for it
+                self._end.write(*end)
             self._durable_seq = max(self._durable_seq, target)
             if self._callback is not None:
                 self._loop.call_soon_threadsafe(self._callback, self._durable_seq)
@@ -506,3 +751,9 @@ class InputLog:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
+        if self._end is not None:
+            if self._syncer is not None:
+                self._syncer.join()  # it may be writing the end
+            self._mark_end()
+            self._end.close()
+            self._end = None

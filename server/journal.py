@@ -7,7 +7,10 @@ commit); otherwise at once, after its ``write`` reached the OS. Without ``--stat
 log and changes apply directly, through the same code.
 
 Invariant: the order of application equals the order in the log, so replaying the log at start
-rebuilds the same streams, queries, windows and output offsets.
+rebuilds the same streams, queries, windows and output offsets. A change is checked before it is
+logged; one that fails as it applies all the same (another change applied first, between its check
+and its turn) is followed in the log by a :class:`~lowtide.server.input_log.Refused` naming it,
+so replay tells that failure from damage.
 
 The state directory: ``D/lowtide-state.json`` (what wrote it, and the format), ``D/lock`` (one
 server at a time), ``D/log/`` (the input log), ``D/checkpoints/``. Opening it changes nothing in
@@ -20,6 +23,7 @@ import asyncio
 import fcntl
 import json
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +32,7 @@ from typing import Any
 from lowtide import __version__
 from lowtide.errors import StartupFailure
 from lowtide.server.files import write_atomically
-from lowtide.server.input_log import InputLog, Record, segment_name
+from lowtide.server.input_log import InputLog, Record, Refused, opening, segment_name
 
 FORMAT = 1  # of the state directory; a server refuses one written in another format
 
@@ -38,10 +42,13 @@ Apply = Callable[[Record, Any], Any]
 class StateDirectory:
     """An opened, locked state directory."""
 
-    def __init__(self, path: str, fsync: str) -> None:
+    def __init__(self, path: str, fsync: str, truncate_tail: bool = False) -> None:
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            if not (self.path / "lowtide-state.json").exists() and not _new(self.path):
+                # Refused before the lock is made: a directory that is not ours stays as it was.
+                raise StartupFailure(f"--state-dir {self.path} is not empty and holds no lowtide state")
             self._lock = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise StartupFailure(f"cannot use --state-dir {path}: {exc.strerror or exc}") from None
@@ -50,7 +57,7 @@ class StateDirectory:
         except OSError:
             raise StartupFailure(f"--state-dir {path} is in use by another lowtide server") from None
         self._check_format()
-        self.log = InputLog(self.path / "log", fsync)
+        self.log = InputLog(self.path / "log", fsync, truncate_tail=truncate_tail)
 
     def _check_format(self) -> None:
         marker = self.path / "lowtide-state.json"
@@ -66,9 +73,8 @@ class StateDirectory:
                     f"{found.get('version', '?')}); this lowtide {__version__} reads format {FORMAT}"
                 )
             return
-        if not _new(self.path):
-            raise StartupFailure(f"--state-dir {self.path} is not empty and holds no lowtide state")
-        # The log first, the marker last: a directory with the marker holds a log.
+        # New (checked before the lock was made). The log first, the marker last: a directory with
+        # the marker holds a log.
         InputLog.create(self.path / "log")
         write_atomically(marker, json.dumps({"format": FORMAT, "version": __version__}).encode() + b"\n")
 
@@ -84,11 +90,9 @@ def _new(path: Path) -> bool:
     if not found:
         return True
     log = path / "log"
-    return (
-        found == {"log"}
-        and log.is_dir()
-        and [(p.name, p.stat().st_size) for p in log.iterdir()] == [(segment_name(0), 0)]
-    )
+    if found != {"log"} or not log.is_dir() or [p.name for p in log.iterdir()] != [segment_name(0)]:
+        return False
+    return (log / segment_name(0)).read_bytes() in (b"", opening(0))
 
 
 class Journal:
@@ -98,6 +102,7 @@ class Journal:
         self.apply = apply
         self.log = log
         self.applied_through = -1  # the number of the last logged record applied
+        self.refused: set[int] = set()  # logged records that failed as they applied (see Refused)
         self._waiting: deque[tuple[int, Record, Any, asyncio.Future[Any]]] = deque()
 
     async def submit(self, record: Record, prepared: Any = None) -> Any:
@@ -107,10 +112,16 @@ class Journal:
         """
         if self.log is None:
             return self.apply(record, prepared)
-        seq = self.log.append(record)
+        # Not into a new segment while a change logged before may still fail: its Refused must
+        # come in the segment that holds it (replay reads a segment's refusals before its records).
+        seq = self.log.append(record, may_rotate=not self._waiting)
         if self.log.fsync != "always":
             self.applied_through = seq
-            return self.apply(record, prepared)
+            try:
+                return self.apply(record, prepared)
+            except Exception as exc:
+                self.refuse(exc, seq)
+                raise
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((seq, record, prepared, future))
         self.log.when_durable(seq, self._durable)
@@ -123,11 +134,22 @@ class Journal:
             try:
                 result = self.apply(record, prepared)
             except Exception as exc:  # the submitter gets it, as without fsync
+                self.refuse(exc, seq)
                 if not future.done():
                     future.set_exception(exc)
                 continue
             if not future.done():
                 future.set_result(result)
+
+    def refuse(self, exc: Exception, seq: int) -> None:
+        """Record ``seq`` failed as it applied, after it was logged (its check passed, then another
+        record applied first changed the verdict): say so in the log, on disk before anything
+        after it is acknowledged, so that replay knows its failure from damage."""
+        assert self.log is not None
+        self.refused.add(seq)
+        self.log.append(Refused(time.time(), seq, str(exc) or type(exc).__name__), may_rotate=False)
+        if self.log.fsync == "always":
+            self.log.sync_now()
 
     def forget_prepared(self) -> None:
         """Changes waiting for their fsync will be applied from their bytes: what was prepared

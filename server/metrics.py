@@ -58,6 +58,12 @@ Read from the snapshot at scrape time:
 ``lowtide_staged_parts``                              gauge: those parts
 ``lowtide_staged_parts_expired_total``                counter: parts dropped uncommitted after
                                                       ``staging_timeout_s``
+``lowtide_pending_batch_bytes``                       gauge: bytes the parts of multi-part Ingest
+                                                      batches not yet applied hold (received Arrow
+                                                      and admitted columns; ``max_pending_bytes``)
+``lowtide_subscriber_sending_bytes``                  gauge: bytes of the result messages being
+                                                      sent to subscribers
+                                                      (``max_subscriber_bytes_total``)
 ``lowtide_snapshot_errors_total``                     counter: scrapes whose snapshot call raised
                                                       (the snapshot series are then left out)
 
@@ -75,7 +81,8 @@ engine's ``Engine.stats()``)::
                         "readers": {reader: lag}}},   (readers optional)
      "strings": {process: int},   (optional)
      "workers": {index: node},    (optional)
-     "staged": {"bytes": int, "parts": int, "expired": int}}  (optional)
+     "staged": {"bytes": int, "parts": int, "expired": int},  (optional)
+     "held": {"pending": int, "sending": int}}  (optional)
 
 The snapshot function is called on the exposition's HTTP thread: it must be safe to call from
 there (for instance, return a copy the front's event loop keeps up to date).
@@ -257,6 +264,15 @@ class SnapshotCollector(Collector):
             PREFIX + "staged_parts_expired", "Staged parts dropped uncommitted after staging_timeout_s."
         )
         expired.add_metric([], staged["expired"])
+        held = snapshot.get("held", {"pending": 0, "sending": 0})
+        pending = GaugeMetricFamily(
+            PREFIX + "pending_batch_bytes", "Bytes held by the parts of multi-part batches not yet applied."
+        )
+        pending.add_metric([], held["pending"])
+        sending = GaugeMetricFamily(
+            PREFIX + "subscriber_sending_bytes", "Bytes of the result messages being sent to subscribers."
+        )
+        sending.add_metric([], held["sending"])
         return [
             ingested,
             behind,
@@ -274,6 +290,8 @@ class SnapshotCollector(Collector):
             staged_bytes,
             staged_parts,
             expired,
+            pending,
+            sending,
         ]
 
 

@@ -9,6 +9,11 @@ into the query's sink and late side stream, exactly where an in-process graph wo
 A query fails when a worker reports it failed, or dies (the front decides: without a state
 directory the queries on it fail here).
 
+The workers' string pools mirror the door's as far as their queries need it: the codes of query
+literals, and every string only while a query that decodes strings runs
+(:attr:`~lowtide.query.description.PlanDescription.decodes_strings`). Otherwise results and late
+tuples leave a worker as codes, which the front decodes: a worker holds no copy of the pool.
+
 Invariant: this module decides what is sent where and how outputs meld; how messages reach the
 workers is the :class:`~lowtide.server.transport.WorkerTransport`'s, so a transport is the whole
 of what another kind of worker (a Ray actor) needs.
@@ -119,6 +124,7 @@ class ProcessRunner:
         self.pool = pool
         self.queries: dict[str, RemoteQuery] = {}
         self.worker_strings: dict[int, int] = {}  # what each worker's pool held at its last Stats
+        self._decoding: set[str] = set()  # queries that decode strings: the workers mirror the pool
         self.on_released: Callable[[str, float], None] | None = None  # (query, seconds since sent)
         # Shared slices, by name -> the query feeding them (its dispatches outlive it while others read).
         self._feeders: dict[str, RemoteQuery] = {}
@@ -147,6 +153,11 @@ class ProcessRunner:
             query, partitioning, workers, OrderedMeld(len(workers), query.sink, query.on_late)
         )
         self.queries[query.name] = remote
+        if description.decodes_strings:
+            if not self._decoding:  # from now on the workers mirror every string
+                self.pool.take_unsent()
+                self._post_strings(None, self.pool.entries())
+            self._decoding.add(query.name)
         self.sync_strings()
         for worker in workers:
             self.workers.post(worker, msg.Register(query.name, description))
@@ -171,6 +182,13 @@ class ProcessRunner:
         if remote is not None:
             for worker in remote.workers:
                 self.workers.post(worker, msg.Drop(name))
+        if name in self._decoding:
+            self._decoding.discard(name)
+            if not self._decoding:  # the workers need the literals alone again
+                self.sync_strings()
+                held = self.pool.entries()
+                pinned = set(self.pool.pinned(held))
+                self.workers.broadcast(msg.Forget([code for code in held if code not in pinned]))
         shares = (q.query.description.share for q in self.queries.values())
         live = {share.name for share in shares if share is not None}
         self._feeders = {share: feeder for share, feeder in self._feeders.items() if share in live}
@@ -185,9 +203,10 @@ class ProcessRunner:
 
     def strings_released(self, codes: npt.NDArray[np.int64]) -> None:
         """A dropped stream's strings were freed: the workers forget them too, after the entries
-        added before (a freed code is given out again only after this)."""
+        added before (a freed code is given out again only after this). Literals are never
+        freed: workers that hold nothing else have nothing to forget."""
         self.sync_strings()
-        if codes.size:
+        if codes.size and self._decoding:
             self.workers.broadcast(msg.Forget(codes.tolist()))
 
     def placement(self, description: PlanDescription) -> str:
@@ -221,10 +240,22 @@ class ProcessRunner:
 
     # -- the workers ----------------------------------------------------------------------------
     def sync_strings(self) -> None:
-        """Broadcast the string pool's new entries, so every worker decodes as the door does."""
+        """Broadcast the string pool's new entries the workers need (see the module), so every
+        worker codes literals, and decodes, as the door does."""
         codes = self.pool.take_unsent()
-        if codes:
-            self.workers.broadcast(msg.Strings(codes, self.pool.values(codes)))
+        if codes and not self._decoding:
+            codes = self.pool.pinned(codes)
+        self._post_strings(None, codes)
+
+    def _post_strings(self, worker: int | None, codes: list[int]) -> None:
+        """The strings of ``codes`` to ``worker`` (None: every worker)."""
+        if not codes:
+            return
+        message = msg.Strings(codes, self.pool.values(codes))
+        if worker is None:
+            self.workers.broadcast(message)
+        else:
+            self.workers.post(worker, message)
 
     def on_worker_message(
         self, worker: int, message: msg.QueryOutput | msg.Stats, arrays: Arrays
@@ -280,12 +311,12 @@ class ProcessRunner:
         """Fail every query that had state on ``worker``; returns their names.
 
         The transport has already started the worker again, with an empty string pool: it gets
-        the door's whole pool first, so the queries registered on it later decode as the door does.
+        what the workers mirror of the door's pool first, so the queries registered on it later
+        code and decode as the door does.
         """
         self.sync_strings()
         codes = self.pool.entries()
-        if codes:
-            self.workers.post(worker, msg.Strings(codes, self.pool.values(codes)))
+        self._post_strings(worker, codes if self._decoding else self.pool.pinned(codes))
         lost = []
         for remote in self.queries.values():
             if worker in remote.workers and not remote.failed:

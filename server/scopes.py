@@ -11,7 +11,12 @@ which names. A token written as a table may limit them with glob patterns (``fnm
 * ``queries``: the query a Subscribe reads, the queries ListQueries shows (with their SQL) and
   those ListWorkers shows on each worker (with their state bytes; every worker is listed).
   ``<query>.late`` (the raw input rows a query found late) is a name of its own: the pattern
-  ``q1`` does not grant ``q1.late``; ``q1*`` or ``q1.late`` does.
+  ``q1`` does not grant ``q1.late``; ``q1*`` or ``q1.late`` does. Its rows are those of the
+  streams its query reads, so it takes ``streams`` too: every name the query reads (FROM), as
+  ExplainQuery's SQL, must be one of them.
+
+A reader name a CommitOffset reports under belongs to the token that first committed it
+(:mod:`lowtide.server.hub`): ``committer`` carries the calling token's identity to the servicer.
 
 Invariant: a key left out does not limit its kind of name; ``[]`` allows none. Admin tokens are
 unscoped. A call outside the scope is refused with PERMISSION_DENIED naming the scope, before it
@@ -22,6 +27,7 @@ does the reason of an unknown name (the streams or queries it lists).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -38,6 +44,12 @@ KEYS: dict[str, tuple[str, ...]] = {
     "producer": ("streams", "sources", "queries"),
     "reader": ("streams", "queries"),
 }
+
+
+# The token of the CommitOffset being served (its place in the tokens file, never the secret);
+# None: an admin token or a server without tokens, bound to no reader name. Set for each call, in
+# the call's own task, as lowtide.names.visible_names is.
+committer: ContextVar[str | None] = ContextVar("committer", default=None)
 
 
 def _matches(patterns: Patterns, name: str) -> bool:
@@ -64,13 +76,14 @@ class Scope:
     def sees_stream(self, name: str) -> bool:
         return _matches(self.streams, name)
 
-    def sees_query(self, name: str) -> bool:
-        return _matches(self.queries, name)
+    def sees_query(self, name: str, inputs: Sequence[str] = ()) -> bool:
+        """Whether the token reaches query ``name``; ``inputs``: what a ``.late`` name's query reads."""
+        return _matches(self.queries, name) and all(_matches(self.streams, s) for s in inputs)
 
-    def sees(self, kind: str, name: str) -> bool:
+    def sees(self, kind: str, name: str, inputs: Sequence[str] = ()) -> bool:
         """Whether a reason may name the ``kind`` ("stream", "query") ``name``
         (:data:`lowtide.names.visible_names`)."""
-        return self.sees_query(name) if kind == "query" else self.sees_stream(name)
+        return self.sees_query(name, inputs) if kind == "query" else self.sees_stream(name)
 
     def ingest(self, stream: str, source: str) -> PermissionDenied | None:
         """The refusal of an Ingest into ``stream`` under ``source``, or None."""
@@ -81,10 +94,16 @@ class Scope:
             f"{_shown(self.sources)}, not into stream {shown(stream)} under source {shown(source)}"
         )
 
-    def subscribe(self, query: str) -> PermissionDenied | None:
-        """The refusal of a Subscribe to ``query`` (a query or ``<query>.late``), or None."""
+    def subscribe(self, query: str, inputs: Sequence[str] = ()) -> PermissionDenied | None:
+        """The refusal of a Subscribe to ``query`` (a query or ``<query>.late``), or None;
+        ``inputs``: for ``<query>.late``, the names its query reads (their raw rows are in it)."""
         if _matches(self.queries, query):
-            return None
+            if all(_matches(self.streams, name) for name in inputs):
+                return None
+            return PermissionDenied(  # not naming the stream: the token may not know it
+                f"{shown(query)} holds raw rows of a stream outside this token's streams "
+                f"{_shown(self.streams)}"
+            )
         hint = ""
         if query.endswith(".late") and _matches(self.queries, query.removesuffix(".late")):
             hint = f" (a .late stream holds raw input: it needs a pattern of its own, such as {shown(query)})"

@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from lowtide.errors import StartupFailure
+from lowtide.errors import NotFound, StartupFailure
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.server import auth
 from lowtide.server.config import ServerConfig
@@ -26,13 +26,22 @@ from lowtide.server.ports import ensure_free
 from lowtide.server.service import Service, add_service
 
 
-async def _serve(config: ServerConfig) -> int:
+def _reads(front: Front, query: str) -> list[str]:
+    """The names ``query`` reads (FROM; none if there is no such query): what its ``.late`` holds."""
+    try:
+        return front.engine.query(query).streams
+    except NotFound:
+        return []
+
+
+async def _serve(config: ServerConfig, truncate_log_tail: bool) -> int:
     security = auth.load(config)  # TLS files and tokens are read and checked before anything starts
     # Both ports are taken before any worker starts: a start that fails says why in one line.
     ensure_free(config.host, config.port, "gRPC")
     if config.metrics_port > 0:
         ensure_free(config.metrics_host, config.metrics_port, "metrics")
-    front = Front(config)
+    front = Front(config, truncate_log_tail)
+    security.bind(lambda query: _reads(front, query))
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
@@ -76,10 +85,16 @@ async def _serve(config: ServerConfig) -> int:
         began = time.monotonic()
         try:
             replayed, torn = await front.recover()
-        except StartupFailure:
+        except BaseException:
             await front.stop()  # the workers and their shared memory go; the state directory stays as it was
             raise
-        if torn is not None:
+        if torn is not None and torn.lost:
+            print(
+                f"lowtide: --truncate-log-tail: gave up {torn.lost} acknowledged record(s) at the end of "
+                f"the input log ({torn.dropped} bytes cut from {torn.path})",
+                file=sys.stderr,
+            )
+        elif torn is not None:
             print(
                 f"lowtide: dropped a torn last record (never acknowledged): {torn.dropped} bytes at "
                 f"the end of {torn.path}",
@@ -109,8 +124,9 @@ async def _serve(config: ServerConfig) -> int:
     return front.exit_code
 
 
-def serve(config: ServerConfig) -> int:
-    """Run a server until SIGTERM or SIGINT; returns the exit code."""
+def serve(config: ServerConfig, truncate_log_tail: bool = False) -> int:
+    """Run a server until SIGTERM or SIGINT; returns the exit code. ``truncate_log_tail``: the
+    operator gives up the damaged or cut end of ``--state-dir``'s input log at this start."""
     import uvloop
 
-    return uvloop.run(_serve(config))
+    return uvloop.run(_serve(config, truncate_log_tail))

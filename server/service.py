@@ -13,7 +13,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -22,6 +22,7 @@ import pyarrow as pa
 from lowtide import __version__, errors
 from lowtide.door import Door
 from lowtide.errors import InvalidArgument, LowtideError, NotFound, ResourceExhausted
+from lowtide.handles import Item
 from lowtide.ipc import read_ipc
 from lowtide.names import shown, unknown
 from lowtide.proto import lowtide_pb2 as pb
@@ -29,10 +30,11 @@ from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.punctuation.model import Punctuation
 from lowtide.server import input_log as records
 from lowtide.server import staged_calls
-from lowtide.server.batches import PartialBatch
+from lowtide.server.batches import PartialBatch, admitted_bytes
 from lowtide.server.front import Front
-from lowtide.server.hub import Closed, Entry
+from lowtide.server.hub import Closed
 from lowtide.server.process_runner import ProcessRunner
+from lowtide.server.scopes import committer
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")
@@ -59,33 +61,37 @@ def _arrow_bytes(table: pa.Table) -> bytes:
 _MESSAGE_HEADROOM = 4096  # of max_message_bytes, for a response's fields around its Arrow bytes
 
 
-def _subscribe_responses(entry: Entry, max_bytes: int) -> list[pb.SubscribeResponse] | Closed:
-    """The messages of one item: a table over ``max_bytes`` as slices under it, each but the
-    last marked ``more`` (a message over gRPC's limit would end the subscription)."""
-    if isinstance(entry, Closed):
-        return entry
-    offset, item = entry
+_SLICE_BYTES = 4 << 20  # what a message of a result table aims at (max_message_bytes if less)
+
+
+def _messages(offset: int, item: Item, max_bytes: int) -> Iterator[pb.SubscribeResponse]:
+    """The messages of one item, each made when the one before has been sent: a table over
+    ``_SLICE_BYTES`` as slices of consecutive rows, each but the last marked ``more``, each
+    under ``max_bytes`` (a message over gRPC's limit would end the subscription; a single row
+    over it goes alone: gRPC then refuses it, naming the limit). Only the slice at hand is
+    serialized, from the item as the hub keeps it: a reader that stops holds one small message,
+    not a serialized copy of the table (with its copies in protobuf and gRPC, about three)."""
     if isinstance(item, Punctuation):
-        punctuation = pb.Punctuation(value=item.value, attribute=item.attribute)
-        return [pb.SubscribeResponse(punctuation=punctuation, offset=offset)]
-    pieces = _slices_under(item, max_bytes)
-    return [
-        pb.SubscribeResponse(arrow=piece, offset=offset, more=k < len(pieces) - 1)
-        for k, piece in enumerate(pieces)
-    ]
-
-
-def _slices_under(table: pa.Table, max_bytes: int) -> list[bytes]:
-    """``table`` as Arrow IPC streams of consecutive rows, each under ``max_bytes`` (a single row
-    over it goes alone: gRPC then refuses it, naming the limit)."""
-    whole = _arrow_bytes(table)
-    if len(whole) <= max_bytes or table.num_rows <= 1:
-        return [whole]
-    rows = max(1, table.num_rows * max_bytes // (2 * len(whole)))  # half the limit: headroom
-    pieces: list[bytes] = []
-    for at in range(0, table.num_rows, rows):
-        pieces.extend(_slices_under(table.slice(at, rows), max_bytes))
-    return pieces
+        yield pb.SubscribeResponse(
+            punctuation=pb.Punctuation(value=item.value, attribute=item.attribute), offset=offset
+        )
+        return
+    aim = min(max_bytes, _SLICE_BYTES)
+    todo = [item]  # slices still to send, the next one last
+    while todo:
+        table = todo.pop()
+        if table.nbytes <= aim or table.num_rows <= 1:  # likely one message: try it
+            data = _arrow_bytes(table)
+            if len(data) <= max_bytes or table.num_rows <= 1:
+                response = pb.SubscribeResponse(arrow=data, offset=offset, more=bool(todo))
+                del data  # the message has its own copy
+                yield response
+                del response  # sent: not alive while the next slice is made
+                continue
+            del data
+        # Rows for half the aim (headroom for the IPC framing), and at most half the rows.
+        rows = max(1, min(table.num_rows // 2, table.num_rows * aim // (2 * max(1, table.nbytes))))
+        todo.extend(table.slice(at, rows) for at in reversed(range(0, table.num_rows, rows)))
 
 
 async def _abort(
@@ -96,6 +102,16 @@ async def _abort(
         str(exc),
         trailing_metadata=(("lowtide-error", type(exc).__name__), *extra),
     )
+
+
+def _forget_locals(exc: BaseException, ended: Callable[..., Any]) -> None:
+    """Clear the frame of ``ended`` that ``exc`` has just come out of (it is done: only the frame
+    that caught ``exc`` is above it). The abort that follows chains to ``exc`` in a reference
+    cycle with grpc's handler, which would keep that frame's locals (the parts a refused batch
+    received, the slice a cut subscriber was making) alive until a garbage collection."""
+    below = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    if below is not None and below.tb_frame.f_code is ended.__code__:
+        below.tb_frame.clear()
 
 
 class _Undecodable:
@@ -158,6 +174,7 @@ class _Tally:
     def __init__(self) -> None:
         self.message = -1
         self.tuples = self.batches = self.duplicates = 0
+        self.receiving: PartialBatch | None = None  # the last batch begun: what it holds goes at the end
 
     async def count(self, requests: AsyncIterator[pb.IngestRequest]) -> AsyncIterator[pb.IngestRequest]:
         async for request in requests:
@@ -269,9 +286,7 @@ class Service(pb_grpc.LowtideServicer):
     async def RegisterQuery(self, request: pb.RegisterQueryRequest, context: Any) -> pb.RegisterQueryResponse:
         text = request.allowed_lateness  # a number of units, else a duration: the planner checks both
         lateness: str | int | None = int(text) if _INTEGER.fullmatch(text) else (text or None)
-        record = records.RegisterQuery(
-            time.time(), request.sql, request.name or None, request.late or "drop", lateness
-        )
+        record = self.front.query_record(request.sql, request.name or None, request.late or "drop", lateness)
         self.engine.check_query(record.sql, record.name, record.late, record.allowed_lateness)
         name = await self.front.submit(record)
         running = self.engine.query(name)
@@ -341,8 +356,13 @@ class Service(pb_grpc.LowtideServicer):
         try:
             return await self._ingest(tally.count(request_iterator), tally)
         except LowtideError as exc:  # names the message it stopped at (see _Tally)
+            _forget_locals(exc, Service._ingest)
             await _abort(context, exc, tally.metadata())
             raise  # not reached: abort raises
+        finally:  # however the call ends (refused, cancelled, the client gone): nothing is held
+            if tally.receiving is not None:
+                self.front.pending.release(tally.receiving)
+                tally.receiving = None  # this frame may outlive the call (see _forget_locals)
 
     async def _ingest(
         self, request_iterator: AsyncIterator[pb.IngestRequest], tally: _Tally
@@ -363,24 +383,32 @@ class Service(pb_grpc.LowtideServicer):
                     duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
                     releases = front.engine.pool.releases
                     partial = PartialBatch(batch_id, parts, duplicate, front.generation, releases)
+                    tally.receiving = partial
                 partial.check(batch_id, parts)
                 # Each part is checked and coded on arrival, while the client sends the next.
                 if partial.duplicate:
                     admitted = None
                 else:
-                    table = _read_arrow(request.arrow, front.engine.limits.max_batch_rows)
+                    arrow = request.arrow  # read once: each read of the field is another copy
+                    if parts > 1:  # its parts wait for the last one: charged before decoding
+                        front.pending.hold(partial, len(arrow))
+                    table = _read_arrow(arrow, front.engine.limits.max_batch_rows)
                     admitted = front.engine.admit(stream, table, validated=True)
-                    partial.payloads.append(request.arrow)
+                    partial.payloads.append(arrow)
+                    if parts > 1:
+                        front.pending.hold(partial, admitted_bytes(admitted, arrow))
                 if not partial.take(admitted):
                     continue
                 whole, partial = partial, None
                 applied = front.applied_batches(stream, source)
                 # Checked again at the end: another call may have applied the same id meanwhile.
                 if whole.duplicate or (whole.batch_id and whole.batch_id in applied):
+                    front.pending.release(whole)
                     tally.duplicates += 1
                     continue
                 batch = (whole.batch_id, whole.payloads, whole.admitted, whole.generation, whole.releases)
                 rows = await front.submit_batch(stream, source, *batch)
+                front.pending.release(whole)  # applied: the front holds its parts no more
                 if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
                     tally.duplicates += 1
                     continue
@@ -413,6 +441,7 @@ class Service(pb_grpc.LowtideServicer):
         except grpc.aio.AbortError:
             raise
         except LowtideError as exc:
+            _forget_locals(exc, Service._subscribe)
             await _abort(context, exc)
         except Exception as exc:
             await _abort_unexpected(context, exc, "Subscribe")
@@ -429,24 +458,33 @@ class Service(pb_grpc.LowtideServicer):
             raise InvalidArgument(f"from_offset must be 0 or more, got {from_offset}")
         subscription = hub.subscribe(request.from_oldest, from_offset)
         limit = self.front.config.max_message_bytes - _MESSAGE_HEADROOM
+        sending = self.front.sending
         try:
             while True:
-                # The table stays out of this frame: while a slow reader parks the send, only the
-                # serialized message is held here (the hub charges it as the item in flight).
-                responses = _subscribe_responses(await subscription.next(), limit)
-                if isinstance(responses, Closed):
-                    response = responses
-                    if response.status is not None:
+                entry = await subscription.next()
+                if isinstance(entry, Closed):
+                    if entry.status is not None:
                         # A limit passed (state, backlog) names its class like every other error.
-                        kind = (
-                            ResourceExhausted.__name__ if response.status == ResourceExhausted.status else ""
-                        )
+                        kind = ResourceExhausted.__name__ if entry.status == ResourceExhausted.status else ""
                         metadata = (("lowtide-error", kind),) if kind else ()
-                        code = grpc.StatusCode[response.status]
-                        await context.abort(code, response.reason, trailing_metadata=metadata)
+                        code = grpc.StatusCode[entry.status]
+                        await context.abort(code, entry.reason, trailing_metadata=metadata)
                     return
-                for response in responses:
-                    yield response
+                # The item is the hub's own (retained, or charged to this subscription as the
+                # item in flight); while a slow reader parks the send, the one message being sent
+                # is all this subscription adds, and the server-wide total bounds those.
+                offset, item = entry
+                del entry
+                for response in _messages(offset, item, limit):
+                    size = response.ByteSize()
+                    if not sending.take(size):
+                        raise sending.cut(offset)  # this one ends: those already sending go on
+                    try:
+                        yield response
+                    finally:
+                        sending.give(size)
+                    del response
+                del item
         finally:
             hub.unsubscribe(subscription)
 
@@ -455,7 +493,7 @@ class Service(pb_grpc.LowtideServicer):
         hub = self.front.hubs.get(request.query)
         if hub is None:
             raise unknown("query", request.query, self.front.hubs)
-        hub.commit_reader(request.reader, request.offset)
+        hub.commit_reader(request.reader, request.offset, committer.get())
         return pb.CommitOffsetResponse()
 
     @translated

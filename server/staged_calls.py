@@ -103,6 +103,10 @@ async def commit_staged(front: Front, request: pb.CommitStagedRequest) -> pb.Com
             batch = (batch_id, payloads, admitted, generation, releases)
             rows = await front.submit_batch(stream, source, *batch)
             duplicate = rows == 0  # applied meanwhile, by another commit
+        else:
+            # No row to apply, but the id is logged as applied all the same: its parts go below,
+            # so a retried commit must find the batch applied (duplicate), not its parts missing.
+            await front.submit(records.Batch(time.time(), stream, source, batch_id, ()))
     front.staging.discard(key)
     held = front.engine.source_punctuation(stream, source)
     if request.HasField("punctuation") and request.punctuation > held:

@@ -8,9 +8,10 @@ tuples, still as engine columns (string codes): the front decodes them once, aft
 workers' outputs.
 
 The messages in and out are those of :mod:`lowtide.server.messages`: in, the front's
-:data:`~lowtide.server.messages.ToWorker` (the string pool's new and released entries, which the
-worker's pool mirrors; queries registered and dropped; batches and punctuation; sync, stats,
-checkpoint, reset, restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output
+:data:`~lowtide.server.messages.ToWorker` (the string pool's new and released entries its
+queries need, which the worker's pool mirrors: see :mod:`~lowtide.server.process_runner`;
+queries registered and dropped; batches and punctuation; sync, stats, checkpoint, reset,
+restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output
 punctuation, late tuples; ``Released`` after the results a punctuation released; ``Epoch`` after
 everything one batch, punctuation or ``Emit`` (early results) message made for a query; the
 answers to the control messages). A :class:`Worker` only handles messages and sends its answers

@@ -31,6 +31,7 @@ Row = dict[str, Any]
 END_OF_STREAM = 2**63 - 1
 NO_PROGRESS = -(2**63)
 CountsIn = Callable[[int, int, int], bool]  # (tuple index, window start, window end) -> does it count
+Aggregator = Callable[["Agg", Sequence[Row]], Any]  # an aggregate's value over a group's tuples
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,9 @@ def session_punctuation(spec: Spec, tuples: Sequence[Row], progress: int, floor:
     return min([*ends, floor + window.gap])
 
 
-def _group(spec: Spec, tuples: Sequence[Row], start: int, end: int) -> list[Row]:
+def _group(
+    spec: Spec, tuples: Sequence[Row], start: int, end: int, aggregate_of: Aggregator = aggregate
+) -> list[Row]:
     groups: dict[tuple[Any, ...], list[Row]] = {}
     for t in tuples:
         groups.setdefault(tuple(t[k] for k in spec.keys), []).append(t)
@@ -247,41 +250,46 @@ def _group(spec: Spec, tuples: Sequence[Row], start: int, end: int) -> list[Row]
         row: Row = {"window_start": start, "window_end": end}
         row.update(zip(spec.keys, key, strict=True))
         for agg in spec.aggs:
-            row[agg.name] = aggregate(agg, members)
+            row[agg.name] = aggregate_of(agg, members)
         rows.append(row)
     return rows
 
 
 def evaluate(
-    spec: Spec, tuples: Sequence[Row], progress: int | None = None, counts_in: CountsIn | None = None
+    spec: Spec,
+    tuples: Sequence[Row],
+    progress: int | None = None,
+    counts_in: CountsIn | None = None,
+    aggregate_of: Aggregator = aggregate,
 ) -> list[Row]:
     """Expected result rows (revision 0) of ``spec`` over ``tuples`` in arrival order.
 
     ``progress``: for landmark windows, the largest finite punctuation the query saw (windows are
     emitted up to it); ignored by the other windows. ``counts_in``: for sliding and landmark windows,
     whether tuple ``i`` counts in the window ``[start, end)`` it falls in (tuples behind
-    punctuation, late tuples under ``update``).
+    punctuation, late tuples under ``update``). ``aggregate_of``: the value of an aggregate over a
+    group's tuples (another oracle than :func:`aggregate`; HAVING keeps :func:`aggregate`).
     """
     window = spec.window
     rows: list[Row] = []
     if window.kind == "sliding":
         for start, end, members in _sliding_windows(window, [t[window.attribute] for t in tuples], counts_in):
-            rows += _group(spec, [tuples[i] for i in members], start, end)
+            rows += _group(spec, [tuples[i] for i in members], start, end, aggregate_of)
     elif window.kind == "landmark":
         landmarks = _landmark_windows(window, [t[window.attribute] for t in tuples], progress, counts_in)
         for start, end, members in landmarks:
-            rows += _group(spec, [tuples[i] for i in members], start, end)
+            rows += _group(spec, [tuples[i] for i in members], start, end, aggregate_of)
     elif window.kind == "session":
         for members in _by_key(spec, tuples).values():
             for start, end, index in sessions_of(window.gap, [t[window.attribute] for t in members]):
-                rows += _group(spec, [members[i] for i in index], start, end)
+                rows += _group(spec, [members[i] for i in index], start, end, aggregate_of)
     elif window.kind == "rows":
         partitions: dict[tuple[Any, ...], list[Row]] = {}
         for t in tuples:  # each partition numbers its own rows from 0, in arrival order
             partitions.setdefault(tuple(t[p] for p in window.partition), []).append(t)
         for part in partitions.values():
             for start, end, members in _sliding_windows(window, list(range(len(part)))):
-                rows += _group(spec, [part[i] for i in members], start, end)
+                rows += _group(spec, [part[i] for i in members], start, end, aggregate_of)
     else:
         raise ValueError(window.kind)
     return rows

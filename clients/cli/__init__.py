@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--worker-cpus", type=float, help="with --ray: CPUs each worker actor reserves (default 1)"
     )
+    serve.add_argument(
+        "--truncate-log-tail",
+        action="store_true",
+        help="with --state-dir: give up acknowledged records at the end of a damaged or cut input log "
+        "(this start only; it says how many)",
+    )
 
     stream = commands.add_parser("stream", help="create, drop or list streams")
     stream_commands = stream.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         ray=args.ray,
         worker_cpus=args.worker_cpus,
     )
-    return serve(config)
+    return serve(config, truncate_log_tail=args.truncate_log_tail)
 
 
 def _sql(text: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from lowtide.operators.aggregates import AggregateCall
+from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.oa_join import Band, JoinSide, Tumbling
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.windows import Session, Window, WindowLimits
@@ -224,6 +224,18 @@ class PlanDescription:
         """Whether an aggregate of it smooths emission (§8.3.3): its output may leave after the
         punctuation that completed it."""
         return any(isinstance(n.kind, AggregateNode) and n.kind.flush is not None for n in self.nodes)
+
+    @property
+    def decodes_strings(self) -> bool:
+        """Whether running it turns string codes back into strings (``heavy_hitters`` of a string
+        column ranks its hits by their text): its runner then needs every string of the pool,
+        where other queries need the codes of their literals alone."""
+        return any(
+            call.func is AggFunc.HEAVY_HITTERS and call.input_type is not None and call.input_type.is_string
+            for node in self.nodes
+            if isinstance(node.kind, AggregateNode)
+            for call in node.kind.aggregate.calls
+        )
 
 
 __all__ = [

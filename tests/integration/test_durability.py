@@ -28,11 +28,12 @@ import pytest
 from cluster import rows
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import Server, lowtide_command, running_server, start_server
-from state_files import files, frame_starts
+from state_files import files, frame_starts, record_starts
 
 from lowtide import END_OF_STREAM, Engine, Punctuation
 from lowtide.clients import Client
 from lowtide.errors import OutOfRange, ResourceExhausted
+from lowtide.server.input_log import CreateStream, DropQuery, InputLog, Record, Refused, Tick
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("durability")]
 
@@ -123,7 +124,7 @@ def feed(client: Client, rounds: range, batch_ids: bool = True) -> None:
     As a producer that restarts does (DESIGN §8): it resends its batches under the same ids and
     punctuates only above its source's recovered punctuation.
     """
-    (stream,) = client.list_streams()
+    (stream,) = [s for s in client.list_streams() if s["name"] == "s"]
     recovered = stream["source_punctuation"]
     with client.producer("s", "a") as a, client.producer("s", "b") as b:
         for i in rounds:
@@ -273,13 +274,13 @@ def test_a_damaged_length_mid_log_stops_the_start_and_changes_nothing(state_dir:
     damage. Before, the start cut them off and started without a word."""
     segment, _ = killed_after_a_checkpoint(state_dir)
     data = bytearray(segment.read_bytes())
-    starts = frame_starts(bytes(data))
+    starts = record_starts(bytes(data))
     at, following = starts[len(starts) // 2], starts[len(starts) // 2 + 1]
     data[at + 3] ^= 0x01
     segment.write_bytes(bytes(data))
     assert serve_refuses(state_dir) == (
         f"lowtide: the input log is damaged at byte {at} of {segment}: whole records follow it from byte "
-        f"{following}"
+        f"{following} (lowtide serve --truncate-log-tail drops it and what follows, on your word)"
     )
 
 
@@ -289,7 +290,7 @@ def test_a_log_cut_short_or_deleted_stops_the_start_and_changes_nothing(state_di
     segment, manifest = killed_after_a_checkpoint(state_dir)
     seq = json.loads(manifest.read_text())["seq"]
     data = segment.read_bytes()
-    segment.write_bytes(data[: frame_starts(data)[seq // 2] + 5])  # inside record seq // 2
+    segment.write_bytes(data[: record_starts(data)[seq // 2] + 5])  # inside record seq // 2
     line = serve_refuses(state_dir)
     covered = json.loads(manifest.read_text())["log"]
     assert line == (
@@ -300,6 +301,7 @@ def test_a_log_cut_short_or_deleted_stops_the_start_and_changes_nothing(state_di
     segment.unlink()
     no_segment = f"lowtide: the input log {segment.parent} holds no segment (a log always holds one)"
     assert serve_refuses(state_dir) == no_segment
+    (segment.parent / "end").unlink()
     segment.parent.rmdir()
     assert serve_refuses(state_dir) == f"lowtide: the input log {segment.parent} is missing"
 
@@ -343,10 +345,13 @@ def test_an_offset_no_longer_retained_is_out_of_range(state_dir: Path) -> None:
             next(iter(client.subscribe("tumbling", from_offset=0)))
 
 
-@pytest.mark.parametrize("damage", ["a worker's file cut short", "the manifest's seq changed"])
+@pytest.mark.parametrize(
+    "damage", ["a worker's file cut short", "the manifest's seq changed", "the manifest's workers changed"]
+)
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path, damage: str) -> None:
     """A damaged digit of the manifest's seq still parses: before, the log replayed from the
-    position it named, and windows came out twice (found by test_faults, seed 2)."""
+    position it named, and windows came out twice (found by test_faults, seed 2). One of its
+    workers count advised ``--workers 3``, and a start with it printed IndexError tracebacks."""
     server = start_server(config=config(state_dir))
     with Client(server.target, timeout=30) as client:
         client.create_stream("s", SCHEMA, sources=["a", "b"])
@@ -361,12 +366,24 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path, dama
     if damage.startswith("a worker's"):
         damaged = newest / "worker-0.state"
         damaged.write_bytes(damaged.read_bytes()[:-10])
-    else:
+    elif damage.endswith("seq changed"):
         manifest = newest / "MANIFEST.json"
         text = manifest.read_text()
         seq = json.loads(text)["seq"]
         assert f'"seq": {seq},' in text
         manifest.write_text(text.replace(f'"seq": {seq},', f'"seq": {seq - 1},'))
+    else:
+        manifest = newest / "MANIFEST.json"
+        text = manifest.read_text()
+        assert '"workers": 2,' in text
+        manifest.write_text(text.replace('"workers": 2,', '"workers": 3,'))
+        with pytest.raises(RuntimeError) as refusal:
+            start_server(workers=3, config=config(state_dir))
+        assert "Traceback" not in str(refusal.value) and "Error:" not in str(refusal.value)
+        assert f"checkpoint {newest} is damaged ({manifest} fails its CRC); falling back" in str(
+            refusal.value
+        )
+        assert "was taken with 2 workers; start with --workers 2" in str(refusal.value)
     with server_on(state_dir) as (server, client):
         assert f"checkpoint {newest} is damaged" in server.stderr_tail()
         feed(client, range(ROUNDS))
@@ -380,7 +397,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path, dama
         front.write_bytes(b"\0" * len(front.read_bytes()))
     with pytest.raises(
         RuntimeError,
-        match=r"no whole checkpoint left: .*(front\.state does not match its manifest|names checkpoint)",
+        match=r"no whole checkpoint left: .*(front\.state does not match its manifest|fails its CRC)",
     ):
         start_server(config=config(state_dir))
 
@@ -497,3 +514,118 @@ def test_a_start_removes_the_rings_a_killed_server_left(state_dir: Path) -> None
     with server_on(state_dir) as (server, _):
         assert not {path for path in left if Path(path).exists()}
         assert len(_mapped_segments(server.pid)) == 2 * server.workers
+
+
+# Each below today's use: 40-row batches, two streams (three with the harness's warm-up), two
+# queries, a sliding window of three windows a tuple.
+LOWERED = {"max_batch_rows": 10, "max_streams": 1, "max_queries": 1, "max_windows_per_tuple": 2}
+
+
+def test_a_restart_with_lowered_limits_keeps_everything_acknowledged(state_dir: Path) -> None:
+    """Limits judge new input, not the log. Before, replay dropped what today's limits refused
+    (125 acknowledged tuples became 0, a query and a stream vanished) and the next checkpoint
+    made it permanent."""
+    server = start_server(config=config(state_dir, checkpoint_interval_s=0))  # the whole log replays
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        client.create_stream("t", SCHEMA)
+        client.register_query(TUMBLING, name="tumbling")
+        client.register_query(SLIDING, name="sliding")
+        feed(client, range(6))
+    kill9(server)
+    lowered = start_server(config=config(state_dir, **LOWERED), warm_up=False)
+    with Client(lowered.target, timeout=30) as client:
+        assert {s["name"]: s["tuples_ingested"] for s in client.list_streams()} == {"s": 6 * 2 * 40, "t": 0}
+        assert sorted(q["name"] for q in client.list_queries()) == ["sliding", "tumbling"]
+        with pytest.raises(ResourceExhausted, match="at most 1 streams"):  # new input: today's limits
+            client.create_stream("u", SCHEMA)
+        lowered.await_checkpoint()  # taken under the lowered limits, it holds everything too
+    lowered.stop()
+    with server_on(state_dir) as (_, client):
+        feed(client, range(ROUNDS))
+        finish(client)
+        for name, sql in (("tumbling", TUMBLING), ("sliding", SLIDING)):
+            got = read(client, name, until=END_OF_STREAM, from_offset=0)
+            assert rows([item for _, item in got]) == expected(sql), name
+
+
+def appended(state_dir: Path, *logged: Record) -> list[int]:
+    """Append records to a stopped server's log, as if it had logged them; their numbers."""
+    log = InputLog(state_dir / "log")
+    list(log.replay())
+    log.recovered()
+    seqs = [log.append(record) for record in logged]
+    log.close()
+    return seqs
+
+
+def test_a_record_that_no_longer_applies_stops_the_start_and_a_refused_one_is_passed_over(
+    state_dir: Path,
+) -> None:
+    """Replay no longer swallows errors: a logged record that fails is damage, unless a
+    ``Refused`` says it failed live (then it is passed over, even where it would apply now), or
+    it is the log's last (a crash came before its ``Refused``)."""
+    with server_on(state_dir, checkpoint_interval_s=0) as (_, client):
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        feed(client, range(2))
+    (ghost,) = appended(state_dir, CreateStream(time.time(), "ghost", SCHEMA, "ts", "explicit", [], None))
+    appended(state_dir, Refused(time.time(), ghost, "stream 'ghost' already exists"))
+    (last,) = appended(state_dir, DropQuery(time.time(), "nope"))
+    with server_on(state_dir) as (_, client):
+        assert [s["name"] for s in client.list_streams()] == ["s"]  # ghost failed live: passed over
+    bad, _ = appended(state_dir, DropQuery(time.time(), "nope"), Tick(time.time()))
+    segment = sorted((state_dir / "log").glob("*.seg"))[-1]
+    assert last < bad
+    assert serve_refuses(state_dir).startswith(
+        f"lowtide: record {bad} of the input log (drop_query, in {segment}) applied when it was logged "
+        "but fails now: unknown query 'nope'"
+    )
+
+
+def test_a_damaged_last_record_stops_the_start_until_the_operator_gives_it_up(state_dir: Path) -> None:
+    """One flipped byte in the last record, an acknowledged batch: before, the start cut it off
+    as a torn write and 40 acknowledged tuples were gone with the evidence."""
+    server = start_server(config=config(state_dir, checkpoint_interval_s=0))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        feed(client, range(2))
+        with client.producer("s", "a") as producer:
+            producer.send(batch("a", 2), batch_id=3)
+    kill9(server)
+    (segment,) = sorted((state_dir / "log").glob("*.seg"))
+    data = bytearray(segment.read_bytes())
+    at = record_starts(bytes(data))[-1]
+    data[len(data) - 100] ^= 0x04  # inside its Arrow bytes
+    segment.write_bytes(bytes(data))
+    line = serve_refuses(state_dir)
+    assert line.startswith(f"lowtide: the last record of {segment}, at byte {at}, fails its CRC")
+    assert line.endswith("(lowtide serve --truncate-log-tail drops it and what follows, on your word)")
+    server = start_server("--truncate-log-tail", config=config(state_dir))
+    try:
+        said = (
+            f"lowtide: --truncate-log-tail: gave up 1 acknowledged record(s) at the end of the input log "
+            f"({len(data) - at} bytes cut from {segment})"
+        )
+        assert said in server.stderr_tail()
+        with Client(server.target, timeout=30) as client:
+            assert client.list_streams()[0]["tuples_ingested"] == 2 * 2 * 40
+    finally:
+        server.stop()
+
+
+def test_a_log_cut_at_a_record_boundary_stops_the_start(state_dir: Path) -> None:
+    """Without checkpoints nothing but the log's end file vouches for its length: before, a last
+    segment cut to nothing started silently, empty."""
+    server = start_server(config=config(state_dir, checkpoint_interval_s=0))
+    with Client(server.target, timeout=30) as client:
+        client.create_stream("s", SCHEMA, sources=["a", "b"])
+        feed(client, range(3))
+    kill9(server)
+    (segment,) = sorted((state_dir / "log").glob("*.seg"))
+    data = segment.read_bytes()
+    segment.write_bytes(data[: frame_starts(data)[1]])  # all but the frame that opens it
+    line = serve_refuses(state_dir)
+    assert line.startswith(
+        f"lowtide: the input log ends at record 0 in {segment}, but {state_dir / 'log' / 'end'} says"
+    )
+    assert "acknowledged records are missing" in line

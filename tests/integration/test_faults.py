@@ -4,9 +4,12 @@ Each scenario is drawn from a seed: a random schema (up to the column limit), wi
 several window kinds over it, timestamps at the ends of the event-time domain and far apart.
 While one producer feeds it (batch ids, punctuation), ``kill -9`` hits a worker, the front or the
 whole server at random rounds; the producer goes on after each, as a restarted producer does
-(resending under its ids from where the server's acknowledgements stopped). Then random damage
-hits one file of the state directory (a flipped byte, a cut, a deletion) and the server starts
-again. The outcome is always one of two:
+(resending under its ids from where the server's acknowledgements stopped); a multi-part batch
+whose call is cut short on the way changes nothing. Then random damage hits the state directory
+(a flipped byte, a cut or a deletion of any file; a flipped byte in the log's last record, its
+last segment cut where a record begins, a segment renamed) and the server starts again, perhaps
+with limits lowered below what it accepted before (limits judge new input, not the log). The
+outcome is always one of two:
 
 * the start refuses, with one line naming a file of the state directory; or
 * it starts, the producer sends everything again under the same ids and closes, and every
@@ -27,14 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
 from cluster import Cluster, retrying, rows
 from server_harness import start_server
+from state_files import record_starts
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, Punctuation
 from lowtide.clients import Client
+from lowtide.proto import lowtide_pb2 as pb
+from lowtide.proto import lowtide_pb2_grpc
 from lowtide.punctuation.model import TIME_END, TIME_MIN
 from lowtide.schema import MAX_COLUMNS
 
@@ -56,7 +63,9 @@ class Scenario:
     rounds: int
     kills: dict[int, str]  # round -> what to kill after it
     ending: str  # how the server goes before the damage: stop (SIGTERM) | kill (-9, everything)
-    damage: str  # flip | cut | delete | none
+    damage: str  # flip | cut | delete | none | flip-last | cut-at-record | rename
+    limits: dict[str, int]  # the configuration's limits at the start after the damage
+    cut_call: int  # the round after which a multi-part call is cut short (-1: none)
 
 
 def draw(seed: int) -> Scenario:
@@ -96,7 +105,10 @@ def draw(seed: int) -> Scenario:
         rounds,
         kills,
         rng.choice(["stop", "kill"]),
-        rng.choice(["flip", "cut", "delete", "none"]),
+        rng.choice(["flip", "cut", "delete", "none", "flip-last", "cut-at-record", "rename"]),
+        # Below what the scenario used: 40-row batches, five key strings, three windows a tuple.
+        rng.choice([{}, {"max_batch_rows": 10, "max_strings": 2, "max_windows_per_tuple": 2}]),
+        rng.choice([-1, rng.randrange(rounds)]),
     )
 
 
@@ -181,6 +193,31 @@ def read_all(cluster: Cluster, query: str) -> list[tuple[int, Any]]:
 
 def damage(state_dir: Path, how: str, rng: random.Random) -> Path | None:
     """Damage one file of the state directory; the file, or None for ``none``."""
+    segments = sorted((state_dir / "log").glob("*.seg"))
+    if how in ("flip-last", "cut-at-record"):
+        last = segments[-1]
+        data = bytearray(last.read_bytes())
+        starts = record_starts(bytes(data))
+        if not starts:
+            return None
+        if how == "flip-last":
+            data[rng.randrange(starts[-1], len(data))] ^= 1 << rng.randrange(8)
+            last.write_bytes(bytes(data))
+        else:
+            last.write_bytes(bytes(data[: rng.choice(starts)]))
+        return last
+    if how == "rename":
+        target = rng.choice(segments)
+        taken = {int(p.stem) for p in segments}
+        number = rng.choice(
+            [
+                n
+                for n in (int(target.stem) - 1, int(target.stem) + 1, int(target.stem) + 2)
+                if n >= 0 and n not in taken
+            ]
+        )
+        target.rename(target.with_name(f"{number:020d}.seg"))
+        return target
     files = sorted(p for p in state_dir.rglob("*") if p.is_file() and p.stat().st_size > 0)
     if how == "none" or not files:
         return None
@@ -195,6 +232,22 @@ def damage(state_dir: Path, how: str, rng: random.Random) -> Path | None:
     else:
         target.unlink()
     return target
+
+
+def cut_call(cluster: Cluster, scenario: Scenario) -> None:
+    """Two parts of a three-part batch, then the call ends: refused whole, nothing applied."""
+    sink = pa.BufferOutputStream()
+    table = batch(scenario, scenario.rounds + 1)  # rows no other batch holds
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    part = sink.getvalue().to_pybytes()
+    requests = [
+        pb.IngestRequest(stream="s", source=SOURCE, arrow=part, batch_id=10_000, batch_parts=3),
+        pb.IngestRequest(arrow=part, batch_id=10_000, batch_parts=3),
+    ]
+    with grpc.insecure_channel(cluster.target) as channel, pytest.raises(grpc.RpcError) as cut:
+        lowtide_pb2_grpc.LowtideStub(channel).Ingest(iter(requests), timeout=30)
+    assert cut.value.code() == grpc.StatusCode.INVALID_ARGUMENT, cut.value
 
 
 def refused(state_dir: Path, config: dict[str, Any], port: int) -> str | None:
@@ -215,13 +268,22 @@ def run(scenario: Scenario, state_dir: Path) -> None:
             for name, sql in scenario.queries.items():
                 client.register_query(sql, name=name)
         done = 0
+
+        def produce_through(last: int) -> None:  # rounds done..last, the cut call after its round
+            nonlocal done
+            if done <= scenario.cut_call <= last:
+                produce(cluster, scenario, range(done, scenario.cut_call + 1), close=False)
+                cut_call(cluster, scenario)
+                done = scenario.cut_call + 1
+            produce(cluster, scenario, range(done, last + 1), close=False)
+            done = last + 1
+
         for at, what in sorted(scenario.kills.items()):
-            produce(cluster, scenario, range(done, at + 1), close=False)
-            done = at + 1
+            produce_through(at)
             assert cluster.server is not None
             cluster.server.await_checkpoint()  # a recovery restores one, then replays the log after it
             cluster.kill(what)
-        produce(cluster, scenario, range(done, scenario.rounds), close=False)
+        produce_through(scenario.rounds - 1)
         assert cluster.server is not None
         cluster.server.await_checkpoint()
         if scenario.ending == "kill":
@@ -230,6 +292,7 @@ def run(scenario: Scenario, state_dir: Path) -> None:
         cluster.stop()
         rng = random.Random(scenario.seed)
         hit = damage(state_dir, scenario.damage, rng)
+        cluster.config.update(scenario.limits)
         why = refused(state_dir, cluster.config, cluster.port)
         if why is not None:
             assert hit is not None, f"an undamaged state directory was refused: {why}"

@@ -2,9 +2,10 @@
 
 One server for the module, one worker, with a tokens file holding an admin, a producer scoped
 to stream ``Main`` and sources ``link-*``, a reader scoped to query ``q1`` and stream ``Main``,
-and a reader scoped to ``q1*`` (which grants ``q1.late``). The admin creates streams ``Main``
-and ``Other`` and queries ``q1`` and ``q2`` on ``Main``; every refusal must be
-``PermissionDenied`` naming the scope, and must leave what the server holds as it was.
+a reader scoped to ``q1*`` (which grants ``q1.late``), a reader scoped to stream ``Main`` alone
+and an unscoped reader. The admin creates streams ``Main`` and ``Other`` and queries ``q1`` and
+``q2`` on ``Main``; every refusal must be ``PermissionDenied`` naming the scope, and must leave
+what the server holds as it was. A reader name belongs to the token that first committed it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from server_harness import Server, start_server
 from test_security import SCHEMA, counts, first_table
 
-from lowtide import InvalidArgument, NotFound, PermissionDenied
+from lowtide import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from lowtide.clients import Client
 from lowtide.clients._wire import arrow_bytes, translate
 from lowtide.door import MAX_QUERY_BYTES
@@ -42,21 +43,24 @@ class Keys:
     producer: str  # streams ["Main"], sources ["link-*"]
     reader: str  # queries ["q1"], streams ["Main"]
     late_reader: str  # queries ["q1*"]
+    stream_reader: str  # streams ["Main"]: every query, but a .late only of queries over Main
+    plain_reader: str  # "reader": unscoped
 
 
 def _write(path: Path, keys: Keys) -> None:
     path.write_text(
-        f'[tokens]\n"{keys.admin}" = "admin"\n'
+        f'[tokens]\n"{keys.admin}" = "admin"\n"{keys.plain_reader}" = "reader"\n'
         f'[tokens."{keys.producer}"]\nrole = "producer"\nstreams = ["Main"]\nsources = ["link-*"]\n'
         f'[tokens."{keys.reader}"]\nrole = "reader"\nqueries = ["q1"]\nstreams = ["Main"]\n'
         f'[tokens."{keys.late_reader}"]\nrole = "reader"\nqueries = ["q1*"]\n'
+        f'[tokens."{keys.stream_reader}"]\nrole = "reader"\nstreams = ["Main"]\n'
     )
 
 
 @pytest.fixture(scope="module")
 def keys() -> Keys:
     # Fixed, so every run is the same run; hex, as `openssl rand -hex` makes them.
-    return Keys(*(hashlib.sha256(f"scoped-{i}".encode()).hexdigest()[:48] for i in range(4)))
+    return Keys(*(hashlib.sha256(f"scoped-{i}".encode()).hexdigest()[:48] for i in range(6)))
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +218,63 @@ def test_a_reader_granted_q1_star_reads_q1_late(server: Server, keys: Keys) -> N
         assert str(unknown.value) == "unknown query 'q1x' (did you mean 'q1'?); queries: q1, q1.late"
 
 
+def test_a_late_stream_takes_the_scope_of_the_streams_its_query_reads(server: Server, keys: Keys) -> None:
+    """q.late holds raw input rows: a reader limited to streams ["Main"] reads those of a query
+    over Main, and neither reads, commits on nor hears of those of a query over Other."""
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        admin.register_query(COUNT.format("Other"), name="qo")
+    try:
+        with Client(server.target, timeout=30, token=keys.stream_reader) as reader:
+            assert first_table(reader, "q1.late").column("k").to_pylist() == ["z"]
+            reader.commit_offset("q1.late", "late-job", 0)
+            refusal = r"^'qo\.late' holds raw rows of a stream outside this token's streams \['Main'\]$"
+            with pytest.raises(PermissionDenied, match=refusal):
+                first_table(reader, "qo.late")
+            with pytest.raises(PermissionDenied, match=refusal):
+                reader.commit_offset("qo.late", "late-job", 0)
+            assert counts(first_table(reader, "q1")) == {"a": 2, "b": 1}  # its results: not raw rows
+            with pytest.raises(NotFound) as unknown:
+                first_table(reader, "nowhere")
+            assert "q1.late" in str(unknown.value) and "qo.late" not in str(unknown.value)
+        with Client(server.target, timeout=30, token=keys.admin) as admin:
+            assert "late-job" not in next(q for q in admin.list_queries() if q["name"] == "qo")["readers"]
+    finally:
+        with Client(server.target, timeout=30, token=keys.admin) as admin:
+            admin.drop_query("qo")
+
+
+def test_a_reader_name_belongs_to_the_token_that_named_it(server: Server, keys: Keys) -> None:
+    with Client(server.target, timeout=30, token=keys.stream_reader) as owner:
+        owner.commit_offset("q1", "owned-job", 0)
+    named = r"^reader 'owned-job' was named by another token: commit under a reader name of this token's own$"
+    for token in (keys.plain_reader, keys.late_reader):  # another token, unscoped or scoped
+        with (
+            Client(server.target, timeout=30, token=token) as other,
+            pytest.raises(PermissionDenied, match=named),
+        ):
+            other.commit_offset("q1", "owned-job", 1)
+    with Client(server.target, timeout=30, token=keys.admin) as admin:
+        assert next(q for q in admin.list_queries() if q["name"] == "q1")["readers"]["owned-job"] == 0
+        admin.commit_offset("q1", "owned-job", 1)  # an admin may move any reader
+    with Client(server.target, timeout=30, token=keys.stream_reader) as owner:
+        owner.commit_offset("q1", "owned-job", 1)  # still its own
+        assert next(q for q in owner.list_queries() if q["name"] == "q1")["readers"]["owned-job"] == 1
+
+
+def test_a_token_keeps_64_reader_names_of_a_query_and_leaves_the_others_theirs(
+    server: Server, keys: Keys
+) -> None:
+    with Client(server.target, timeout=30, token=keys.stream_reader) as hog:
+        for number in range(64):
+            hog.commit_offset("q2", f"hog-{number}", 0)
+        with pytest.raises(ResourceExhausted, match=r"at most 64 readers for each token$"):
+            hog.commit_offset("q2", "hog-64", 0)
+    with Client(server.target, timeout=30, token=keys.plain_reader) as spark:
+        spark.commit_offset("q2", "spark", 0)  # a new reader still names itself
+        readers = next(q for q in spark.list_queries() if q["name"] == "q2")["readers"]
+    assert "spark" in readers and len([r for r in readers if r.startswith("hog-")]) == 64
+
+
 def test_a_reader_limited_to_streams_explains_only_sql_over_them(server: Server, keys: Keys) -> None:
     with Client(server.target, timeout=30, token=keys.reader) as reader:
         assert "Aggregate" in reader.explain(COUNT.format("Main"))
@@ -234,10 +295,17 @@ def test_scoped_entries_parse_next_to_plain_ones(tokens_file: Path, keys: Keys) 
         keys.producer: Scope("producer", streams=("Main",), sources=("link-*",)),
         keys.reader: Scope("reader", streams=("Main",), queries=("q1",)),
         keys.late_reader: Scope("reader", queries=("q1*",)),
+        keys.stream_reader: Scope("reader", streams=("Main",)),
+        keys.plain_reader: Scope("reader"),
     }
     late = Scope("reader", queries=("q1",))
     assert late.subscribe("q1") is None and late.subscribe("q1.late") is not None
     assert Scope("reader", queries=("q1*",)).subscribe("q1.late") is None
+    # A .late stream also takes the streams its query reads (given as inputs).
+    main = Scope("reader", streams=("Main",))
+    assert main.subscribe("q1.late", ["Main"]) is None and main.subscribe("qo.late", ["Main", "Other"])
+    assert main.sees("query", "q1.late", ["Main"]) and not main.sees("query", "qo.late", ["Other"])
+    assert Scope("reader", queries=("q*",)).subscribe("qo.late", ["Other"]) is None  # no streams key
     assert Scope("reader", queries=()).subscribe("q1") is not None  # [] allows none
 
 

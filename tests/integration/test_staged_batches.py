@@ -1,11 +1,11 @@
 """Staged batches against a real server: Stage, CommitStaged, AbortStaged (server/staged_calls.py).
 
 A commit applies exactly the parts it names, once per batch id (again: ``duplicate``, nothing
-applied; a Stage for an applied id too); its punctuation raises the source's, never lowers it;
-every part is checked as it is staged, and a refused call stages nothing; ``max_staged_bytes``
-refuses in one line and the server and the parts staged before stay; with ``--state-dir`` staged
-parts survive ``kill -9`` and a commit applies once across restarts; a part not committed within
-``staging_timeout_s`` goes, and the metrics count it.
+applied; a Stage for an applied id too; a batch of no rows as well); its punctuation raises the
+source's, never lowers it; every part is checked as it is staged, and a refused call stages
+nothing; ``max_staged_bytes`` refuses in one line and the server and the parts staged before
+stay; with ``--state-dir`` staged parts survive ``kill -9`` and a commit applies once across
+restarts; a part not committed within ``staging_timeout_s`` goes, and the metrics count it.
 
 Most tests share the session's server (names from ``fresh``); the limits, expiry and state
 directory tests start servers of their own, grouped with tests/integration/test_durability.py.
@@ -143,6 +143,26 @@ def test_a_commit_applies_exactly_the_named_parts_once(target: str, fresh: Calla
         assert client.stage(stream, 1, "p0", P2, source="other")["duplicate"] is False
         assert client.commit_staged(stream, 1, ["p0"], source="other")["tuples"] == 2
         assert ingested(client, stream) == 7
+
+
+def test_a_commit_of_no_rows_applies_its_id_once(target: str, fresh: Callable[[str], str]) -> None:
+    """A micro-batch of empty partitions stages parts of no rows: its commit still applies the
+    id, so the commit retried (its answer lost) is acknowledged, not refused for parts gone."""
+    with Client(target, timeout=30) as client:
+        stream, _ = new_stream(client, fresh)
+        assert client.stage(stream, 1, "p0", P0.slice(0, 0), source=SOURCE) == {
+            "tuples": 0,
+            "duplicate": False,
+        }
+        done = client.commit_staged(stream, 1, ["p0"], source=SOURCE, punctuation=50)
+        assert done == {"tuples": 0, "duplicate": False, "low_watermark": 50}
+        again = client.commit_staged(stream, 1, ["p0"], source=SOURCE)
+        assert again == {"tuples": 0, "duplicate": True, "low_watermark": 50}
+        assert client.stage(stream, 1, "p0", P0, source=SOURCE) == {"tuples": 0, "duplicate": True}
+        # A commit naming no part holds no row either.
+        assert client.commit_staged(stream, 2, [], source=SOURCE)["duplicate"] is False
+        assert client.commit_staged(stream, 2, [], source=SOURCE)["duplicate"] is True
+        assert ingested(client, stream) == 0
 
 
 def test_a_part_staged_again_replaces_the_first(target: str, fresh: Callable[[str], str]) -> None:
@@ -342,6 +362,8 @@ def test_staged_parts_survive_kill_9_and_a_commit_applies_once(tmp_path: Path) -
             "low_watermark": 100,
         }
         assert results(client, "q", until=100) == P0_P2
+        client.stage("s", 2, "p0", P0.slice(0, 0), source=SOURCE)  # a batch of no rows
+        assert client.commit_staged("s", 2, ["p0"], source=SOURCE)["duplicate"] is False
     assert list(staging.iterdir()) == []  # the commit removed their files
     kill9(second)
     # As if the server had died between logging the batch and removing the parts' files.
@@ -357,5 +379,6 @@ def test_staged_parts_survive_kill_9_and_a_commit_applies_once(tmp_path: Path) -
             "low_watermark": 100,
         }
         assert client.stage("s", 1, "p1", P1, source=SOURCE) == {"tuples": 0, "duplicate": True}
+        assert client.commit_staged("s", 2, ["p0"], source=SOURCE)["duplicate"] is True  # its id came back
         assert results(client, "q", until=100) == P0_P2
         assert ingested(client, "s") == 5

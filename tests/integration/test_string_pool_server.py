@@ -1,6 +1,7 @@
-"""The string pool through a real server: a batch that would take it past ``max_strings`` is
-rejected whole and the server goes on; a column no query reads adds nothing; ``DropStream``
-frees what the stream held at the front and in every worker (``lowtide_string_pool_entries``)."""
+"""The string pool through a real server: a batch that would take its stream past ``max_strings``
+is rejected whole and the server goes on; a column no query reads adds nothing; ``DropStream``
+frees what the stream held (``lowtide_string_pool_entries``); workers hold the strings of query
+literals alone; a producer of one stream cannot deny another its strings (issue 30, item 5)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,18 @@ import grpc
 import pyarrow as pa
 import pytest
 from server_harness import Server, running_server, start_server, wait_for
-from wire import CLOSE, Mirror, Subscription, assert_same, connect, streams, table
+from wire import (
+    CLOSE,
+    Mirror,
+    Subscription,
+    arrow_bytes,
+    assert_same,
+    connect,
+    failure,
+    requests,
+    streams,
+    table,
+)
 
 from lowtide import END_OF_STREAM, Engine, Limits
 from lowtide.proto import lowtide_pb2 as pb
@@ -63,16 +75,17 @@ def eventually(what: str, probe: Callable[[], bool], server: Server) -> None:
     wait_for(what, probe, WAIT, lambda: str(pool_entries(server)))
 
 
-def settled(server: Server, expected: int) -> Callable[[], bool]:
-    """Whether the front and both workers hold ``expected`` strings."""
-    return lambda: pool_entries(server) == {"front": expected, "worker 0": expected, "worker 1": expected}
+def settled(server: Server, front: int, workers: int) -> Callable[[], bool]:
+    """Whether the front holds ``front`` strings and both workers ``workers`` (the strings of
+    query literals: a worker decodes no other, see server/process_runner.py)."""
+    return lambda: pool_entries(server) == {"front": front, "worker 0": workers, "worker 1": workers}
 
 
 def test_a_batch_past_max_strings_is_rejected_whole_and_the_server_goes_on(server: Server) -> None:
     mirror = Mirror(connect(server.target), Engine(limits=Limits(max_strings=MAX_STRINGS)))
     stub = mirror.stub
     eventually("the workers to report their pools", lambda: len(pool_entries(server)) == 3, server)
-    before = pool_entries(server)["front"]
+    before, literals = pool_entries(server)["front"], pool_entries(server)["worker 0"]
     mirror.create_stream("lim", sources=["p"])
     sql = "SELECT srcIP, count(*) AS n [RANGE 1 minute, SLIDE 1 minute, WA ts] FROM lim GROUP BY srcIP"
     query = mirror.register(sql, "limq")
@@ -85,27 +98,34 @@ def test_a_batch_past_max_strings_is_rejected_whole_and_the_server_goes_on(serve
     # Within the limit only if nothing of the rejected batch was added: 60 + 30 <= 100 < 60 + 50.
     mirror.ingest("lim", "p", [packets("c", 30, 1), T0 + 2 * MINUTE, CLOSE])
     assert_same(subscription.until(END_OF_STREAM), mirror.results(query), "after the rejection")
-    eventually("every pool to hold the 90 srcIPs accepted", settled(server, before + 90), server)
+    eventually("the front to hold the 90 srcIPs accepted", settled(server, before + 90, literals), server)
     stub.DropQuery(pb.DropQueryRequest(name=query), timeout=30)
     stub.DropStream(pb.DropStreamRequest(name="lim"), timeout=30)
-    eventually("the dropped stream's strings to be freed", settled(server, before), server)
+    eventually("the dropped stream's strings to be freed", settled(server, before, literals), server)
 
 
 def test_drop_stream_frees_its_strings_at_the_front_and_in_every_worker(server: Server) -> None:
     mirror = Mirror(connect(server.target), Engine())
     stub = mirror.stub
     eventually("the workers to report their pools", lambda: len(pool_entries(server)) == 3, server)
-    before = pool_entries(server)["front"]
+    before, literals = pool_entries(server)["front"], pool_entries(server)["worker 0"]
     mirror.create_stream("gone", sources=["p"])
     sql = "SELECT srcIP, sum(len) AS bytes [RANGE 1 minute, SLIDE 1 minute, WA ts] FROM gone GROUP BY srcIP"
     query = mirror.register(sql, "goneq")  # split across both workers by srcIP
     subscription = Subscription(stub, query, from_oldest=True)
     mirror.ingest("gone", "p", [packets("d", 40, 0), T0 + MINUTE, CLOSE])
     assert_same(subscription.until(END_OF_STREAM), mirror.results(query), "the stream's results")
-    eventually("every pool to hold the stream's 40 srcIPs", settled(server, before + 40), server)
+    eventually("the front to hold the stream's 40 srcIPs", settled(server, before + 40, literals), server)
+    # A query that decodes strings (heavy_hitters ranks its hits by text): the workers mirror all.
+    hot = mirror.register(
+        "SELECT heavy_hitters(srcIP, 0.5) AS hot [RANGE 1 minute, WA ts] FROM gone", "goneh"
+    )
+    eventually("every pool to hold the stream's 40 srcIPs", settled(server, before + 40, before + 40), server)
+    stub.DropQuery(pb.DropQueryRequest(name=hot), timeout=30)
+    eventually("the workers to forget them", settled(server, before + 40, literals), server)
     stub.DropQuery(pb.DropQueryRequest(name=query), timeout=30)
     stub.DropStream(pb.DropStreamRequest(name="gone"), timeout=30)
-    eventually("the dropped stream's strings to be freed everywhere", settled(server, before), server)
+    eventually("the dropped stream's strings to be freed", settled(server, before, literals), server)
 
 
 def test_late_rows_show_the_strings_of_a_column_no_query_reads(server: Server) -> None:
@@ -152,6 +172,51 @@ def test_codes_freed_and_given_out_again_survive_a_kill(tmp_path: Path) -> None:
         mirror.ingest("new", "p", [packets("i", 20, 0), T0 + MINUTE, CLOSE])
         subscription = Subscription(mirror.stub, query, from_oldest=True)
         assert_same(subscription.until(END_OF_STREAM), mirror.results(query), "after the kill")
+
+
+def words(prefix: str, n: int) -> pa.Table:
+    """``n`` rows, each with a ``k`` of its own."""
+    return pa.table({"k": [f"{prefix}-{i}" for i in range(n)], "ts": pa.array(range(n), pa.int64())})
+
+
+def test_a_producer_of_one_stream_cannot_deny_another_its_strings(tmp_path: Path) -> None:
+    """Issue 30, item 5: a producer scoped to stream Main cuts three multi-part calls short after
+    their first part (33 new strings each), then fills Main close to its own ``max_strings``. A
+    cut batch adds nothing, and Main's strings count against Main's limit alone: the admin's
+    batch on Other is taken, and the front holds just the strings of batches that applied."""
+    admin, producer = "a" * 48, "b" * 48
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[tokens]\n"{admin}" = "admin"\n[tokens."{producer}"]\nrole = "producer"\nstreams = ["Main"]\n'
+    )
+    config = {"max_strings": MAX_STRINGS}
+    with running_server("--tokens", str(tokens), workers=1, warm_up=False, config=config) as server:
+        stub = connect(server.target)
+        as_admin = {"timeout": 30, "metadata": [("authorization", f"Bearer {admin}")]}
+        as_producer = {"timeout": 30, "metadata": [("authorization", f"Bearer {producer}")]}
+        for name in ("Main", "Other"):
+            columns = [pb.Column(name="k", type="string"), pb.Column(name="ts", type="int64")]
+            stub.CreateStream(pb.CreateStreamRequest(name=name, schema=columns, progressing="ts"), **as_admin)
+            sql = f"SELECT k, count(*) AS n [RANGE 10, WA ts] FROM {name} GROUP BY k"
+            stub.RegisterQuery(pb.RegisterQueryRequest(sql=sql, name=f"{name}_q"), **as_admin)
+        eventually("the front to report its pool", lambda: "front" in pool_entries(server), server)
+        before = pool_entries(server)["front"]
+        for call in range(3):
+            part = arrow_bytes(words(f"cut{call}", 33))
+            first = pb.IngestRequest(arrow=part, batch_id=call + 1, batch_parts=2)
+            cut = failure(stub.Ingest, requests("Main", "p", [first]), **as_producer)
+            assert cut.code == grpc.StatusCode.INVALID_ARGUMENT, cut
+            assert "after 1 of its 2 parts" in cut.reason, cut
+        own = stub.Ingest(requests("Main", "p", [words("main", 95)]), **as_producer)
+        other = stub.Ingest(requests("Other", "p", [words("other", 50)]), **as_admin)
+        assert (own.tuples, other.tuples) == (95, 50)
+        over = failure(stub.Ingest, requests("Main", "p", [words("more", 6)]), **as_producer)
+        assert over.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "stream 'Main'" in over.reason, over
+        assert "max_strings" in over.reason and "\n" not in over.reason, over
+        applied = before + 95 + 50  # the pool's entries are scraped from a copy made every second
+        eventually(
+            "the front to hold the strings applied", lambda: pool_entries(server)["front"] == applied, server
+        )
 
 
 def kill9(server: Server) -> None:

@@ -198,3 +198,29 @@ def test_the_process_runner_says_which_queries_each_worker_holds_and_their_state
         held = [on[query] for on in hosted if query in on]
         assert sum(held) == runner.state_bytes(query) > 0, (query, held)  # the metric's figure, split
     assert sum(1 for on in hosted if on["split"] > 0) > 1  # the groups' state is on several workers
+
+
+def test_workers_hold_the_strings_of_literals_unless_a_query_decodes_strings() -> None:
+    """Workers send codes; the front decodes them. Their pools hold the query literals' strings
+    alone, and the whole pool only while a query runs that decodes strings (heavy_hitters of a
+    string column ranks its hits by text); the results are the engine's either way."""
+    door, engine = door_over_objects(2), Engine(clock=ManualClock())
+    pools = [worker.pool for worker in door.runner.workers.workers]  # type: ignore[attr-defined]
+    hitters = "SELECT heavy_hitters(key, 0.3) AS hot [RANGE 10, SLIDE 10, WA ts] FROM S"
+    for target in (door, engine):
+        target.create_stream("S", SCHEMA)
+        target.register_query(WINDOWED.replace("FROM S", "FROM S WHERE key != 'lit'"), name="q")
+        target.push("S", rows([1, 2, 3], ["a", "b", "lit"]))
+    assert [len(pool) for pool in pools] == [1, 1] and len(door.pool) == 3  # "lit" alone
+    for target in (door, engine):
+        target.register_query(hitters, name="hot")
+        target.push("S", rows([4, 5, 6], ["c", "c", "a"]))
+    assert [pool.strings() for pool in pools] == [door.pool.strings()] * 2  # mirrored whole
+    for target in (door, engine):
+        target.punctuate("S", 10)
+    for query in ("q", "hot"):
+        assert result_rows(door.poll(query)) == result_rows(engine.poll(query))
+    door.drop_query("hot")
+    assert [set(pool.strings()) for pool in pools] == [{"lit"}] * 2
+    door.push("S", rows([12], ["d"]))
+    assert [len(pool) for pool in pools] == [1, 1] and "d" in door.pool.strings()

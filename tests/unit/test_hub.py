@@ -1,7 +1,8 @@
 """The hub bounds in bytes what it holds (DESIGN.md §8): the retention (``retained_items`` and
 ``retained_bytes``, oldest evicted) and each subscription (``max_subscriber_bytes``: past it the
 subscription ends with RESOURCE_EXHAUSTED at once, its backlog released, naming the offset to
-resume from); every other subscriber gets everything in order."""
+resume from); every other subscriber gets everything in order. A reader name belongs to the
+token that first committed it, and each token keeps at most MAX_READERS names of a query."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowtide.errors import CorruptState, OutOfRange
+from lowtide.errors import CorruptState, OutOfRange, PermissionDenied, ResourceExhausted
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
-from lowtide.server.hub import ENTRY_BYTES, Closed, Hub, Log, Logged, Subscription, item_bytes
+from lowtide.server.hub import ENTRY_BYTES, MAX_READERS, Closed, Hub, Log, Logged, Subscription, item_bytes
 
 T = TypeVar("T")
 KIB = 1024
@@ -194,6 +195,27 @@ def test_restore_takes_retained_entries_that_end_at_the_next_offset() -> None:
     assert [offset for offset, _ in hub.retained] == [8, 9] and hub.next_offset == 10
     with pytest.raises(CorruptState, match="do not end at offset 10"):
         Hub(2, 1 << 30, 1 << 20).restore(10, [(7, Punctuation(7, "ts")), (9, Punctuation(9, "ts"))])
+
+
+def test_a_reader_name_belongs_to_its_first_token_and_each_token_keeps_its_own_names() -> None:
+    hub = Hub(retained_items=8, retained_bytes=1 << 20, max_subscriber_bytes=1 << 20)
+    hub.publish([Punctuation(10, "ts"), Punctuation(20, "ts")])
+    hub.commit_reader("spark", 1, owner="token #2")
+    with pytest.raises(PermissionDenied, match=r"^reader 'spark' was named by another token"):
+        hub.commit_reader("spark", 2, owner="token #3")
+    hub.commit_reader("spark", 2)  # an admin (no owner) may move any name
+    hub.commit_reader("spark", 2, owner="token #2")
+    assert hub.readers == {"spark": 2} and hub.owners == {"spark": "token #2"}
+    for number in range(MAX_READERS):  # one token takes as many names as a query keeps for it
+        hub.commit_reader(f"hog-{number}", 0, owner="token #3")
+    with pytest.raises(ResourceExhausted, match=f"at most {MAX_READERS} readers for each token$"):
+        hub.commit_reader("hog-more", 0, owner="token #3")
+    hub.commit_reader("other-job", 0, owner="token #2")  # the others still name theirs
+    for number in range(MAX_READERS):  # admins (or everyone, without tokens) share theirs
+        hub.commit_reader(f"admin-{number}", 0)
+    with pytest.raises(ResourceExhausted, match=f"at most {MAX_READERS} readers$"):
+        hub.commit_reader("admin-more", 0)
+    assert len(hub.readers) == 2 * MAX_READERS + 2  # spark, other-job, the hogs' and the admins'
 
 
 # One step: publish some items (their sizes in KiB, 0: a punctuation), or let subscriber i take n.

@@ -10,8 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from state_files import files, frame_starts
+from state_files import files, frame_starts, record_starts, write_end
 
+from lowtide.errors import StartupFailure
 from lowtide.server.checkpoint_store import MANIFEST, CheckpointStore
 from lowtide.server.input_log import (
     Batch,
@@ -105,7 +106,7 @@ def test_a_flipped_high_byte_of_a_length_mid_segment_is_damage(tmp_path: Path, s
     state = filled(tmp_path, segment_bytes)
     segment = segments(state)[-1]
     data = bytearray(segment.read_bytes())
-    starts = frame_starts(bytes(data))
+    starts = record_starts(bytes(data))
     at = starts[len(starts) // 2]
     data[at + 3] ^= 0x40  # the length's high byte (little-endian)
     segment.write_bytes(bytes(data))
@@ -120,7 +121,7 @@ def test_a_damaged_frame_before_the_last_is_damage(tmp_path: Path) -> None:
     state = filled(tmp_path)
     (segment,) = segments(state)
     data = bytearray(segment.read_bytes())
-    at = frame_starts(bytes(data))[5]
+    at = record_starts(bytes(data))[5]
     data[at + 100] ^= 0xFF
     segment.write_bytes(bytes(data))
     refused(state, f"the input log is damaged at byte {at} of {segment}")
@@ -142,7 +143,8 @@ def test_a_last_segment_cut_short_mid_file_is_refused_when_a_manifest_says_it_wa
     manifest = state / "checkpoints" / "00000000000000000012" / MANIFEST
     extent = extent_of(state, manifest)
     data = segment.read_bytes()
-    segment.write_bytes(data[: frame_starts(data)[12] + 30])
+    segment.write_bytes(data[: record_starts(data)[12] + 30])
+    (state / "log" / "end").unlink()  # the manifest alone vouches here (the end file: below)
     refused(
         state,
         f"the input log ends at record 12 in {segment}, but {manifest} was written when it held "
@@ -172,6 +174,7 @@ def test_missing_segments_and_a_missing_log_are_refused(tmp_path: Path) -> None:
     for segment in segments(original):
         segment.unlink()
     refused(original, f"the input log {original / 'log'} holds no segment (a log always holds one)")
+    (original / "log" / "end").unlink()
     (original / "log").rmdir()
     refused(original, f"the input log {original / 'log'} is missing")
 
@@ -194,6 +197,7 @@ def test_a_deleted_last_segment_is_refused_without_a_manifest_by_the_seal_before
     sealed_at = before_last.read_bytes().rfind(b'{"kind":"seal"') - 12
     Path(unsealed / "log" / before_last.name).write_bytes(before_last.read_bytes()[:sealed_at])
     (unsealed / "log" / last.name).write_bytes(b"")  # made, then the crash: no seal, no record
+    write_end(unsealed / "log" / "end", int(last.stem), int(before_last.stem), sealed_at)  # as then
     assert replayed(unsealed)[1] == list(range(int(last.stem)))
 
 
@@ -237,7 +241,7 @@ def test_the_furthest_extent_any_manifest_records_counts_and_old_manifests_still
     # A manifest of a lowtide before extents: the log held at least the records before its seq.
     for path in store.complete():
         manifest = json.loads((path / MANIFEST).read_text())
-        del manifest["log"]
+        del manifest["log"], manifest["crc32"]
         (path / MANIFEST).write_text(json.dumps(manifest))
     assert store.extent() == Extent(16, "", 0, newest)
     checkpoint = store.load(workers=0)
@@ -247,13 +251,100 @@ def test_the_furthest_extent_any_manifest_records_counts_and_old_manifests_still
 def test_a_new_state_directory_holds_a_log_of_one_empty_segment(tmp_path: Path) -> None:
     state = StateDirectory(str(tmp_path / "state"), "no")
     state.close()
+    opening = files(state.path)[f"log/{segment_name(0)}"]
+    assert opening is not None and record_starts(opening) == []  # the frame that names record 0
     assert files(state.path) == {
         "lock": b"",
         "log": None,
-        f"log/{segment_name(0)}": b"",
+        f"log/{segment_name(0)}": opening,
         "lowtide-state.json": (state.path / "lowtide-state.json").read_bytes(),
     }
     # A first start a crash interrupted before the marker: still a new directory.
     (state.path / "lowtide-state.json").unlink()
     StateDirectory(str(state.path), "no").close()
     assert (state.path / "lowtide-state.json").exists()
+
+
+def test_a_flipped_byte_in_the_last_acknowledged_record_is_damage_not_a_tear(tmp_path: Path) -> None:
+    """The issue's case: every byte of the last record is there and its CRC fails. ``D/log/end``
+    says it was written (acknowledged), so it is damage: before, the start cut it off as torn."""
+    state = filled(tmp_path)
+    (segment,) = segments(state)
+    data = bytearray(segment.read_bytes())
+    at = record_starts(bytes(data))[-1]
+    data[at + 40] ^= 0x01
+    segment.write_bytes(bytes(data))
+    refused(state, f"the last record of {segment}, at byte {at}, fails its CRC: it was written whole")
+    # On the operator's word it is given up, and counted, once recovery has succeeded.
+    log = InputLog(state / "log", truncate_tail=True)
+    assert [seq for seq, _ in log.replay()] == list(range(RECORDS - 1))
+    assert files(state)[f"log/{segment.name}"] == bytes(data)
+    assert log.recovered() == TornTail(segment, at, len(data), lost=1)
+    log.close()
+    assert segment.read_bytes() == bytes(data[:at])
+    assert replayed(state)[1] == list(range(RECORDS - 1))  # and the end now says so
+
+
+@pytest.mark.parametrize("cut", [0, 7, 12], ids=["to its opening", "at record 7", "at record 12"])
+def test_a_log_cut_at_a_record_boundary_is_refused_by_its_end(tmp_path: Path, cut: int) -> None:
+    """Cut where a record begins, the segment reads as a log that ended there; ``D/log/end``
+    (rewritten as the log grows) says how far it reached. Before, such a start was silent."""
+    state = filled(tmp_path)
+    (segment,) = segments(state)
+    data = segment.read_bytes()
+    at = record_starts(data)[cut] if cut else frame_starts(data)[1]
+    segment.write_bytes(data[:at])
+    refused(
+        state,
+        f"the input log ends at record {cut} in {segment}, but {state / 'log' / 'end'} says {RECORDS} "
+        f"records were written, through byte {len(data)} of {segment.name}: {RECORDS - cut} acknowledged "
+        "records are missing",
+    )
+    log = InputLog(state / "log", truncate_tail=True)
+    assert [seq for seq, _ in log.replay()] == list(range(cut))
+    torn = log.recovered()
+    assert torn is not None and torn.lost == RECORDS - cut
+    log.append(record(cut))
+    log.close()
+    assert replayed(state)[1] == list(range(cut + 1))
+
+
+def test_a_renamed_segment_is_refused(tmp_path: Path) -> None:
+    """Each segment names its first record inside: renamed, every record's number would shift
+    (before, 10 tuples came out twice)."""
+    state = filled(tmp_path, segment_bytes=3000)
+    first, second, *_ = segments(state)
+    renamed = first.with_name(segment_name(1))
+    first.rename(renamed)
+    why = "(renamed, or its name damaged)"
+    refused(state, f"{renamed} holds the records from 0 on: its name says 1 {why}", start=1)
+    renamed.rename(first)
+    earlier = second.with_name(segment_name(int(second.stem) - 1))
+    second.rename(earlier)
+    refused(
+        state,
+        f"{earlier} holds the records from {int(second.stem)} on: its name says {int(earlier.stem)} {why}",
+    )
+
+
+def test_the_end_file_reads_past_one_torn_slot_and_refuses_two(tmp_path: Path) -> None:
+    state = filled(tmp_path)
+    end = state / "log" / "end"
+    data = bytearray(end.read_bytes())
+    newest = RECORDS % 2  # the slot written last (one write a record, after the opening's)
+    data[newest * 36 + 3] ^= 0xFF  # a torn write of the newest slot: the one before counts
+    end.write_bytes(bytes(data))
+    assert replayed(state)[1] == list(range(RECORDS))
+    data[(1 - newest) * 36 + 3] ^= 0xFF
+    end.write_bytes(bytes(data))
+    refused(state, f"{end}, which says how far the input log reached, is damaged")
+
+
+def test_a_directory_that_is_not_ours_is_left_exactly_as_it_was(tmp_path: Path) -> None:
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
+    before = files(foreign)
+    with pytest.raises(StartupFailure, match="is not empty and holds no lowtide state"):
+        StateDirectory(str(foreign), "no")
+    assert files(foreign) == before  # no lock file left behind

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from lowtide import Engine, Limits, Punctuation
-from lowtide.errors import CorruptState, ResourceExhausted
+from lowtide.errors import CorruptState, LateTuple, ResourceExhausted
 from lowtide.snapshot import pack, unpack
-from lowtide.strings import NULL_CODE, StringPool
+from lowtide.strings import NULL_CODE, StringPool, cost
 
 WINDOW = "[RANGE 10, SLIDE 10, WA ts]"
 
@@ -48,7 +48,7 @@ def test_a_dictionary_column_interns_only_the_entries_its_rows_use() -> None:
     data = batch(["x"], [1]).set_column(0, "k", one_row)
     eng.push("S", data)
     assert len(eng.pool) == 1  # the one entry a row uses, not the million
-    assert eng.pool.bytes == len("entry-765432")
+    assert eng.pool.bytes == cost("entry-765432")  # its object and entry
     eng.punctuate("S", 10)
     assert rows_of(eng.poll("q")) == [{"window_start": 0, "window_end": 10, "k": "entry-765432", "n": 1}]
 
@@ -88,18 +88,20 @@ def test_a_projection_reads_the_columns_it_names() -> None:
 
 
 def test_the_pool_limit_rejects_a_batch_whole() -> None:
-    eng = engine(max_strings=5, max_string_bytes=1000)
+    eng = engine(max_strings=5)
     eng.register_query("SELECT k, tag, ts FROM S", name="q")
     eng.push("S", batch(["a", "b"], [1, 2], tags=["a", "c"]))  # a, b, c
-    with pytest.raises(ResourceExhausted, match=r"adds 3 strings to the 3 held.*max_strings"):
+    with pytest.raises(ResourceExhausted, match=r"adds 3 strings to the 3 stream 'S' added.*max_strings"):
         eng.push("S", batch(["d", "e"], [3, 4], tags=["f", "a"]))
     assert set(eng.pool._codes) == {"a", "b", "c"}  # nothing of it added ...
     assert eng.stats()["streams"]["S"]["ingested"] == 2  # ... or applied
     eng.push("S", batch(["d", "e"], [3, 4], tags=["a", "b"]))  # two new: at the limit
-    small = engine(max_string_bytes=5)
+    small = engine(max_string_bytes=cost("abc") + cost("def") - 1)  # the bytes they take in memory
     small.register_query("SELECT k, tag, ts FROM S", name="q")
-    with pytest.raises(ResourceExhausted, match=r"adds 6 bytes of strings to the 0 held.*max_string_bytes"):
+    size = cost("abc") + cost("def")
+    with pytest.raises(ResourceExhausted, match=rf"adds {size} bytes of strings to the 0 .*max_string_bytes"):
         small.push("S", batch(["abc"], [1], tags=["def"]))
+    assert len(small.pool) == 0
     assert len(rows_of(eng.poll("q"))) == 4
 
 
@@ -121,7 +123,7 @@ def test_dropping_a_stream_frees_what_only_it_held() -> None:
     assert sorted((r["k"], r["n"]) for r in rows_of(eng.poll("qt"))) == [("new", 1), ("y", 2), ("z", 1)]
     eng.drop_query("qt")
     eng.drop_stream("T")
-    assert set(eng.pool._codes) == {"lit"} and eng.pool.bytes == 3
+    assert set(eng.pool._codes) == {"lit"} and eng.pool.bytes == cost("lit")
 
 
 def test_streams_sharing_a_holder_bit_free_with_the_last_of_them() -> None:
@@ -188,3 +190,111 @@ def test_late_rows_of_an_unread_column_under_update_show_their_strings() -> None
     eng.push("S", batch(["gone"], [5], tags=["late"]))
     assert rows_of(eng.poll("q.late")) == [{"k": "gone", "tag": "late", "v": 1, "ts": 5}]
     assert [i for i in eng.poll("q") if isinstance(i, Punctuation)]
+
+
+# -- strings enter the pool as their batch applies (issue 30, item 5) ------------------------------
+def two_streams(**limits: int) -> Engine:
+    made = engine(**limits)
+    made.create_stream("T", {"k": "string", "ts": "int64"})
+    made.register_query(f"SELECT k, count(*) AS n {WINDOW} FROM S GROUP BY k", name="qs")
+    made.register_query(f"SELECT k, count(*) AS n {WINDOW} FROM T GROUP BY k", name="qt")
+    return made
+
+
+def on_t(ks: list[str], ts: list[int]) -> pa.Table:
+    return pa.table({"k": pa.array(ks, pa.string()), "ts": pa.array(ts, pa.int64())})
+
+
+def test_a_batch_checked_but_never_applied_or_refused_adds_no_string() -> None:
+    eng = two_streams()
+    eng.register_query(f"SELECT k, count(*) AS n {WINDOW} FROM T GROUP BY k", name="strict", late="error")
+    # A multi-part call cut short: its parts were admitted and checked, never applied.
+    parts = [eng.admit("S", batch([f"cut-{i}"], [1])) for i in range(3)]
+    eng.check_batch("S", parts)
+    assert len(eng.pool) == 0 and eng.pool.charged("S") == (0, 0)
+    eng.punctuate("T", 20)
+    with pytest.raises(LateTuple):  # refused whole: its strings stay out too
+        eng.push("T", on_t(["refused-late", "refused-on-time"], [5, 25]))
+    assert len(eng.pool) == 0
+    eng.push("S", batch(["kept"], [2], tags=["unread"]))
+    assert set(eng.pool.strings()) == {"kept"} and eng.pool.charged("S") == (1, cost("kept"))
+
+
+def test_each_stream_is_charged_for_the_strings_it_adds() -> None:
+    eng = two_streams(max_strings=3)
+    eng.push("S", batch(["a", "b", "c"], [1, 2, 3]))
+    with pytest.raises(ResourceExhausted, match="stream 'S'"):
+        eng.push("S", batch(["d"], [4]))
+    eng.push("T", on_t(["a", "x", "y", "z"], [1, 2, 3, 4]))  # a: S's, not charged to T again
+    assert eng.pool.charged("S") == (3, sum(map(cost, "abc")))
+    assert eng.pool.charged("T") == (3, sum(map(cost, "xyz")))
+    eng.drop_query("qs")
+    eng.drop_stream("S")  # a stays (T holds it), charged to no stream; b and c go
+    assert set(eng.pool.strings()) == {"a", "x", "y", "z"} and eng.pool.charged("T")[0] == 3
+    eng.punctuate("T", 10)
+    assert sorted(r["k"] for r in rows_of(eng.poll("qt"))) == ["a", "x", "y", "z"]
+
+
+def test_codes_follow_the_order_batches_apply_in_as_a_replay_gives_them() -> None:
+    """Two calls check batches with new strings, one shared ("y"), and apply in the other order
+    (the journal's): codes are given out as they apply, so replaying the log gives the same."""
+    live = two_streams()
+    first = live.check_batch("S", [live.admit("S", batch(["x", "y"], [1, 2]))])
+    second = live.check_batch("T", [live.admit("T", on_t(["y", "z"], [1, 2]))], "p")
+    live.push_admitted("T", second, "p")
+    live.push_admitted("S", first)
+    replay = two_streams()
+    replay.push("T", on_t(["y", "z"], [1, 2]), "p")
+    replay.push("S", batch(["x", "y"], [1, 2]))
+    assert live.pool.strings() == replay.pool.strings() == {"y": 0, "z": 1, "x": 2}
+    assert live.pool.charged("T") == (2, cost("y") + cost("z"))  # y: T's batch added it
+    assert live.pool.charged("S") == (1, cost("x"))
+    for target in (live, replay):
+        target.punctuate("S", 10)
+    assert rows_of(live.poll("qs")) == rows_of(replay.poll("qs"))
+
+
+def test_late_tuples_are_judged_on_provisional_codes() -> None:
+    """A strict query's WHERE compares codes; a string new to the pool has none until its batch
+    applies, and compares unequal to every literal and held string meanwhile."""
+    eng = engine()
+    where = f"SELECT count(*) AS n {WINDOW} FROM S WHERE k = 'hit' AND tag != k GROUP BY k"
+    eng.register_query(where.replace(" GROUP BY k", ""), name="strict", late="error")
+    eng.push("S", batch(["hit", "other"], [12, 13]))
+    eng.punctuate("S", 10)  # windows [0, 10) emitted: tuples below 10 are late
+    eng.push("S", batch(["brand-new", "hit"], [5, 6], tags=["x", "hit"]))  # the WHERE drops both
+    with pytest.raises(LateTuple, match="1 tuple"):
+        eng.push("S", batch(["hit", "brand-new-2"], [5, 6], tags=["new-tag", "y"]))
+    assert "brand-new-2" not in eng.pool.strings() and "new-tag" not in eng.pool.strings()
+
+
+def test_a_snapshot_keeps_what_each_stream_is_charged_for() -> None:
+    pool = StringPool()
+    pool.encode({"k": pa.array(["a", "b"])}, "S")
+    pool.encode({"k": pa.array(["b", "c"])}, "T")
+    pool.code("lit")
+    restored = StringPool()
+    restored.restore(unpack(pack({"strings": pool.snapshot()}))["strings"])  # type: ignore[index]
+    assert (
+        [restored.charged(s) for s in "ST"]
+        == [pool.charged(s) for s in "ST"]
+        == [
+            (2, cost("a") + cost("b")),
+            (1, cost("c")),
+        ]
+    )
+    assert restored.bytes == pool.bytes == sum(map(cost, ["a", "b", "c", "lit"]))
+    older = pool.snapshot()
+    older["format"] = 2  # type: ignore[index]
+    del older["owners"], older["owner_ids"]  # type: ignore[attr-defined]
+    before = StringPool()
+    before.restore(older)
+    assert before.strings() == pool.strings() and before.charged("S") == (0, 0)  # charged to none
+
+
+def test_a_mirror_of_literals_alone_learns_a_string_pinned_later() -> None:
+    front = StringPool(mirrored=True)
+    front.encode({"k": pa.array(["a", "b"])}, "S")
+    assert front.pinned(front.take_unsent()) == []  # streams' strings: not for a literals' mirror
+    code = front.code("a")  # a query's literal, held already
+    assert front.pinned(front.take_unsent()) == [code]
