@@ -1,7 +1,7 @@
 """What the input log's own end costs: appends with ``D/log/end`` kept against appends without.
 
 ``D/log/end`` (:mod:`lowtide.server.input_log`) is rewritten with every record (fsync "no" and
-"everysec": one ``pwrite`` of 36 bytes after the record's ``write``), so that a log cut short,
+"everysec": a 36-byte slot copied into the mapped file after the record's ``write``), so that a log cut short,
 even at a record boundary, is refused at start rather than read as a log that ended there. This
 measures what that adds to an append, in one process, same run: records of ``--rows`` rows
 (the Arrow bytes of a batch of that many ``(srcIP string, len int32, ts int64)`` rows) appended

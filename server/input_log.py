@@ -34,6 +34,7 @@ import asyncio
 import errno
 import itertools
 import json
+import mmap
 import os
 import struct
 import threading
@@ -281,25 +282,33 @@ class EndMark:
 
 class _EndFile:
     """``D/log/end``: two slots written in turn, each ``[generation][records][segment's first record]
-    [its bytes][CRC-32]``; the whole slot with the highest generation counts."""
+    [its bytes][CRC-32]``; the whole slot with the highest generation counts. Mapped into memory:
+    a slot is written with a copy, not a system call (it reaches the file as the log's pages
+    do: a ``kill -9`` loses neither; :meth:`sync` puts it on the disk)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         found = read_end(path)
         self._generation = found[1] if found is not None else 0
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < _END_SLOTS * _END_SLOT.size:
+                os.ftruncate(fd, _END_SLOTS * _END_SLOT.size)  # zeros: slots no CRC matches
+            self._map = mmap.mmap(fd, _END_SLOTS * _END_SLOT.size)
+        finally:
+            os.close(fd)
 
     def write(self, records: int, segment_first: int, size: int) -> None:
         self._generation += 1
         body = _END_SLOT.pack(self._generation, records, segment_first, size, 0)[:-4]
-        slot = body + struct.pack("<I", zlib.crc32(body))
-        os.pwrite(self._fd, slot, (self._generation % _END_SLOTS) * _END_SLOT.size)
+        at = (self._generation % _END_SLOTS) * _END_SLOT.size
+        self._map[at : at + _END_SLOT.size] = body + struct.pack("<I", zlib.crc32(body))
 
     def sync(self) -> None:
-        os.fsync(self._fd)
+        self._map.flush()
 
     def close(self) -> None:
-        os.close(self._fd)
+        self._map.close()
 
 
 def read_end(path: Path) -> tuple[EndMark, int] | None:
