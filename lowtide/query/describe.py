@@ -204,6 +204,8 @@ def _join(query: Query, d: _Describing) -> _Stage:
         for predicate in predicates:
             sides[i] = _select(sides[i], predicate, d)
         wheres.append(Where(tuple(predicates), sides[i].scope) if predicates else None)
+    for item, side in zip(items, sides, strict=True):
+        _check_join_attribute(item, side)
     window = _join_window(sides, items)
     left, right = (
         JoinSide(prefix, tuple(f.physical for f in s.scope.fields), s.attributes[0], tuple(keys))
@@ -225,6 +227,23 @@ def _join(query: Query, d: _Describing) -> _Stage:
     for predicate in residual:
         stage = _select(stage, predicate, d)
     return stage
+
+
+def _check_join_attribute(item: FromItem, side: _Stage) -> None:
+    """A join's window is on each side's progressing attribute, which punctuation bounds: a WA
+    naming another column is refused (before, it was taken for the progressing one, silently)."""
+    spec = item.window
+    attr_ref = window_attribute(spec) if spec is not None else None
+    if not isinstance(attr_ref, Column):
+        return
+    f = side.scope.resolve(attr_ref.name, attr_ref.qualifier)
+    if f.physical != side.attributes[0]:
+        name = _prefix(item)
+        raise UnsupportedQuery(
+            f"the join's window on {name} is on {expr_text(attr_ref)}, but {name}'s rows progress on "
+            f"{side.attributes[0]} (its punctuation): write WA {side.attributes[0]}, with a RANGE that "
+            f"holds the pairs, and compare {expr_text(attr_ref)} in WHERE"
+        )
 
 
 def _prefix(item: FromItem) -> str:
