@@ -204,8 +204,8 @@ def _join(query: Query, d: _Describing) -> _Stage:
         for predicate in predicates:
             sides[i] = _select(sides[i], predicate, d)
         wheres.append(Where(tuple(predicates), sides[i].scope) if predicates else None)
-    for item, side in zip(items, sides, strict=True):
-        _check_join_attribute(item, side)
+    for item, joined in zip(items, sides, strict=True):
+        _check_join_attribute(item, joined)
     window = _join_window(sides, items)
     left, right = (
         JoinSide(prefix, tuple(f.physical for f in s.scope.fields), s.attributes[0], tuple(keys))

@@ -58,6 +58,7 @@ _RESERVED = frozenset(_RESERVED_WORDS.split())
 _TERMINAL_TEXT = {
     "NAME": "identifier",
     "QUOTED_NAME": "identifier",
+    "BACKQUOTED_NAME": "identifier",
     "NUMBER": "number",
     "STRING": "string",
     "COMPARE": "comparison operator",
@@ -65,13 +66,13 @@ _TERMINAL_TEXT = {
     "$END": "end of query",
 }
 _MAX_EXPECTED = 8
-_VALUES = frozenset({"NAME", "QUOTED_NAME", "NUMBER", "STRING"})
+_VALUES = frozenset({"NAME", "QUOTED_NAME", "BACKQUOTED_NAME", "NUMBER", "STRING"})
 # Levels of the parse tree (each nested parenthesis, NOT, unary minus and chained operator is one):
 # deeper queries are refused before anything recurses over them. A chain of 190 ORs still fits.
 MAX_NESTING = 200
 _INT64 = 2**63 - 1
 # One chunk of a script: a string, a quoted identifier, a comment, a ';', or other text.
-_SCRIPT_CHUNK = re.compile(r"""'[^']*'?|"[^"]*"?|--[^\n]*|;|[^'";-]+|-""")
+_SCRIPT_CHUNK = re.compile(r"""'[^']*'?|"[^"]*"?|`[^`]*`?|--[^\n]*|;|[^'"`;-]+|-""")
 
 
 def split_statements(text: str) -> list[str]:
@@ -133,6 +134,16 @@ def _lark() -> Lark:
     )
 
 
+def _unquoted(token: Token) -> str:
+    """An identifier's name: a quoted one ("a b", `a b`) without its quotes, doubled ones single."""
+    text = str(token)
+    if token.type == "QUOTED_NAME":
+        return text[1:-1].replace('""', '"')
+    if token.type == "BACKQUOTED_NAME":
+        return text[1:-1].replace("``", "`")
+    return text
+
+
 def _reserve(token: Token) -> Token:
     """Make a reserved word a keyword token (its terminal is named after it) even where unexpected."""
     if token.lower() in _RESERVED:
@@ -146,7 +157,7 @@ def _reserve(token: Token) -> Token:
 def _syntax_error(exc: UnexpectedInput, sql: str) -> QuerySyntaxError:
     if isinstance(exc, UnexpectedCharacters):
         char = sql[exc.pos_in_stream or 0]
-        if char in "'\"":
+        if char in "'\"`":
             what = "string literal" if char == "'" else "quoted identifier"
             return QuerySyntaxError(f"unterminated {what}", exc.line, exc.column)
         found = f"character {_quote(char)}"
@@ -284,6 +295,8 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
     def item(self, meta: Meta, c: list[Any]) -> SelectItem:
         expr, as_token, alias = c
         text = self._text(meta, None if as_token is None else as_token.start_pos)
+        if isinstance(expr, Column) and "`" in text:  # a backquoted column is named as Flink names it
+            text = expr.name if expr.qualifier is None else f"{expr.qualifier}.{expr.name}"
         return SelectItem(expr, alias, text)
 
     def items(self, c: list[Any]) -> list[Any]:
@@ -419,7 +432,7 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         word, name = c
         if word.lower() != "table":
             raise _error_at(name, f"unexpected {_quote(name)}; expected ',', ')' or an operator")
-        return TableArg(name[1:-1].replace('""', '"') if name.type == "QUOTED_NAME" else str(name))
+        return TableArg(_unquoted(name))
 
     def func_call(self, c: list[Any]) -> FuncCall:
         return FuncCall(c[0].lower(), tuple(c[1] or ()))
@@ -441,5 +454,4 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         return Column(c[0]) if len(c) == 1 else Column(c[1], c[0])
 
     def ident(self, c: list[Any]) -> str:
-        token: Token = c[0]
-        return token[1:-1].replace('""', '"') if token.type == "QUOTED_NAME" else str(token)
+        return _unquoted(c[0])

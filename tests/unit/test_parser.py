@@ -253,7 +253,7 @@ def test_split_statements() -> None:
 def test_misspelt_keyword_names_what_was_expected() -> None:
     error = syntax_error("SELECT srcIP, count(*) [RANGE 10 minutes] FORM M")
     assert (error.line, error.column) == (1, 43)
-    assert error.reason == "line 1, column 43: unexpected 'FORM'; expected EMIT or FROM"
+    assert error.reason == "line 1, column 43: unexpected 'FORM'; expected FROM"
 
 
 def test_missing_comma_lists_the_alternatives() -> None:
