@@ -284,7 +284,7 @@ class Front:
         ``Refused``): :class:`StartupFailure` naming it and why, before anything in the state
         directory changes."""
         assert self.state is not None
-        replayed, last = 0, -1
+        replayed = 0
         failed: tuple[int, Record, str] | None = None
         self.unrefused = None
         for seq, record in logged:
@@ -294,14 +294,13 @@ class Front:
                     f"record {at} of the input log ({what.kind}, in {self.state.log.segment_of(at)}) "
                     f"applied when it was logged but fails now: {reason}"
                 )
-            last = seq
             if seq not in self.journal.refused and not isinstance(record, records.Refused):
                 try:
                     with self._replaying():
                         self.apply(record)
                 except Exception as exc:
                     failed = (seq, record, str(exc) or type(exc).__name__)
-            self.journal.applied_through = max(self.journal.applied_through, last)
+            self.journal.applied_through = max(self.journal.applied_through, seq)
             replayed += 1
             await self.workers.wait_for_room()
         if failed is not None:  # the log's last: logged as refused once recovered (records will follow it)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from lowtide.errors import ResourceExhausted, StartupFailure
-from lowtide.server.files import fsync_directory
+from lowtide.server.files import fsync_directory, write_atomically
 
 _FRAME = struct.Struct("<II")
 _HEADER_LENGTH = struct.Struct("<I")
@@ -219,7 +219,7 @@ def _is_seal(data: bytes, at: int) -> bool:
     return data.startswith(_SEAL, at + _FRAME.size + _HEADER_LENGTH.size)
 
 
-def opening(first: int) -> bytes:
+def segment_opening(first: int) -> bytes:
     """The frame that begins the segment whose first record is ``first``: not a record, it is not
     numbered. A segment renamed, or its name's digits damaged, no longer matches it."""
     header = json.dumps({"kind": "segment", "first": first}, separators=(",", ":")).encode()
@@ -300,15 +300,19 @@ class _EndFile:
 
     def write(self, records: int, segment_first: int, size: int) -> None:
         self._generation += 1
-        body = _END_SLOT.pack(self._generation, records, segment_first, size, 0)[:-4]
         at = (self._generation % _END_SLOTS) * _END_SLOT.size
-        self._map[at : at + _END_SLOT.size] = body + struct.pack("<I", zlib.crc32(body))
+        self._map[at : at + _END_SLOT.size] = _end_slot(self._generation, records, segment_first, size)
 
     def sync(self) -> None:
         self._map.flush()
 
     def close(self) -> None:
         self._map.close()
+
+
+def _end_slot(generation: int, records: int, segment_first: int, size: int) -> bytes:
+    body = _END_SLOT.pack(generation, records, segment_first, size, 0)[:-4]
+    return body + struct.pack("<I", zlib.crc32(body))
 
 
 def read_end(path: Path) -> tuple[EndMark, int] | None:
@@ -482,16 +486,18 @@ class InputLog:
 
     @staticmethod
     def create(directory: Path) -> None:
-        """A new, empty log: its directory and its first segment (a log always holds one, so an
-        empty directory is a log whose segments were deleted)."""
+        """A new, empty log: its directory, its first segment (a log always holds one, so an
+        empty directory is a log whose segments were deleted) and its end (a log whose segments
+        open with their first record's number always has one, so it cannot be deleted unseen)."""
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory / segment_name(0), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            os.write(fd, opening(0))
+            os.write(fd, segment_opening(0))
             os.fsync(fd)
         finally:
             os.close(fd)
-        fsync_directory(directory)
+        first = _end_slot(1, 0, 0, len(segment_opening(0)))  # generation 1: the second slot
+        write_atomically(directory / END, bytes(_END_SLOT.size) + first)
 
     # -- reading ------------------------------------------------------------------------------
     def replay(self, start: int = 0, extent: Extent | None = None) -> Iterator[tuple[int, Record]]:
@@ -516,6 +522,7 @@ class InputLog:
         if not segments:
             raise Damaged(f"the input log {self.directory} holds no segment (a log always holds one)")
         end_mark = self._read_end() if opening else None
+        opened = False  # a segment opens with its first record's number: this lowtide wrote the log
         seq, path = segments[0]
         if seq > start:
             why = (
@@ -529,6 +536,7 @@ class InputLog:
             self.refused |= _refusals(data)
             at = 0  # where the whole frames end
             if (end := _frame_end(data, 0)) >= 0 and (named := _opened_at(data, end)) is not None:
+                opened = True
                 if named != first:
                     raise Damaged(
                         f"{path} holds the records from {named} on: its name says {first} "
@@ -572,6 +580,9 @@ class InputLog:
                 f"it held {extent.records} records{then}: a segment is missing or cut short"
                 + (hint if seq >= start else "")
             )
+        if opened and end_mark is None and not self.truncate_tail:  # written with the first segment
+            missing = self.directory / END
+            raise Damaged(f"{missing}, which says how far the input log reached, is missing{hint}")
         if end_mark is not None and seq < end_mark.records:
             if not self.truncate_tail:
                 raise Damaged(
@@ -676,7 +687,7 @@ class InputLog:
         current one is sealed, so a crash between the two leaves an unsealed segment and a new one
         holding at most its opening, not a seal whose next segment is missing."""
         name = segment_name(self.next_seq)
-        head = opening(self.next_seq)
+        head = segment_opening(self.next_seq)
         try:
             # Truncated: a try a full disk stopped may have left part of its opening behind.
             fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)

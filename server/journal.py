@@ -32,7 +32,7 @@ from typing import Any
 from lowtide import __version__
 from lowtide.errors import StartupFailure
 from lowtide.server.files import write_atomically
-from lowtide.server.input_log import InputLog, Record, Refused, opening, segment_name
+from lowtide.server.input_log import END, InputLog, Record, Refused, segment_name, segment_opening
 
 FORMAT = 1  # of the state directory; a server refuses one written in another format
 
@@ -85,14 +85,18 @@ class StateDirectory:
 
 def _new(path: Path) -> bool:
     """Whether ``path`` holds no state: nothing but the lock, or what a first start a crash
-    interrupted leaves (the lock and a log of one empty segment, without the marker)."""
+    interrupted leaves (the lock and a log of one empty segment, perhaps its end file, without
+    the marker)."""
     found = {p.name for p in path.iterdir()} - {"lock"}
     if not found:
         return True
     log = path / "log"
-    if found != {"log"} or not log.is_dir() or [p.name for p in log.iterdir()] != [segment_name(0)]:
+    if found != {"log"} or not log.is_dir():
         return False
-    return (log / segment_name(0)).read_bytes() in (b"", opening(0))
+    names = {p.name for p in log.iterdir()}
+    if segment_name(0) not in names or not names <= {segment_name(0), END, f"{END}.tmp"}:
+        return False
+    return (log / segment_name(0)).read_bytes() in (b"", segment_opening(0))
 
 
 class Journal:

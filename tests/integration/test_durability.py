@@ -212,13 +212,19 @@ def test_fsync_always_survives_the_same_way(state_dir: Path) -> None:
         assert rows([item for _, item in got]) == expected(TUMBLING)
 
 
-def test_a_torn_last_record_is_dropped_and_damage_stops_the_start(state_dir: Path) -> None:
-    server = start_server(config=config(state_dir))
+def fed_and_killed(state_dir: Path, **extra: Any) -> Path:
+    """A server fed three rounds of stream ``s``, then killed; its log's one segment."""
+    server = start_server(config=config(state_dir, **extra))
     with Client(server.target, timeout=30) as client:
         client.create_stream("s", SCHEMA, sources=["a", "b"])
         feed(client, range(3))
     kill9(server)
     (segment,) = sorted((state_dir / "log").glob("*.seg"))
+    return segment
+
+
+def test_a_torn_last_record_is_dropped_and_damage_stops_the_start(state_dir: Path) -> None:
+    segment = fed_and_killed(state_dir)
     whole = segment.read_bytes()
     segment.write_bytes(whole + b"\x40\x00\x00\x00torn")  # a frame cut short by the crash
     with server_on(state_dir) as (server, client):
@@ -616,12 +622,7 @@ def test_a_damaged_last_record_stops_the_start_until_the_operator_gives_it_up(st
 def test_a_log_cut_at_a_record_boundary_stops_the_start(state_dir: Path) -> None:
     """Without checkpoints nothing but the log's end file vouches for its length: before, a last
     segment cut to nothing started silently, empty."""
-    server = start_server(config=config(state_dir, checkpoint_interval_s=0))
-    with Client(server.target, timeout=30) as client:
-        client.create_stream("s", SCHEMA, sources=["a", "b"])
-        feed(client, range(3))
-    kill9(server)
-    (segment,) = sorted((state_dir / "log").glob("*.seg"))
+    segment = fed_and_killed(state_dir, checkpoint_interval_s=0)
     data = segment.read_bytes()
     segment.write_bytes(data[: frame_starts(data)[1]])  # all but the frame that opens it
     line = serve_refuses(state_dir)

@@ -144,7 +144,9 @@ def test_a_last_segment_cut_short_mid_file_is_refused_when_a_manifest_says_it_wa
     extent = extent_of(state, manifest)
     data = segment.read_bytes()
     segment.write_bytes(data[: record_starts(data)[12] + 30])
-    (state / "log" / "end").unlink()  # the manifest alone vouches here (the end file: below)
+    write_end(
+        state / "log" / "end", 12, 0, record_starts(data)[12]
+    )  # the manifest alone vouches (end: below)
     refused(
         state,
         f"the input log ends at record 12 in {segment}, but {manifest} was written when it held "
@@ -253,10 +255,13 @@ def test_a_new_state_directory_holds_a_log_of_one_empty_segment(tmp_path: Path) 
     state.close()
     opening = files(state.path)[f"log/{segment_name(0)}"]
     assert opening is not None and record_starts(opening) == []  # the frame that names record 0
+    end = files(state.path)["log/end"]
+    assert end is not None and len(end) == 72  # two slots: the second says 0 records
     assert files(state.path) == {
         "lock": b"",
         "log": None,
         f"log/{segment_name(0)}": opening,
+        "log/end": end,
         "lowtide-state.json": (state.path / "lowtide-state.json").read_bytes(),
     }
     # A first start a crash interrupted before the marker: still a new directory.
@@ -331,13 +336,19 @@ def test_the_end_file_reads_past_one_torn_slot_and_refuses_two(tmp_path: Path) -
     state = filled(tmp_path)
     end = state / "log" / "end"
     data = bytearray(end.read_bytes())
-    newest = (RECORDS + 2) % 2  # the slot written last: once recovered, once a record, at close
+    newest = (RECORDS + 3) % 2  # the slot written last: made, once recovered, once a record, at close
     data[newest * 36 + 3] ^= 0xFF  # a torn write of the newest slot: the one before counts
     end.write_bytes(bytes(data))
     assert replayed(state)[1] == list(range(RECORDS))
     data[(1 - newest) * 36 + 3] ^= 0xFF
     end.write_bytes(bytes(data))
     refused(state, f"{end}, which says how far the input log reached, is damaged")
+    # Deleted with the log cut short, the cut would look like the log's end: the end file is
+    # made with the log's first segment, so a log whose segments open with their number has one.
+    end.unlink()
+    (segment,) = segments(state)
+    segment.write_bytes(segment.read_bytes()[: record_starts(segment.read_bytes())[10]])
+    refused(state, f"{end}, which says how far the input log reached, is missing")
 
 
 def test_a_directory_that_is_not_ours_is_left_exactly_as_it_was(tmp_path: Path) -> None:
