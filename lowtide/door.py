@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -59,6 +59,7 @@ from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import Query as QueryTree
 from lowtide.query import parse_query
 from lowtide.query.build import explain
+from lowtide.query.derived import Part, part_of, split
 from lowtide.query.describe import describe
 from lowtide.query.description import PlanDescription, PlanOptions
 from lowtide.query.early import EmitTimer, final_rows
@@ -117,6 +118,7 @@ class RunningQuery:
     timer: EmitTimer | None = None  # EMIT EVERY: when its early results are next due
     failure: ResourceExhausted | None = None  # a limit failed it while it ran (see the module)
     reads: frozenset[str] | None = None  # the columns it reads (lowtide.query.reads); None: all
+    part_of: str | None = None  # the query whose derived table this is (lowtide.query.derived)
 
     @property
     def streams(self) -> list[str]:
@@ -148,7 +150,7 @@ class RunningQuery:
         output ends its late stream too). Not ``attribute`` itself: late tuples lie below any
         bound on their own columns. ``collapse``: a marker still unread replaces the previous
         one of its attribute (the later one says more), so an unpolled late stream stays small."""
-        if self.late_ended:
+        if self.late_ended or self.part_of is not None:  # a derived table's late tuples are its query's
             return
         self.late_ended = punctuation.value >= END_OF_STREAM
         marker = Punctuation(punctuation.value, f"{self.name}.{punctuation.attribute}")
@@ -304,8 +306,10 @@ class Door(Generic[R]):
         if len(self._queries) >= self.limits.max_queries:
             raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
         policy = LatePolicy.parse(late)
-        running = self._plan(sql, name, policy, allowed_lateness, restored_share)
-        self._attach(running)
+        planned = self._plan(sql, name, policy, allowed_lateness, restored_share)
+        self._check_room(name, planned)
+        for running in planned:  # its derived tables first: each reads those before it
+            self._attach(running)
         return Query(name, sql)
 
     def check_query(
@@ -318,15 +322,29 @@ class Door(Generic[R]):
                 raise AlreadyExists(f"query or stream {name!r} already exists")
         if len(self._queries) >= self.limits.max_queries:
             raise ResourceExhausted(f"at most {self.limits.max_queries} queries")
-        self._plan(sql, name or "check", LatePolicy.parse(late), allowed_lateness)
+        name = name or "check"
+        self._check_room(name, self._plan(sql, name, LatePolicy.parse(late), allowed_lateness))
+
+    def _check_room(self, name: str, planned: list[RunningQuery]) -> None:
+        if len(self._queries) + len(planned) > self.limits.max_queries:
+            raise ResourceExhausted(
+                f"at most {self.limits.max_queries} queries, and {name!r} runs as {len(planned)} "
+                "(one per derived table, and itself)"
+            )
 
     def explain(self, sql: str) -> str:
-        """The operator graph a query would run, one operator a line, from input to output."""
-        running = self._plan(sql, "explain", LatePolicy.DROP, None)
-        description = running.description
-        early = f"\n{description.early.describe()}" if description.early is not None else ""
-        sink = f"\n{len(description.nodes)}. {running.sink.describe()}"
-        return self._explain(description) + sink + early + self.runner.placement(description)
+        """The operator graph a query would run, one operator a line, from input to output; a
+        derived table's graph first, under the name of the part it runs as."""
+        texts = []
+        for running in self._plan(sql, "query", LatePolicy.DROP, None):
+            description = running.description
+            early = f"\n{description.early.describe()}" if description.early is not None else ""
+            sink = f"\n{len(description.nodes)}. {running.sink.describe()}"
+            text = self._explain(description) + sink + early + self.runner.placement(description)
+            texts.append(text if running.part_of is None else f"{running.name}:\n{text}")
+        if len(texts) > 1:
+            texts[-1] = f"query:\n{texts[-1]}"
+        return "\n".join(texts)
 
     def plan_of(self, query: str) -> str:
         """The operators a registered query runs, one a line from input to output."""
@@ -343,14 +361,30 @@ class Door(Generic[R]):
         policy: LatePolicy,
         allowed_lateness: str | int | None,
         restored_share: str | None = None,
-    ) -> RunningQuery:
+    ) -> list[RunningQuery]:
+        """``sql`` planned as ``name``: its derived tables' parts first, then itself."""
         if not isinstance(sql, str):
             raise InvalidArgument(f"a query is text, not {type(sql).__name__}")
         size = len(sql.encode("utf-8", "surrogatepass"))
         if size > self.limits.max_query_bytes:
             raise InvalidArgument(f"query of {size} bytes is over the limit of {self.limits.max_query_bytes}")
         try:
-            return self._planned(parse_query(sql), sql, name, policy, allowed_lateness, restored_share)
+            tree = parse_query(sql)
+            parts, top = split(tree, name)
+            if not parts:
+                return [self._planned(tree, sql, name, policy, allowed_lateness, restored_share)]
+            # A query with derived tables shares no slices: its parts restore with it, by name.
+            planned: dict[str, RunningQuery] = {}
+            for part in (*parts, Part(name, top)):
+                text = sql if part.name == name else part.query.text
+                running = self._planned(part.query, text, part.name, policy, allowed_lateness, None, planned)
+                if part.name != name and running.derived is None:
+                    raise UnsupportedQuery(
+                        f"derived table ({_shortened(part.query.text)}) has no time column: select its "
+                        "input's time column or window it, so that the outer query's input progresses"
+                    )
+                planned[part.name] = running
+            return list(planned.values())
         except RecursionError:  # parse_query bounds nesting; this is the backstop
             raise InvalidArgument("query nests too deeply") from None
 
@@ -362,11 +396,34 @@ class Door(Generic[R]):
         policy: LatePolicy,
         allowed_lateness: str | int | None,
         restored_share: str | None,
+        parts: Mapping[str, RunningQuery] | None = None,
     ) -> RunningQuery:
+        """Plan ``query`` as ``name``; ``parts``: the derived tables planned before it, which it
+        may read though they are not registered yet (then it shares no slices)."""
         holder: list[RunningQuery] = []
         options = PlanOptions(policy, allowed_lateness, self.limits.windows, self.flush, restored_share)
-        description = describe(query, self._schema_of, options, self._shared)
-        depth = max((self._depth(about.stream) for about in description.inputs), default=0)
+        known = parts or {}
+
+        def catalog(stream: str) -> Schema:
+            derived = known[stream].derived if stream in known else None
+            if derived is not None:
+                return derived.schema
+            owner = part_of(stream) if stream in self._queries else None
+            if owner is not None:  # it goes when its query goes: no other query may read it
+                raise UnsupportedQuery(
+                    f"{stream!r} runs a derived table of query {owner!r}: read {owner!r}, or register the "
+                    "derived table as a query of its own"
+                )
+            return self._schema_of(stream)
+
+        def depth_of(stream: str) -> int:
+            if stream in known:
+                return 1 + max((depth_of(s) for s in known[stream].streams), default=0)
+            return self._depth(stream)
+
+        description = describe(query, catalog, options, self._shared if parts is None else None)
+        self.runner.check(description)
+        depth = max((depth_of(about.stream) for about in description.inputs), default=0)
         if depth > MAX_DERIVED_DEPTH:  # see lowtide.punctuation.model: the domain
             raise UnsupportedQuery(
                 f"query {name!r} would read query results {depth} levels deep, at most {MAX_DERIVED_DEPTH}: "
@@ -387,6 +444,7 @@ class Door(Generic[R]):
             description.progressing,
             forward=(lambda b: self._forward(derived, name, final_rows(b))) if derived else None,
             forward_punctuation=on_punctuation,
+            keeps=part_of(name) is None,
         )
         running = RunningQuery(
             name,
@@ -397,6 +455,7 @@ class Door(Generic[R]):
             policy,
             derived,
             reads=columns_read(query),
+            part_of=part_of(name),
         )
         holder.append(running)
         return running
@@ -417,7 +476,7 @@ class Door(Generic[R]):
     def _derived_stream(self, name: str, description: PlanDescription) -> Stream | None:
         if not description.progressing:
             return None
-        schema = Schema(description.schema, description.progressing[0])
+        schema = Schema(description.schema, description.progressing[0], description.aligned)
         return Stream(name, schema, Generator("explicit"), self.clock, (name,), derived=True)
 
     def _schema_of(self, name: str) -> Schema:
@@ -442,7 +501,7 @@ class Door(Generic[R]):
                 description,
                 frozenset(s for s in running.streams if self._streams[s].derived),
                 running.sink,
-                running.found_late,
+                self._late_sink(running),
                 partial(self._fail, running),
             )
         )
@@ -458,6 +517,14 @@ class Door(Generic[R]):
             if stream.progress > NO_PROGRESS:
                 op.punctuate(Punctuation(stream.progress, stream.attribute))
         self._regranulate()
+
+    def _late_sink(self, running: RunningQuery) -> Callable[[Any, int], None]:
+        """Where ``running``'s late tuples go: its late side stream, or, for a derived table, that
+        of the query it is part of (registered with it, so there by the time tuples flow)."""
+        part_of = running.part_of
+        if part_of is None:
+            return running.found_late
+        return lambda table, rows: self._queries[part_of].found_late(table, rows)
 
     def _fail(self, running: RunningQuery, exc: ResourceExhausted) -> None:
         """The runner failed a query while it ran (see :attr:`PlannedQuery.fail`)."""
@@ -494,7 +561,13 @@ class Door(Generic[R]):
                 running.timer.next_at = as_float(next_at, f"emit timer of {name}")
 
     def drop_query(self, name: str) -> None:
+        """Drop a query, and the parts its derived tables run as (readers first)."""
         self.check_drop_query(name)
+        parts = [q.name for q in self._queries.values() if q.part_of == name]
+        for dropped in (name, *reversed(parts)):
+            self._drop(dropped)
+
+    def _drop(self, name: str) -> None:
         running = self._queries[name]
         self._shared.leave(running.description.share)
         del self._queries[name]
@@ -508,7 +581,9 @@ class Door(Generic[R]):
         self._regranulate()
 
     def check_drop_query(self, name: str) -> None:
-        self.query(name)
+        part = self.query(name).part_of
+        if part is not None:
+            raise InvalidArgument(f"query {name!r} runs a derived table of query {part!r}; drop {part!r}")
         readers = [q.name for q in self._queries.values() if name in q.streams]
         if readers:
             raise InvalidArgument(f"query {name!r} is read by query {readers[0]!r}; drop that first")
@@ -544,6 +619,7 @@ class Door(Generic[R]):
                 "time_unit": q.description.time_unit,
             }
             for q in self._queries.values()
+            if q.part_of is None  # its query's explain shows it
         ]
 
     def query(self, name: str) -> RunningQuery:
@@ -767,6 +843,11 @@ class Door(Generic[R]):
     def state_bytes(self, query: str) -> int:
         self.query(query)  # NotFound for an unknown one
         return self.runner.state_bytes(query)
+
+
+def _shortened(text: str, most: int = 60) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= most else flat[:most] + "..."
 
 
 __all__ = ["DEFAULT_SOURCE", "MAX_QUERY_BYTES", "CheckedBatch", "Door", "Limits", "RunningQuery"]

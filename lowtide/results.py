@@ -51,8 +51,11 @@ class Sink(Operator):
         attributes: tuple[str, ...],
         forward: Callable[[Batch], None] | None = None,
         forward_punctuation: Callable[[Punctuation], None] | None = None,
+        keeps: bool = True,
     ) -> None:
+        """``keeps``: hold the items for a poll (a derived table's only go to its result stream)."""
         super().__init__()
+        self.keeps = keeps
         self.fields = fields
         self.pool = pool
         self.attributes = attributes
@@ -60,6 +63,7 @@ class Sink(Operator):
         self.forward = forward
         self.forward_punctuation = forward_punctuation
         self.results = 0
+        self.ended = False  # a query without progressing columns has passed on its end
 
     def describe(self) -> str:
         return f"Sink ({', '.join(name for name, _ in self.fields)})"
@@ -69,14 +73,22 @@ class Sink(Operator):
             return
         self.tuples_in += batch.n
         self.results += batch.n
-        self.items.append(to_table(batch, self.fields, self.pool))
+        if self.keeps:
+            self.items.append(to_table(batch, self.fields, self.pool))
         if self.forward is not None:
             self.forward(batch)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute not in self.attributes:
+            # Rows without a progressing column (a join's pairs projected without its times) have
+            # no punctuation, but still an end: the first end-of-stream on any input attribute
+            # (after a join, on either side, it comes once both inputs ended).
+            if not self.attributes and punctuation.is_end and not self.ended:
+                self.ended = True
+                self.items.append(punctuation)
             return
-        self.items.append(punctuation)
+        if self.keeps:
+            self.items.append(punctuation)
         if self.forward_punctuation is not None:
             self.forward_punctuation(punctuation)
 

@@ -47,6 +47,11 @@ class PlannedQuery:
 class Runner(Protocol):
     """What the door asks of whatever runs the operator graphs (see the module)."""
 
+    def check(self, description: PlanDescription) -> None:
+        """Raise `~lowtide.errors.UnsupportedQuery` if a query planned so cannot run here (the
+        door asks as it plans, before anything changes)."""
+        ...
+
     def register(self, query: PlannedQuery) -> Subscribers:
         """Run ``query``; what each of its input streams feeds. A query that reads shared slices
         gets what feeds them (the door subscribes nothing new for it)."""

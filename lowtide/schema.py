@@ -123,6 +123,9 @@ class Schema:
 
     columns: tuple[tuple[str, ColumnType], ...]
     progressing: str
+    # Columns known to equal the progressing attribute plus a constant (a query's result: its
+    # window_start, window_end and their copies): a join that equates them is bounded in time.
+    aligned: tuple[tuple[str, int], ...] = ()
 
     @staticmethod
     def of(columns: Mapping[str, str | ColumnType], progressing: str) -> Schema:

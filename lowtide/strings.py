@@ -8,13 +8,14 @@ string. Invariants:
   applies; :meth:`StringPool.look` finds, before that, what it would add (its limits are checked
   and its late tuples judged on that, see :class:`Coding`), and :meth:`StringPool.commit` adds it
   as it applies. Changes apply in one order (the input log's, at replay too), so a string gets the
-  same code at every replay, and a batch refused, or cut short by its producer, adds nothing.
+  same code at every replay (unless strings a server's front computes came in between: see
+  below), and a batch refused, or cut short by its producer, adds nothing.
 * **Only what is used is added.** A batch adds the strings its rows hold, never the unused
   entries of a dictionary-encoded column (the door also leaves out the columns no query reads:
   see :mod:`lowtide.schema`).
 * **Every string has a holder.** The streams whose batches were coded with it (each stream has
-  one of 63 holder bits; past 63 streams, streams share bits) and query literals (pinned: never
-  released). A code names one string for as long as any holder holds it.
+  one of 63 holder bits; past 63 streams, streams share bits), query literals and the strings
+  queries compute (pinned: never released). A code names one string for as long as any holder holds it.
 * **Releasing a stream frees what only it held**: nothing alive references those codes (a stream
   is dropped only after every query reading it, and a query's state holds codes of the streams
   it reads only). A bit shared by several streams is released with the last of them. Freed
@@ -26,9 +27,13 @@ string. Invariants:
   dropped stream added that others still hold is charged to none from then on.
 
 A worker's pool is a *mirror*: it takes the front's codes (:meth:`StringPool.adopt`) and
-forgets them when told (:meth:`StringPool.forget`); it never gives out codes itself. Workers
-decode strings only for a string column's ``heavy_hitters``; otherwise they need the codes of
-query literals alone (:meth:`StringPool.pinned`).
+forgets them when told (:meth:`StringPool.forget`); it never gives out codes itself, so a server
+makes the strings queries compute at its front (:meth:`StringPool.codes`). Workers decode strings
+only for a string column's ``heavy_hitters``; otherwise they need the codes of pinned strings
+alone (:meth:`StringPool.pinned`: query literals, computed strings). The front codes computed
+strings as results come back, not in the input log's order: those it pins while a checkpoint
+waits for its barriers are saved with the checkpoint's output side and pinned again over its
+snapshot of the pool (:meth:`StringPool.pin_held`).
 """
 
 from __future__ import annotations
@@ -159,10 +164,32 @@ class Coding:
         ]
 
 
+def _packed(values: Sequence[str]) -> dict[str, State]:
+    """Strings as UTF-8 bytes cut at offsets (no Python objects in a snapshot)."""
+    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return {"offsets": offsets, "bytes": np.frombuffer(b"".join(encoded), np.uint8).copy()}
+
+
+def _unpacked(saved: Mapping[str, State]) -> list[str]:
+    """The strings of a :func:`_packed`; CorruptState where it is not one."""
+    offsets = as_array(saved["offsets"], "string offsets", np.int64, 1)
+    data = as_array(saved["bytes"], "string bytes", np.uint8, 1).tobytes()
+    if len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(data):
+        raise CorruptState("strings: offsets do not cut the bytes")
+    try:
+        return [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(offsets)]
+    except UnicodeDecodeError as exc:
+        raise CorruptState(f"strings: not UTF-8: {exc}") from None
+
+
 class StringPool:
-    def __init__(self, mirrored: bool = False) -> None:
+    def __init__(self, mirrored: bool = False, mirror: bool = False) -> None:
         """``mirrored``: workers mirror this pool (the front's): it keeps the codes added (or
-        pinned) since :meth:`take_unsent` last ran."""
+        pinned) since :meth:`take_unsent` last ran. ``mirror``: this is a worker's mirror, which
+        gives no code out, not even for computed strings (:meth:`codes`)."""
+        self.mirror = mirror
         self._codes: dict[str, int] = {}
         self._values = np.empty(1024, dtype=object)  # None: a free code
         self._holders = np.zeros(1024, dtype=np.uint64)  # bit per holder; 0: free (or a mirror's)
@@ -175,6 +202,9 @@ class StringPool:
         self._unsent: list[int] | None = [] if mirrored else None
         self.bytes = 0  # what the strings held cost (see cost; a mirror's stays 0)
         self.releases = 0  # releases that freed codes: what was coded before may name others now
+        # While a server's checkpoint waits for its barriers: the codes computed strings pinned
+        # (its output side saves them with :meth:`held`; see lowtide.server.checkpoint_coordinator).
+        self.recording: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._codes)
@@ -199,6 +229,30 @@ class StringPool:
         elif not self._holders[found] & _PINNED and self._unsent is not None:
             self._unsent.append(found)  # a mirror of literals alone lacks it
         self._holders[found] |= _PINNED
+        return found
+
+    def codes(self, values: Sequence[str]) -> I64:
+        """The codes of strings a query computes (``DATE_FORMAT``, ``SPLIT_INDEX``), each added
+        when new and pinned as :meth:`code` pins a literal: a computed string may be in a query's
+        state or result for as long as the query runs, and names no stream that could release it.
+        One dictionary look-up per string. The codes pinned only now go to :attr:`recording`."""
+        if self.mirror:  # a server computes strings at its front (lowtide.server.partitioning)
+            raise RuntimeError("a worker's string pool mirrors the front's and gives no code out")
+        found = self._find(values)
+        missing = np.flatnonzero(found == _NOT_FOUND)
+        if missing.size:
+            absent = [values[i] for i in missing.tolist()]
+            new = list(dict.fromkeys(absent))
+            self._put(self._allocate(len(new)), new)  # charged to no stream, as a literal
+            self.bytes += int(_costs(new).sum())
+            found[missing] = self._find(absent)
+        pinned = np.unique(found[(self._holders[found] & _PINNED) == 0]).tolist()
+        if pinned:
+            self._holders[pinned] |= _PINNED
+            if self._unsent is not None:  # a mirror of literals alone lacks those pinned only now
+                self._unsent.extend(pinned)
+            if self.recording is not None:
+                self.recording.extend(pinned)
         return found
 
     def encode(
@@ -425,9 +479,6 @@ class StringPool:
         """Every string held with its code, holders and owner, as UTF-8 bytes and offsets (no
         Python objects); the holders' bits and the owners' ids by name."""
         codes = np.array(self.entries(), dtype=np.int64)
-        encoded = [v.encode("utf-8", "surrogatepass") for v in self.values(codes.tolist())]
-        offsets = np.zeros(len(encoded) + 1, np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
         return {
             "format": _FORMAT,
             "codes": codes,
@@ -435,8 +486,7 @@ class StringPool:
             "bits": dict(self._bits),
             "owners": self._owners[codes].copy(),
             "owner_ids": dict(self._owner_ids),
-            "offsets": offsets,
-            "bytes": np.frombuffer(b"".join(encoded), np.uint8).copy(),
+            **_packed(self.values(codes.tolist())),
         }
 
     def restore(self, state: State) -> None:
@@ -446,14 +496,7 @@ class StringPool:
         if len(self):
             raise ValueError("a pool restores only while empty")
         saved = as_dict(state, "strings")
-        offsets = as_array(saved["offsets"], "string offsets", np.int64, 1)
-        data = as_array(saved["bytes"], "string bytes", np.uint8, 1).tobytes()
-        if len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(data):
-            raise CorruptState("strings: offsets do not cut the bytes")
-        try:
-            values = [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(offsets)]
-        except UnicodeDecodeError as exc:
-            raise CorruptState(f"strings: not UTF-8: {exc}") from None
+        values = _unpacked(saved)
         n = len(values)
         owners, owner_ids = np.full(n, NO_OWNER, np.int32), {}
         if "format" not in saved:
@@ -496,6 +539,35 @@ class StringPool:
         charged = {owner: (n, size) for owner, n, size in zip(present.tolist(), strings, sizes, strict=True)}
         self._charged = {name: charged[owner] for name, owner in owner_ids.items() if owner in charged}
         self.bytes = int(costs.sum())
+        self._free = np.flatnonzero(self._holders[: self._next] == 0)[::-1].tolist()
+
+    def held(self, codes: Sequence[int]) -> State:
+        """Held ``codes`` with their strings (those :attr:`recording` took, say), for
+        :meth:`pin_held`."""
+        unique = np.unique(np.asarray(codes, dtype=np.int64))
+        return {"codes": unique, **_packed(self.values(unique.tolist()))}
+
+    def pin_held(self, state: State) -> None:
+        """Pin the strings of a :meth:`held`, each under its code, over a :meth:`restore`: those
+        computed strings a server's output side pinned while its checkpoint waited (a code it
+        recorded names its string in the checkpoint's results that reach workers again). No
+        stream released a code meanwhile (a dropped stream abandons the checkpoint), so a string
+        the snapshot holds has the code recorded, and a code recorded for a new one is free."""
+        saved = as_dict(state, "pinned strings")
+        codes = as_array(saved["codes"], "pinned codes", np.int64, 1)
+        values = _unpacked(saved)
+        if len(codes) != len(values) or (len(codes) and codes.min() < 0):
+            raise CorruptState("pinned strings: codes and strings do not match")
+        for code, value in zip(codes.tolist(), values, strict=True):
+            known = self._codes.get(value)
+            if known is None and not (code < len(self._values) and self._values[code] is not None):
+                self._put(np.array([code], np.int64), [value])
+                self.bytes += cost(value)
+            elif known != code:
+                raise CorruptState(f"pinned strings: {value!r} is not code {code} of the snapshot's")
+            elif not self._holders[code] & _PINNED and self._unsent is not None:
+                self._unsent.append(code)  # a mirror of literals alone lacks it
+            self._holders[code] |= _PINNED
         self._free = np.flatnonzero(self._holders[: self._next] == 0)[::-1].tolist()
 
     # -- decoding -------------------------------------------------------------------------------

@@ -396,8 +396,9 @@ class AdaptWIDAggregate(WindowOperator):
         self._row_of: dict[int, int] = {}
         self._free_rows: list[int] = []
         self._rows_used = 0
-        # Lazy groups: their tuples.
-        values = tuple(dict.fromkeys(c.column for c in calls if c.column is not None))
+        # Lazy groups: their tuples (the columns the calls read, FILTER's too).
+        read = (col for c in calls for col in (c.column, c.valid) if col is not None)
+        values = tuple(dict.fromkeys(read))
         self.buffer = LazyBuffer(values, math.ceil(window.range / window.slide))
         self._unfolded = 0  # (about) the tuples of eager groups still in B
         self.first_open = NO_PROGRESS

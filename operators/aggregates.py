@@ -7,6 +7,9 @@ holistic aggregates (median, quantile, count_distinct, heavy_hitters) a log of
 ``(row, group, value)`` entries. Rows are recycled: ``reset_rows`` puts them back to identity.
 Results are exact; sample variance (ddof 1) like SQL's VAR_SAMP; quantiles interpolate linearly.
 Nulls - NaN floats and the null code of strings - are skipped, as SQL aggregates skip them.
+A call with a ``valid`` column (SQL's ``FILTER (WHERE cond)``) is fed only the rows where that
+bool column holds; it has a count of its own, so an empty set of such rows finalizes as an empty
+cell would (NaN for floats; count 0, integer sum 0).
 A snapshot holds every accumulator array whole, the value logs and the string columns.
 """
 
@@ -53,13 +56,18 @@ class AggFunc(Enum):
 
 @dataclass(frozen=True)
 class AggregateCall:
-    """One aggregate of a query: ``func(column[, param]) AS output``."""
+    """One aggregate of a query: ``func(column[, param]) [FILTER (WHERE valid)] AS output``.
+
+    Accumulators are named by column, so calls on one column share them: calls with different
+    ``valid`` columns must read different columns (the planner gives each its own).
+    """
 
     func: AggFunc
     column: str | None
     input_type: ColumnType | None
     param: float | None
     output: str
+    valid: str | None = None  # a bool column: only the rows where it holds feed this call
 
     def describe(self) -> str:
         return self.output
@@ -161,6 +169,7 @@ class CellState:
             # Revision last emitted per cell, for allowed lateness.
             self._add("rev", np.dtype(np.int64))
         self.string_columns: set[str] = set()
+        self.filters: dict[str, str] = {}  # column -> the bool column whose rows feed it (FILTER)
         self.logs: dict[str, _ValueLog] = {}
         for call in calls:
             self._declare(call)
@@ -186,10 +195,12 @@ class CellState:
             return
         if call.input_type is not None and call.input_type.is_string:
             self.string_columns.add(col)  # codes; NULL_CODE is a null
+        if call.valid is not None:
+            self.filters[col] = call.valid
         if call.func.holistic:
             self.logs[col] = _ValueLog(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, dtype))
             return
-        if dtype == np.float64 or col in self.string_columns:
+        if dtype == np.float64 or col in self.string_columns or col in self.filters:
             self._add(f"count:{col}", np.dtype(np.int64))
         if call.func is AggFunc.SUM or call.func is AggFunc.AVG:
             self._add(f"sum:{col}", dtype)
@@ -301,12 +312,20 @@ class CellState:
             kind, _, col = name.partition(":")
             if not col:
                 continue
-            values = k.read_only(batch.columns[col])
+            if kind in ("mean", "m2"):  # mcount's companions, updated with it
+                continue
+            values = batch.columns[col]
+            valid = batch.columns[self.filters[col]] if col in self.filters else None
             if kind == "count":
-                if col in self.string_columns:  # the kernel skips NaN: null codes become NaN
-                    values = k.read_only(np.where(values == NULL_CODE, np.nan, 0.0))
-                k.update_count_valid(ws, we, wid_base, row_of, gid, values, a[name])
-            elif kind == "sum":
+                if col in self.string_columns or valid is not None:  # the kernel skips NaN
+                    present = values != NULL_CODE if col in self.string_columns else values == values
+                    values = np.where(present if valid is None else present & valid, 0.0, np.nan)
+                k.update_count_valid(ws, we, wid_base, row_of, gid, k.read_only(values), a[name])
+                continue
+            if valid is not None:
+                values = _filtered(kind, values, valid, a[name].dtype)
+            values = k.read_only(values)
+            if kind == "sum":
                 k.update_sum(ws, we, wid_base, row_of, gid, values, a[name])
             elif kind == "min":
                 k.update_min(ws, we, wid_base, row_of, gid, values, a[name])
@@ -320,6 +339,8 @@ class CellState:
             rows, gids, index = k.expand_cells(ws, we, wid_base, row_of, gid)
             values = batch.columns[col][index]
             valid = values != NULL_CODE if col in self.string_columns else values == values
+            if col in self.filters:
+                valid &= batch.columns[self.filters[col]][index]
             if not valid.all():
                 rows, gids, values = rows[valid], gids[valid], values[valid]
             log.append(rows, gids, values.astype(log.values.dtype, copy=False))
@@ -546,6 +567,17 @@ class CellState:
             ordered.astype(kind.dtype if kind else np.float64), type=kind.arrow if kind else None
         )
         return pa.ListArray.from_arrays(pa.array(hit_offsets, type=pa.int32()), items)
+
+
+def _filtered(kind: str, values: Arr, valid: npt.NDArray[np.bool_], dtype: np.dtype[Any]) -> Arr:
+    """``values`` as accumulator ``kind`` (sum, min, max, mcount) of ``dtype`` takes them when only
+    the rows where ``valid`` holds count: the others become NaN, which the kernels skip, or for
+    an integer accumulator its identity, which leaves a cell as it is."""
+    if kind == "mcount" or dtype == np.float64:
+        return np.where(valid, values, np.nan)
+    if kind in ("min", "max"):  # an integer column's: the identity leaves the cell as it is
+        return np.where(valid, values, _identity(f"{kind}:", dtype))
+    return np.where(valid, values, 0)
 
 
 def _typed(state: Arr, empty: npt.NDArray[np.bool_], kind: ColumnType | None, func: AggFunc) -> Arr:

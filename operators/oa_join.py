@@ -5,32 +5,43 @@ Port 0 is the left input S0, port 1 the right input S1; each has a progressing a
 their keys are equal and
 
 * band join ``S0 [RANGE r0], S1 [RANGE r1]``: ``l.ts - r1 <= r.ts <= l.ts + r0`` (both inclusive);
-* tumbling join ``[RANGE TUMBLING d]``: ``l.ts // d == r.ts // d`` (floor division).
+* tumbling join ``[RANGE TUMBLING d]``: ``l.ts // d == r.ts // d`` (floor division);
+* until join ``Until(side, column, low, high)``, an interval bounded by a column of one input
+  (Nexmark's ``B.dateTime BETWEEN A.dateTime AND A.expires``): with ``x`` the tuple of input
+  ``side`` and ``y`` the other, ``x.ts + low <= y.ts <= x.column + high``. Nothing relates
+  ``x.column`` to ``x.ts``: a bound below ``x.ts + low`` pairs with nothing.
 
 Every matching pair is emitted exactly once, whatever the arrival order, batch split,
 interleaving and (honest) punctuation: a tuple probes the tuples stored from the other input,
 then is stored itself if a future tuple of the other input can still match it. With tuples behind
-punctuation, a pair is emitted at most once, and one that is not has its later tuple in the late
-side stream (see Behind punctuation).
+punctuation, a pair is emitted at most once, and one that is not has a tuple in the late side
+stream (see Behind punctuation).
+
+Ends. A stored tuple has an *end*, the largest ts of a partner it can meet as far as its input's
+bound goes: its ts for a band or tumbling join and for the unbounded input of an until join,
+``x.end = x.column + high`` for the bounded input ``side`` of an until join. Purging compares ends.
 
 Bounds. ``b0``/``b1`` is the latest punctuation of the left/right input (``NO_PROGRESS`` at first);
-every future tuple of input i has ``ts >= b_i``. Call ``T0`` (``T1``) the smallest left (right) ``ts``
+every future tuple of input i has ``ts >= b_i``. Call ``T0`` (``T1``) the smallest left (right) end
 that a future right (left) tuple can still match:
 
 * band: a future right ``r`` (``r.ts >= b1``) meets ``l`` only if ``l.ts + r0 >= r.ts >= b1``, so
   ``T0 = b1 - r0``; symmetrically ``l.ts <= r.ts + r1`` gives ``T1 = b0 - r1``;
 * tumbling: ``floor(l.ts/d) = floor(r.ts/d) >= floor(b1/d)``, so ``T0 = floor(b1/d)*d`` and
-  ``T1 = floor(b0/d)*d``.
+  ``T1 = floor(b0/d)*d``;
+* until (x on input ``side``, y on the other): a future y meets x only if ``x.end >= y.ts >= b_y``,
+  so ``T_x = b_y`` (on ends); a future x meets y only if ``y.ts >= x.ts + low >= b_x + low``, so
+  ``T_y = b_x + low``.
 
-A new tuple of input i is stored only if ``ts >= T_i`` (ProcessTuple); a stored tuple of input i is
-purgeable once ``ts < T_i`` (ProcessPunctuation), and the purge is amortised (the storage is
-compacted when at least a quarter of it is purgeable): a purgeable tuple left in store can no
-longer match, because every partner in time has ``ts >= b_{1-i}`` and one behind punctuation
-skips stored tuples below ``T_i``.
+A new tuple of input i is stored only if its end is ``>= T_i`` and its partner range is not empty
+(ProcessTuple); a stored tuple of input i is purgeable once its end is ``< T_i``
+(ProcessPunctuation), and the purge is amortised (the storage is compacted when at least a quarter
+of it is purgeable): a purgeable tuple left in store can no longer match, because every partner
+in time asks for an end ``>= T_i`` and one behind punctuation skips stored ends below ``T_i``.
 
 Output punctuation (individual punctuation, one per input timestamp, ProducePunctuation). A
 future output row carries a future tuple of input i (``ts >= b_i``), a stored one that a future
-tuple of the other input matches (``ts >= T_i``), or a tuple behind punctuation, which forms
+tuple of the other input matches (end ``>= T_i``), or a tuple behind punctuation, which forms
 pairs only at or above the output punctuation published (below). After every input punctuation:
 
 * band, on ``{left.prefix}.{left.ts}``:   ``out0 = min(b0, T0) = min(b0, b1 - r0)``;
@@ -38,6 +49,17 @@ pairs only at or above the output punctuation published (below). After every inp
 * tumbling, on both columns: ``out0 = out1 = min(floor(b0/d)*d, floor(b1/d)*d)``, the start of
   the first bucket still open on either input (``<= min(b_i, T_i)``, at bucket granularity so
   that a tuple behind punctuation in a bucket still open, whose partners are all held, is in time);
+* until, on y's column ``out_y = min(b_y, T_y) = min(b_y, b_x + low)``; on x's column
+  ``out_x = min(b_x, oldest)``, ``oldest`` the smallest ts among the stored x still live
+  (end ``>= T_x``; ``END_OF_STREAM`` if none): only they and future x meet a future y - but
+  ``b_y`` where that is ``END_OF_STREAM`` (x has ended and none is live: no row is to come, yet
+  the output ends with both inputs, as for the other joins; a value that may fall below the one
+  published, which then stands). ``oldest`` is kept exactly by a binary min-heap on ts of the
+  stored x's (ts, end) with lazy deletion: at punctuation the top is popped while its end is
+  below ``T_x`` (a tuple once dead stays dead: ``T_x`` only rises), so the top is the oldest
+  live one; numba kernels, O(log n) per stored x. The heap is rebuilt from the store (sorted by
+  ts) when the store is compacted, so it never holds more rows than the store (dead ones held
+  under a long-lived one go with the compaction);
 
 each emitted only when it rises above the last value emitted for that column (never repeated,
 never regressing, never ``NO_PROGRESS``). ``NO_PROGRESS`` and ``END_OF_STREAM`` saturate as -inf and
@@ -45,22 +67,33 @@ never regressing, never ``NO_PROGRESS``). ``NO_PROGRESS`` and ``END_OF_STREAM`` 
 results are clamped into the int64 domain; so when both inputs have ended both outputs are
 ``END_OF_STREAM``, and when the other input has ended nothing more is stored and its partner
 store is emptied. ``T_i`` and ``out_i`` are functions of ``(b0, b1)`` alone (monotone, so the last
-value published is the current one).
+value published is the current one) - but for ``out_x`` of an until join, which depends on the
+stored tuples; for a tuple behind punctuation the join takes ``mute_x = b_x`` in its place (below),
+elsewhere ``mute_i = out_i``.
 
 Behind punctuation (DESIGN.md §2). A tuple ``x`` of input i with ``x.ts < b_i`` (``batch.late``
-from the query's Input; any tuple below ``b_i`` is taken alike) may no longer meet partners below
-``T_j`` (j the other input): they may be purged already, or were never stored. So it meets only
-stored partners with ``ts >= T_j`` (purgeable ones not yet compacted must not match: results do
-not depend on when compaction ran), and only if ``x.ts >= out_i`` (else a pair would fall below
-the punctuation published on its column). It is *late for the query* iff its partner range
-reaches below ``T_j`` - band: left ``x.ts - r1 < T1``, right ``x.ts - r0 < T0``, which holds for
-every behind tuple; tumbling: its bucket start ``floor(x.ts/d)*d < T_j``, i.e. its bucket is no
-longer open - or ``x.ts < out_i``, which implies the former (band: ``out_i <= b_i``; tumbling:
-``out_i <= floor(b_i/d)*d = T_j``). A late tuple goes to its input's late sink (the query's
-``<query>.late``, in its stream's columns) once; if ``x.ts >= out_i`` it still forms its pairs
-with the partners held (a tuple may so be split, like one a sliding window counts in its open
-windows). It is stored by the usual rule (``ts >= T_i``). :meth:`OAJoin.late_mask` is this test
-as a function of ``(b0, b1)``: the door's late rule for ``late='error'`` (:func:`late_mask_of`).
+from the query's Input; any tuple below ``b_i`` is taken alike) may no longer meet partners whose
+end is below ``T_j`` (j the other input): they may be purged already, or were never stored. So it
+meets only stored partners with end ``>= T_j`` (purgeable ones not yet compacted must not match:
+results do not depend on when compaction ran), and only if ``x.ts >= mute_i`` (else a pair would
+fall below the punctuation published on its column). It is *late for the query* iff its partner
+floor - the smallest end a partner of it can have: band ``x.ts - r1`` (left) or ``x.ts - r0``
+(right), tumbling its bucket start, until ``x.ts + low`` (bounded input) or ``y.ts`` (the other) -
+is below ``T_j``, which holds for every behind tuple of a band or until join (tumbling: its bucket
+is no longer open); or if ``x.ts < mute_i``, which implies the former (band: ``out_i <= b_i``;
+tumbling: ``out_i <= floor(b_i/d)*d = T_j``; until: ``mute_i <= b_i``). A late tuple goes to its
+input's late sink (the query's ``<query>.late``, in its stream's columns) once; if ``x.ts >=
+mute_i`` it still forms its pairs with the partners held (a tuple may so be split, like one a
+sliding window counts in its open windows). It is stored by the usual rule (end ``>= T_i``, a
+partner range not emptied by the mute). :meth:`OAJoin.late_mask` is this test as a function of
+``(b0, b1)``: the door's late rule for ``late='error'`` (:func:`late_mask_of`).
+
+So for an until join every tuple behind punctuation is late; a behind x of the bounded input
+(``mute_x = b_x``) takes no part at all - it neither probes nor is stored, since its pairs would
+carry an ``x.ts`` below ``b_x`` and ``out_x`` may already be above it, by a value that depends on
+the store - while a behind y still meets the live stored x if ``y.ts >= out_y``, as with a band.
+A pair that is not emitted has its behind tuple in the late stream: for a band or tumbling join
+its later tuple, for an until join maybe the earlier one (a behind x that a later y would meet).
 
 Implementation. Each input keeps columnar storage (numpy arrays with amortised doubling) and a
 chained hash index: ``heads[hash & mask]`` is the first row of a slot, ``next[row]`` the next row
@@ -68,20 +101,23 @@ of the same slot; the stored 64-bit hash and then every key column are verified 
 tumbling join the bucket ``ts // d`` is hashed and verified as an extra key. Rows are stored
 grouped by hash (each appended batch, and the whole store whenever it is compacted or its index
 grows), so a chain is a few contiguous runs and a probe reads memory sequentially. A batch is
-probed in one numba kernel that writes (probe row, stored row) pairs into reused buffers; the
-output columns are gathered with numpy. Timestamps are assumed to stay clear of the int64 ends
-by more than the ranges (the band limits saturate, the store predicates do not overflow).
+probed in one numba kernel that writes (probe row, stored row) pairs into reused buffers, for
+each probe row a range of stored ts and a floor of stored ends (the store of an until join's
+bounded input keeps the ends beside the ts); the output columns are gathered with numpy.
+Timestamps are assumed to stay clear of the int64 ends by more than the ranges (the band limits
+saturate, the store predicates do not overflow).
 
-A snapshot holds both inputs' bounds and stores, index included: chains keep their order, so a
-restored join emits its pairs in the same order as the join it was taken from. Placement: each
-input by its equality keys, one worker without keys.
+A snapshot holds both inputs' bounds and stores, index included (and the ends and heap of an
+until join's bounded input): chains keep their order, so a restored join emits its pairs in the
+same order as the join it was taken from. Placement: each input by its equality keys, one worker
+without keys.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeAlias, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -152,21 +188,25 @@ def _probe(
     p_keys: I64,
     p_lo: I64,
     p_hi: I64,
+    p_need: I64,
     heads: I64,
     nxt: I64,
     s_hash: U64,
     s_keys: I64,
     s_ts: I64,
+    s_end: I64,
     out_p: I64,
     out_s: I64,
     start: int,
     filled: int,
 ) -> tuple[int, int]:
-    """Pairs (probe row i, stored row j) with equal keys and ``p_lo[i] <= s_ts[j] <= p_hi[i]``.
+    """Pairs (probe row i, stored row j) with equal keys, ``p_lo[i] <= s_ts[j] <= p_hi[i]`` and
+    ``s_end[j] >= p_need[i]``.
 
-    p_hash: (m,) uint64; p_keys: (m, k) int64; p_lo, p_hi: (m,) int64 -- the probe batch.
+    p_hash: (m,) uint64; p_keys: (m, k) int64; p_lo, p_hi, p_need: (m,) int64 -- the probe batch.
     heads: (S,) int64; nxt: (cap,) int64; s_hash: (cap,) uint64; s_keys: (cap, k) int64;
-    s_ts: (cap,) int64 -- the other input's store and index. None of these is mutated.
+    s_ts, s_end: (cap,) int64 (the same array where the ends are the ts) -- the other input's
+    store and index. None of these is mutated.
     out_p, out_s: (B,) int64, mutated from index ``filled`` on. Probes rows ``start..m-1`` and
     stops before the first probe row whose pairs no longer fit; returns (next probe row, pairs
     filled): rows below it are complete, probe rows ascending. Cost O(m * k + rows visited + P);
@@ -180,10 +220,11 @@ def _probe(
         h = p_hash[i]
         lo = p_lo[i]
         hi = p_hi[i]
+        need = p_need[i]
         first = n
         j = heads[h & mask]
         while j >= 0:
-            if s_hash[j] == h and lo <= s_ts[j] <= hi:
+            if s_hash[j] == h and lo <= s_ts[j] <= hi and s_end[j] >= need:
                 same = True
                 for c in range(k):
                     if s_keys[j, c] != p_keys[i, c]:
@@ -197,6 +238,57 @@ def _probe(
                     n += 1
             j = nxt[j]
     return p_hash.size, n
+
+
+@_jit
+def _heap_push(h_ts: I64, h_end: I64, n: int, ts: I64, end: I64) -> int:
+    """Push the rows ``(ts[i], end[i])`` into the binary min-heap on ts ``h_ts[:n]``/``h_end[:n]``.
+
+    h_ts, h_end: (cap,) int64, cap >= n + ts.size, mutated. ts, end: (m,) int64, read only.
+    Returns the new size n + m. Cost O(m log(n + m)).
+    """
+    for i in range(ts.size):
+        c = n
+        n += 1
+        while c > 0:
+            parent = (c - 1) // 2
+            if h_ts[parent] <= ts[i]:
+                break
+            h_ts[c] = h_ts[parent]
+            h_end[c] = h_end[parent]
+            c = parent
+        h_ts[c] = ts[i]
+        h_end[c] = end[i]
+    return n
+
+
+@_jit
+def _heap_drop(h_ts: I64, h_end: I64, n: int, threshold: int) -> int:
+    """Pop the top of the min-heap ``h_ts[:n]``/``h_end[:n]`` while its end is below ``threshold``.
+
+    h_ts, h_end: (cap,) int64, mutated. Returns the new size; the top is then the smallest ts
+    whose end is >= threshold, if the ends of rows popped before were below earlier thresholds
+    (dead rows below the top are left for later). Cost O(popped * log n).
+    """
+    while n > 0 and h_end[0] < threshold:
+        n -= 1
+        t = h_ts[n]
+        e = h_end[n]
+        c = 0
+        while True:
+            child = 2 * c + 1
+            if child >= n:
+                break
+            if child + 1 < n and h_ts[child + 1] < h_ts[child]:
+                child += 1
+            if h_ts[child] >= t:
+                break
+            h_ts[c] = h_ts[child]
+            h_end[c] = h_end[child]
+            c = child
+        h_ts[c] = t
+        h_end[c] = e
+    return n
 
 
 @dataclass(frozen=True)
@@ -215,6 +307,20 @@ class Tumbling:
 
 
 @dataclass(frozen=True)
+class Until:
+    """Interval join bounded by a column of input ``side`` (0 left, 1 right): a tuple ``x`` of it
+    and a tuple ``y`` of the other match when ``x.ts + low <= y.ts <= x.column + high``."""
+
+    side: int
+    column: str
+    low: int
+    high: int = 0
+
+
+JoinWindow: TypeAlias = Band | Tumbling | Until
+
+
+@dataclass(frozen=True)
 class JoinSide:
     """One input of the join: output prefix, carried columns, progressing attribute, keys."""
 
@@ -224,11 +330,18 @@ class JoinSide:
     keys: tuple[str, ...]
 
 
-def _minus(b: int, r: int) -> int:
-    """``b - r`` with ``NO_PROGRESS``/``END_OF_STREAM`` as -inf/+inf, clamped into int64."""
+def _plus(b: int, c: int) -> int:
+    """``b + c`` with ``NO_PROGRESS``/``END_OF_STREAM`` as -inf/+inf, clamped into int64."""
     if b <= NO_PROGRESS or b >= END_OF_STREAM:
         return b
-    return max(b - r, NO_PROGRESS)
+    return min(max(b + c, NO_PROGRESS), END_OF_STREAM)
+
+
+def _shifted(ts: I64, c: int) -> I64:
+    """``ts + c``, a new array, saturating at the int64 ends instead of wrapping."""
+    if c >= 0:
+        return np.minimum(ts, END_OF_STREAM - c) + c
+    return np.maximum(ts, NO_PROGRESS - c) + c
 
 
 def _floor_to(b: int, d: int) -> int:
@@ -238,59 +351,100 @@ def _floor_to(b: int, d: int) -> int:
     return max((b // d) * d, NO_PROGRESS)
 
 
-def threshold_of(window: Band | Tumbling, side: int, bounds: Sequence[int]) -> int:
-    """``T_side`` for the input bounds ``(b0, b1)``: the smallest ts of input ``side`` that a
+def threshold_of(window: JoinWindow, side: int, bounds: Sequence[int]) -> int:
+    """``T_side`` for the input bounds ``(b0, b1)``: the smallest end of input ``side`` that a
     future tuple of the other input can match."""
     other = bounds[1 - side]
     if isinstance(window, Tumbling):
         return _floor_to(other, window.d)
-    return _minus(other, window.r0 if side == 0 else window.r1)
+    if isinstance(window, Until):
+        return other if side == window.side else _plus(other, window.low)
+    return _plus(other, -(window.r0 if side == 0 else window.r1))
 
 
-def output_bound_of(window: Band | Tumbling, side: int, bounds: Sequence[int]) -> int:
-    """``out_side``: the output punctuation on input ``side``'s ts column for ``(b0, b1)``."""
+def output_bound_of(window: JoinWindow, side: int, bounds: Sequence[int]) -> int:
+    """``out_side``, the output punctuation on input ``side``'s ts column for ``(b0, b1)``; for
+    an until join's bounded input ``mute_x = b_x``, which its output punctuation stays below."""
+    if isinstance(window, Until) and side == window.side:
+        return bounds[side]
     own = _floor_to(bounds[side], window.d) if isinstance(window, Tumbling) else bounds[side]
     return min(own, threshold_of(window, side, bounds))
 
 
-def partner_range(window: Band | Tumbling, side: int, ts: I64) -> tuple[I64, I64]:
-    """The ts range ``[lo, hi]`` of the other input's tuples that tuples ``ts`` of input ``side``
-    can match: band ``[ts - below, ts + above]`` (saturating), tumbling the bucket from its start
-    (the bucket itself is hashed as a key)."""
+def partner_floor(window: JoinWindow, side: int, ts: I64) -> I64:
+    """The smallest end a partner of tuples ``ts`` of input ``side`` can have (saturating):
+    band ``ts - below``, tumbling the bucket start, until ``ts + low`` on the bounded input and
+    ``ts`` on the other."""
     if isinstance(window, Tumbling):
-        return (ts // window.d) * window.d, np.full(ts.size, END_OF_STREAM, np.int64)
-    below, above = (window.r1, window.r0) if side == 0 else (window.r0, window.r1)
-    return np.maximum(ts, NO_PROGRESS + below) - below, np.minimum(ts, END_OF_STREAM - above) + above
+        return (ts // window.d) * window.d
+    if isinstance(window, Until):
+        return _shifted(ts, window.low) if side == window.side else ts
+    return _shifted(ts, -(window.r1 if side == 0 else window.r0))
 
 
-def late_mask_of(window: Band | Tumbling, side: int, ts: I64, bounds: Sequence[int]) -> npt.NDArray[np.bool_]:
+def partner_range(window: JoinWindow, side: int, ts: I64, end: I64) -> tuple[I64, I64, I64]:
+    """``(lo, hi, need)``: tuples ``ts`` (ends ``end``) of input ``side`` can match the other
+    input's tuples with ts in ``[lo, hi]`` and end ``>= need`` (saturating). Band ``[ts - below,
+    ts + above]``; tumbling the bucket from its start (the bucket itself is hashed as a key);
+    until ``[ts + low, end]`` on the bounded input, ``ts <= y.ts - low`` with ``x.end >= y.ts`` on
+    the other. ``lo`` and ``hi`` are new arrays; ``need`` may be ``lo`` or ``ts`` itself."""
+    need = partner_floor(window, side, ts)
+    if isinstance(window, Until):
+        if side != window.side:
+            return np.full(ts.size, NO_PROGRESS, np.int64), _shifted(ts, -window.low), need
+        return need, end.copy(), need
+    if isinstance(window, Tumbling):
+        return need, np.full(ts.size, END_OF_STREAM, np.int64), need
+    return need, _shifted(ts, window.r0 if side == 0 else window.r1), need
+
+
+def late_mask_of(window: JoinWindow, side: int, ts: I64, bounds: Sequence[int]) -> npt.NDArray[np.bool_]:
     """Which tuples ``ts`` of input ``side`` are late for the query at input bounds ``(b0, b1)``:
-    their partner range reaches below ``T_other`` (partners maybe gone). That covers the tuples
-    below ``out_side`` too (no pair of theirs may be emitted): ``ts < out_side`` puts a band
-    tuple behind ``b_side``, a tumbling one in a bucket below ``T_other``. False for every tuple
-    at or above ``b_side``."""
-    lo, _ = partner_range(window, side, ts)
-    return lo < threshold_of(window, 1 - side, bounds)
+    their partner floor is below ``T_other`` (partners maybe gone). That covers the tuples
+    below ``mute_side`` too (no pair of theirs may be emitted): ``ts < mute_side`` puts a band
+    or until tuple behind ``b_side``, a tumbling one in a bucket below ``T_other``. False for
+    every tuple at or above ``b_side``; for band and until joins true for every one below it."""
+    return partner_floor(window, side, ts) < threshold_of(window, 1 - side, bounds)
+
+
+def _offset(c: int) -> str:
+    """`` + c`` or `` - |c|``, as ``explain`` writes a constant added to a time (``- 0`` for 0)."""
+    return f" + {c}" if c > 0 else f" - {-c}"
 
 
 class _Store:
-    """The stored tuples of one input: columnar rows plus the chained hash index on the keys."""
+    """The stored tuples of one input: columnar rows plus the chained hash index on the keys.
 
-    def __init__(self, n_keys: int, payload: tuple[str, ...]) -> None:
+    ``bounded``: the rows have ends of their own (an until join's bounded input), kept in ``ends``
+    beside the ts, with the min-heap on ts that finds the oldest live row; otherwise a row's end
+    is its ts (:attr:`end` is ``ts``)."""
+
+    def __init__(self, n_keys: int, payload: tuple[str, ...], bounded: bool = False) -> None:
         self.n_keys = n_keys
         self.names = payload
+        self.bounded = bounded
         self.n = 0
         self._release()
 
     def _release(self) -> None:
         self.ts: I64 = np.empty(0, np.int64)
+        self.ends: I64 = np.empty(0, np.int64)  # bounded only
         self.keys: I64 = np.empty((0, self.n_keys), np.int64)
         self.hashes: U64 = np.empty(0, np.uint64)
         self.nxt: I64 = np.empty(0, np.int64)
         self.payload: dict[str, Column] = {}
         self.heads: I64 = np.full(_MIN_SLOTS, -1, np.int64)
         self.scan_n = 0  # rows when ``purge_at`` was last computed
-        self.purge_at = END_OF_STREAM  # compact once the threshold passes this ts
+        self.purge_at = END_OF_STREAM  # compact once the threshold passes this end
+        # bounded only: min-heap on ts of (ts, end) of stored rows, dead ones popped lazily
+        self.heap_ts: I64 = np.empty(0, np.int64)
+        self.heap_end: I64 = np.empty(0, np.int64)
+        self.heap_n = 0
+
+    @property
+    def end(self) -> I64:
+        """Each row's end (the capacity's worth, valid below ``n``): ``ends``, or ``ts``."""
+        return self.ends if self.bounded else self.ts
 
     def _resize(self, capacity: int) -> None:
         n = self.n
@@ -301,6 +455,8 @@ class _Store:
             return new
 
         self.ts = moved(self.ts, (capacity,))
+        if self.bounded:
+            self.ends = moved(self.ends, (capacity,))
         self.keys = moved(self.keys, (capacity, self.n_keys))
         self.hashes = moved(self.hashes, (capacity,))
         self.nxt = moved(self.nxt, (capacity,))
@@ -323,6 +479,8 @@ class _Store:
             return new
 
         self.ts, self.keys, self.hashes = kept(self.ts), kept(self.keys), kept(self.hashes)
+        if self.bounded:
+            self.ends = kept(self.ends)
         self.nxt = self.nxt if capacity == self.nxt.size else np.empty(capacity, np.int64)
         self.payload = {c: kept(v) for c, v in self.payload.items()}
         self.n = k
@@ -330,16 +488,28 @@ class _Store:
         _link(self.heads, self.nxt, self.hashes, 0, k)
 
     def _plan_purge(self) -> None:
-        """Remember the ts below which a quarter of the rows lie; O(n), once per doubling."""
+        """Remember the end below which a quarter of the rows lie; O(n), once per doubling."""
         self.scan_n = self.n
         if self.n == 0:
             self.purge_at = END_OF_STREAM
         else:
             k = self.n // 4
-            self.purge_at = int(np.partition(self.ts[: self.n], k)[k])
+            self.purge_at = int(np.partition(self.end[: self.n], k)[k])
 
-    def append(self, ts: I64, keys: I64, hashes: U64, payload: dict[str, Column], rows: I64) -> None:
-        """Store ``rows`` of a batch, grouped by hash slot so that each key's rows are adjacent."""
+    def _reheap(self) -> None:
+        """The heap from the stored rows: sorted by ts, which is a min-heap; O(n log n), after a
+        compaction: amortised O(log n) per row, each compaction dropping a quarter of them at least."""
+        order = np.argsort(self.ts[: self.n], kind="stable")
+        capacity = max(2 * self.n, _MIN_ROWS)
+        self.heap_ts, self.heap_end = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
+        self.heap_ts[: self.n], self.heap_end[: self.n] = self.ts[order], self.ends[order]
+        self.heap_n = self.n
+
+    def append(
+        self, ts: I64, end: I64, keys: I64, hashes: U64, payload: dict[str, Column], rows: I64
+    ) -> None:
+        """Store ``rows`` of a batch, grouped by hash slot so that each key's rows are adjacent;
+        ``end``: the batch's ends (read when bounded)."""
         m = rows.size
         if m == 0:
             return
@@ -357,42 +527,70 @@ class _Store:
         self.hashes[start:stop] = hashes[order]
         for c in self.names:
             self.payload[c][start:stop] = payload[c][order]
+        if self.bounded:
+            self.ends[start:stop] = end[order]
         self.n = stop
         if 2 * stop > self.heads.size:
             self._rebuild(np.arange(stop, dtype=np.int64))
         else:
             _link(self.heads, self.nxt, self.hashes, start, stop)
+        if self.bounded:
+            self._push(ts[rows], end[rows])
         if stop >= 2 * self.scan_n:
             self._plan_purge()
 
+    def _push(self, ts: I64, end: I64) -> None:
+        """Rows just stored into the heap (it holds no row the store has not: rebuilt whenever
+        the store is compacted, it holds at most the rows stored since)."""
+        n, m = self.heap_n, ts.size
+        if n + m > self.heap_ts.size:
+            size = max(2 * self.heap_ts.size, n + m, _MIN_ROWS)
+            grown_ts, grown_end = np.empty(size, np.int64), np.empty(size, np.int64)
+            grown_ts[:n], grown_end[:n] = self.heap_ts[:n], self.heap_end[:n]
+            self.heap_ts, self.heap_end = grown_ts, grown_end
+        self.heap_n = _heap_push(self.heap_ts, self.heap_end, n, ts, end)
+
     def purge(self, threshold: int) -> None:
-        """Drop rows with ``ts < threshold`` once at least a quarter of the rows qualify."""
+        """Drop rows with an end below ``threshold`` once at least a quarter of the rows qualify."""
         if self.n == 0 or threshold <= self.purge_at:
             return
         if threshold >= END_OF_STREAM:
             self.n = 0
             self._release()
             return
-        self._rebuild(np.flatnonzero(self.ts[: self.n] >= threshold))
+        self._rebuild(np.flatnonzero(self.end[: self.n] >= threshold))
         self._plan_purge()
+        if self.bounded:
+            self._reheap()
+
+    def oldest(self, threshold: int) -> int:
+        """The smallest ts among the rows whose end is ``>= threshold`` (``END_OF_STREAM`` if
+        none), for a bounded store; ``threshold`` must never go down between calls."""
+        self.heap_n = _heap_drop(self.heap_ts, self.heap_end, self.heap_n, threshold)
+        return int(self.heap_ts[0]) if self.heap_n else END_OF_STREAM
 
     def nbytes(self) -> int:
-        row = 8 * (3 + self.n_keys) + sum(v.dtype.itemsize for v in self.payload.values())
-        return self.n * row + int(self.heads.nbytes)
+        row = 8 * (3 + self.n_keys + self.bounded) + sum(v.dtype.itemsize for v in self.payload.values())
+        return self.n * row + int(self.heads.nbytes) + 16 * self.heap_n
 
     def snapshot(self) -> State:
-        """The stored rows (ts, keys, hash, chain link, carried columns), the slot heads and when
-        to purge next."""
+        """The stored rows (ts, keys, hash, chain link, carried columns; ends when bounded), the
+        slot heads, when to purge next, and when bounded the heap."""
         n = self.n
         payload: dict[str, State] = {c: v[:n].copy() for c, v in self.payload.items()}
         rows: dict[str, State] = {"ts": self.ts[:n].copy(), "keys": self.keys[:n].copy()}
         rows |= {"hashes": self.hashes[:n].copy(), "nxt": self.nxt[:n].copy(), "payload": payload}
-        return {**rows, "heads": self.heads.copy(), "scan_n": self.scan_n, "purge_at": self.purge_at}
+        state: dict[str, State] = {**rows, "heads": self.heads.copy(), "scan_n": self.scan_n}
+        state["purge_at"] = self.purge_at
+        if self.bounded:
+            state["ends"] = self.ends[:n].copy()
+            state["heap_ts"] = self.heap_ts[: self.heap_n].copy()
+            state["heap_end"] = self.heap_end[: self.heap_n].copy()
+        return state
 
     def restore(self, state: State) -> None:
-        found = fields(
-            state, ("ts", "keys", "hashes", "nxt", "payload", "heads", "scan_n", "purge_at"), "join store"
-        )
+        names = ["ts", "keys", "hashes", "nxt", "payload", "heads", "scan_n", "purge_at"]
+        found = fields(state, names + (["ends", "heap_ts", "heap_end"] if self.bounded else []), "join store")
         self.ts = as_array(found["ts"], "join store.ts", np.int64, 1)
         self.keys = as_array(found["keys"], "join store.keys", np.int64, 2)
         self.hashes = as_array(found["hashes"], "join store.hashes", np.uint64, 1)
@@ -402,9 +600,16 @@ class _Store:
         self.payload = {c: as_array(v, f"join store.payload.{c}", ndim=1) for c, v in payload.items()}
         n = self.ts.shape[0]
         columns = [self.keys, self.hashes, self.nxt, *self.payload.values()]
+        if self.bounded:
+            self.ends = as_array(found["ends"], "join store.ends", np.int64, 1)
+            self.heap_ts = as_array(found["heap_ts"], "join store.heap_ts", np.int64, 1)
+            self.heap_end = as_array(found["heap_end"], "join store.heap_end", np.int64, 1)
+            self.heap_n = self.heap_ts.shape[0]
+            columns.append(self.ends)
         heads = self.heads.shape[0]
         if (
             any(a.shape[0] != n for a in columns)
+            or self.heap_end.shape[0] != self.heap_n
             or self.keys.shape[1] != self.n_keys
             or (self.payload and self.payload.keys() != set(self.names))
             or heads < _MIN_SLOTS
@@ -417,7 +622,7 @@ class _Store:
 
 
 class OAJoin(Operator):
-    """Order-agnostic band or tumbling window join with equality keys (see the module docstring).
+    """Order-agnostic band, tumbling or until window join with equality keys (see the module docstring).
 
     Output rows: ``{left.prefix}.{c}`` for ``c`` in ``left.columns``, then ``{right.prefix}.{c}`` for
     ``c`` in ``right.columns``. Output punctuation: individual punctuation on
@@ -433,7 +638,7 @@ class OAJoin(Operator):
         self,
         left: JoinSide,
         right: JoinSide,
-        window: Band | Tumbling,
+        window: JoinWindow,
         late_sinks: tuple[LateSink | None, LateSink | None] = (None, None),
     ) -> None:
         super().__init__()
@@ -443,6 +648,10 @@ class OAJoin(Operator):
             raise ValueError("band ranges must be >= 0")
         if isinstance(window, Tumbling) and window.d <= 0:
             raise ValueError("tumbling range must be > 0")
+        if isinstance(window, Until) and (
+            window.side not in (0, 1) or window.column not in (left, right)[window.side].columns
+        ):
+            raise ValueError(f"an until join is bounded by a column its side carries, not {window.column!r}")
         names = [f"{left.prefix}.{c}" for c in left.columns] + [f"{right.prefix}.{c}" for c in right.columns]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate output columns in {names}")
@@ -450,14 +659,18 @@ class OAJoin(Operator):
         self.window = window
         self.late_sinks = late_sinks
         n_keys = len(left.keys) + (1 if isinstance(window, Tumbling) else 0)
-        self._stores = (_Store(n_keys, left.columns), _Store(n_keys, right.columns))
+        bounded = window.side if isinstance(window, Until) else None
+        self._stores = (
+            _Store(n_keys, left.columns, bounded == 0),
+            _Store(n_keys, right.columns, bounded == 1),
+        )
         self._bounds = [NO_PROGRESS, NO_PROGRESS]  # b0, b1
         # probe output buffers, reused across batches: about the largest recent probe output
         self._need = 0
         self._pairs: tuple[I64, I64] = (np.empty(_MIN_ROWS, np.int64), np.empty(_MIN_ROWS, np.int64))
 
     def threshold(self, side: int) -> int:
-        """``T_side``: smallest ts of input ``side`` that a future tuple of the other can match."""
+        """``T_side``: smallest end of input ``side`` that a future tuple of the other can match."""
         return threshold_of(self.window, side, self._bounds)
 
     def late_mask(self, side: int, ts: I64, bounds: Sequence[int]) -> npt.NDArray[np.bool_]:
@@ -478,18 +691,22 @@ class OAJoin(Operator):
         window = self.window
         if isinstance(window, Tumbling):
             keys[:, -1] = ts // window.d
-        lo, hi = partner_range(window, port, ts)
+        end = ts
+        if self._stores[port].bounded:
+            assert isinstance(window, Until)
+            end = _shifted(np.ascontiguousarray(batch[window.column], dtype=np.int64), window.high)
+        lo, hi, need = partner_range(window, port, ts, end)
         late = None
         if int(ts.min()) < self._bounds[port]:  # behind punctuation (see the module)
             late = self.late_mask(port, ts, self._bounds)
-            # Partners below T_other may be purged already: none counts, compacted or not.
-            lo = np.maximum(lo, self.threshold(1 - port))
+            # Partners ending below T_other may be purged already: none counts, compacted or not.
+            need = np.maximum(need, self.threshold(1 - port))
             muted = ts < output_bound_of(window, port, self._bounds)
-            lo[muted], hi[muted] = END_OF_STREAM, NO_PROGRESS  # its pairs would be below out_port
+            lo[muted], hi[muted] = END_OF_STREAM, NO_PROGRESS  # its pairs would be below mute_port
         hashes = hash_rows(keys)
         other = self._stores[1 - port]
         if other.n:
-            rows, stored = self._probe(hashes, keys, lo, hi, other)
+            rows, stored = self._probe(hashes, keys, lo, hi, need, other)
             if rows.size:
                 self._emit_pairs(batch, rows, other, stored, port)
         sink = self.late_sinks[port]
@@ -498,17 +715,20 @@ class OAJoin(Operator):
         threshold = self.threshold(port)
         if threshold >= END_OF_STREAM:
             return
-        rows = np.arange(m, dtype=np.int64) if threshold <= NO_PROGRESS else np.flatnonzero(ts >= threshold)
+        keep = None if threshold <= NO_PROGRESS else end >= threshold
+        if isinstance(window, Until):  # an empty partner range (muted, or x.end < x.ts + low): no pair
+            keep = hi >= lo if keep is None else keep & (hi >= lo)
+        rows = np.arange(m, dtype=np.int64) if keep is None else np.flatnonzero(keep)
         payload = {c: batch[c] for c in side.columns}
-        self._stores[port].append(ts, keys, hashes, payload, rows)
+        self._stores[port].append(ts, end, keys, hashes, payload, rows)
 
-    def _probe(self, hashes: U64, keys: I64, lo: I64, hi: I64, other: _Store) -> tuple[I64, I64]:
+    def _probe(self, hashes: U64, keys: I64, lo: I64, hi: I64, need: I64, other: _Store) -> tuple[I64, I64]:
         """Probe ``other`` with a batch into the reused pair buffers, doubling them as needed."""
         buf_p, buf_s = self._pairs
-        index = (other.heads, other.nxt, other.hashes, other.keys, other.ts)
+        index = (other.heads, other.nxt, other.hashes, other.keys, other.ts, other.end)
         i = n = 0
         while True:
-            i, n = _probe(hashes, keys, lo, hi, *index, buf_p, buf_s, i, n)
+            i, n = _probe(hashes, keys, lo, hi, need, *index, buf_p, buf_s, i, n)
             if i == hashes.size:
                 break
             grown_p, grown_s = np.empty(2 * buf_p.size, np.int64), np.empty(2 * buf_p.size, np.int64)
@@ -534,6 +754,10 @@ class OAJoin(Operator):
         self._stores[1 - port].purge(self.threshold(1 - port))
         for side in (0, 1):
             bound = output_bound_of(self.window, side, self._bounds)
+            if self._stores[side].bounded:  # out_x: below the oldest stored x still live
+                bound = min(bound, self._stores[side].oldest(self.threshold(side)))
+                if bound >= END_OF_STREAM:  # no x to come: the end waits for the other input's
+                    bound = self._bounds[1 - side]
             if bound > NO_PROGRESS:
                 s = self.sides[side]
                 self.emit_progress(bound, f"{s.prefix}.{s.ts}")
@@ -550,11 +774,17 @@ class OAJoin(Operator):
 
     def describe(self) -> str:
         (lp, lts), (rp, rts) = ((s.prefix, s.ts) for s in self.sides)
-        if isinstance(self.window, Tumbling):
-            d = self.window.d
+        window = self.window
+        if isinstance(window, Tumbling):
+            d = window.d
             text = f"{self.label} tumbling {lp}.{lts} // {d} = {rp}.{rts} // {d}"
+        elif isinstance(window, Until):
+            x, y = self.sides[window.side], self.sides[1 - window.side]
+            bound = f"{x.prefix}.{window.column}" + (_offset(window.high) if window.high else "")
+            since = f"{x.prefix}.{x.ts}{_offset(window.low)}"
+            text = f"{self.label} until {y.prefix}.{y.ts} <= {bound}, {since} <= {y.prefix}.{y.ts}"
         else:
-            r0, r1 = self.window.r0, self.window.r1
+            r0, r1 = window.r0, window.r1
             text = f"{self.label} band {lp}.{lts} - {r1} <= {rp}.{rts} <= {lp}.{lts} + {r0}"
         left, right = self.sides
         on = " and ".join(f"{lp}.{a} = {rp}.{b}" for a, b in zip(left.keys, right.keys, strict=True))

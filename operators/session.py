@@ -1,8 +1,10 @@
 """Session Aggregate: session windows ``[SESSION gap, WA ts]`` per group, in any arrival order.
 
 A session of a group is a maximal set of its tuples whose sorted values are each less than
-``gap`` after the previous one: ``window_start`` = its first value, ``window_end`` = its last
-value + ``gap``. Tuples arrive in any order: one may start a session, extend one, or merge two;
+``gap`` after the previous one - at most ``gap`` when the window is ``touching`` (Flink's
+``SESSION``, Spark's ``session_window``: :class:`~lowtide.operators.windows.Session`); below,
+``r`` is its ``reach``, 1 then, else 0. ``window_start`` = its first value, ``window_end`` = its
+last value + ``gap``. Tuples arrive in any order: one may start a session, extend one, or merge two;
 the sessions built are those of the tuples sorted, whatever the order and batch split. Each group's
 sessions are sorted intervals in a :class:`~lowtide.operators.session_table.SessionTable`; their
 aggregates are cells of a :class:`~lowtide.operators.aggregates.CellState` (row 0, one column per
@@ -10,52 +12,59 @@ session slot), merged exactly when sessions merge. No tuple is kept beyond its a
 value logs of holistic aggregates, as every window keeps them).
 
 Punctuation contract. Input punctuation ``p`` on the window attribute completes every session
-with ``window_end <= p``: no tuple at or above ``p`` is within ``gap`` of it, so none can extend
-or merge it. Such sessions are emitted then, once, at revision 0. A session is held until the
-*horizon* ``p - L`` reaches its end (``L``: the allowed lateness under ``late = update``, else 0:
-emitted and purged at once), then purged; ``gone[g]`` keeps the largest end purged of each group
-``g``. Then ``Punctuation(q, "window_end")`` is emitted with
+with ``window_end + r <= p``: no tuple at or above ``p`` can join it (less than ``gap`` after its
+last value; at most ``gap`` when touching), so none can extend or merge it. Such sessions are
+emitted then, once, at revision 0. A session is held until the *horizon* ``p - L`` completes it
+likewise (``L``: the allowed lateness under ``late = update``, else 0: emitted and purged at
+once), then purged; ``gone[g]`` keeps the largest end purged of each group ``g``. Then
+``Punctuation(q, "window_end")`` is emitted with
 
-    q = min(window_end of every session held and never shown,  floor + gap) = p - L + 1
+    q = min(window_end of every session held and never shown,  floor + gap) = p - L + 1 - r
 
-where ``floor = p - L - gap + 1`` is the smallest value a tuple may have and still count (below).
+where ``floor = p - L - gap - r + 1`` is the smallest value a tuple may have and still count
+(below). The rule - when a tuple joins, when a session is complete, the floor, ``gone`` - is the
+session table's (:class:`~lowtide.operators.session_table.SessionTable`): this operator asks it.
 Invariant (what makes ``q`` truthful): a session only grows, so one held never ends below its
-current end, which is above the horizon (else it was purged); a session a counted tuple
+current end, at least ``p - L + 1 - r`` (else it was purged); a session a counted tuple
 ``t >= floor`` starts or joins ends at ``t + gap >= floor + gap`` or later. So no row of revision
 0 emitted after ``q`` has ``window_end < q``; ``q`` rises with ``p``. At the end of the stream
 every session is emitted and ``q`` is END_OF_STREAM. Batches emit nothing, except under
 ``update`` (below): output punctuation moves with input punctuation only.
 
 Behind punctuation (DESIGN.md §2). A tuple ``t`` of group ``g`` counts iff (a) its own session
-``[t, t + gap)`` ends past the horizon (``t >= floor``) and (b) ``t >= gone[g]``. A purged session
-``[s, e)`` has ``e <= p - L`` and ``s <= e - gap < t``, so ``t`` would join it iff ``t < e``: (b)
-says exactly that ``t`` touches no purged session, so the sessions stay those of every tuple
-counted, in any order. A counted tuple is placed as if it had come in time: it joins, starts or
-merges held sessions (under ``drop`` those all end past ``p``: nothing emitted changes). Every
-other tuple is late for the query and goes to the late side stream, once. Under ``error`` the
-query's Inputs reject every batch holding a tuple behind punctuation: whether one is late
-depends on ``gone``, which a rule of punctuation alone (:meth:`SessionAggregate.late_mask`, what
-the server's front evaluates) cannot know.
+``[t, t + gap)`` is not complete at the horizon (``t >= floor``) and (b) ``t - r >= gone[g]``. A
+purged session ``[s, e)`` has ``e + r <= p - L`` and ``s <= e - gap < t``, so ``t`` would join it
+iff ``t < e + r``: (b) says exactly that ``t`` joins no purged session, so the sessions stay
+those of every tuple counted, in any order. A counted tuple is placed as if it had come in
+time: it joins, starts or merges held sessions (under ``drop`` those are all open at ``p``:
+nothing emitted changes). Every other tuple is late for the query and goes to the late side
+stream, once. Under ``error`` the query's Inputs reject every batch holding a tuple behind
+punctuation: whether one is late depends on ``gone``, which a rule of punctuation alone
+(:meth:`SessionAggregate.late_mask`, what the server's front evaluates) cannot know.
 
 Late policy ``update`` (allowed lateness ``L``, 0 when not given; Flink's allowed lateness): a
-session stays held, after it was emitted, until ``p >= window_end + L``; a tuple counts by (a)
+session stays held, after it was emitted, until ``p >= window_end + r + L``; a tuple counts by (a)
 and (b) (Spark's watermark rule, ``t >= p - L``, counts fewer). A counted tuple that changes a
 complete session re-emits it at once with ``revision`` + 1 (a new complete session comes out at
-revision 0); a session it reopens (its new end above ``p``) is re-emitted when punctuation
-completes it again. When sessions merge, the
-survivor is the earliest one ever shown (else the earliest): its next row is its next revision,
-whose ``[window_start, window_end)`` holds every earlier revision's. Each other merged session
-that was shown is withdrawn at once by a row with ``retracted = true``: its bounds and revision +
-1 as last shown, its aggregates as they stood when merged away. Only such queries have the
-``retracted`` column. HAVING decides which rows are shown; retractions always are.
+revision 0); a session it reopens (not complete at ``p`` any more) is re-emitted when
+punctuation completes it again. When sessions merge, the survivor is the earliest one ever
+shown (else the earliest): its next row is its next revision, whose ``[window_start,
+window_end)`` holds every earlier revision's. Each other merged session that was shown is
+withdrawn at once by a row with ``retracted = true``: its bounds and revision + 1 as last shown,
+its aggregates as they stood when merged away. Only such queries have the ``retracted`` column.
+HAVING decides which rows are shown; retractions always are.
 
 Placement: by the group columns (a session is one group's); one worker without GROUP BY, where
 the whole stream is one group (Flink's ``windowAll`` and Spark's ungrouped ``session_window`` do
 the same). Early results (``EMIT EVERY``): the open sessions' current rows with ``final = false``.
 
 A snapshot holds the group table, the session table (``gone`` with it) and the accumulators, and
-the input punctuation. When the group table is compacted (key churn), a group without sessions
-is forgotten once its ``gone`` is at or below the floor: (a) then implies (b).
+the input punctuation. The rule (``touching``) is configuration, like the gap: the same query
+planned again has it, and the state is the same under both rules (a session table saved under
+the strict rule is one the touching rule reads: sessions exactly ``gap`` apart in it stay apart
+until a tuple between them merges them). When the group table is compacted (key churn), a group
+without sessions is forgotten once its ``gone`` can make no tuple at or above the floor late:
+(a) then implies (b).
 """
 
 from __future__ import annotations
@@ -132,7 +141,7 @@ class SessionAggregate(WindowOperator):
         self.decode = decode
         self.retracts = RETRACTED in columns
         self.groups = GroupTable(len(group_columns))
-        self.table = SessionTable(window.gap)
+        self.table = SessionTable(window.gap, window.reach)
         self.cells = CellState(calls)
         self.progress_in = NO_PROGRESS  # the last input punctuation
 
@@ -164,9 +173,9 @@ class SessionAggregate(WindowOperator):
         return max(NO_PROGRESS, self.progress_in - (self.allowed_lateness or 0))
 
     def _floor(self) -> int:
-        """The smallest value a tuple may have and still be counted: its own session ends past
-        the horizon (module docstring, (a))."""
-        return max(NO_PROGRESS, self._horizon() - self.window.gap + 1)
+        """The smallest value a tuple may have and still be counted: its own session is not
+        complete at the horizon (module docstring, (a))."""
+        return self.table.floor(self._horizon())
 
     def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
         """Which tuples behind punctuation (as they enter the query) are late once the input
@@ -189,9 +198,9 @@ class SessionAggregate(WindowOperator):
         table.fit(len(self.groups))
         p = self.progress_in
         if p > NO_PROGRESS:
-            behind = ts < p  # only these can be late: gone <= p - L <= p
+            behind = ts < p  # only these can be late: gone + r <= p - L <= p
             if behind.any():
-                late = behind & ((ts < self._floor()) | (ts < table.gone[gid]))
+                late = behind & ((ts < self._floor()) | table.joins_gone(gid, ts))
                 if late.any():
                     if self.late_sink is not None:
                         self.late_sink(batch.select(late))
@@ -211,7 +220,7 @@ class SessionAggregate(WindowOperator):
             behind = ts < p  # only these can touch a complete session
             if behind.any():
                 touched = np.unique(slot[behind])
-                self._emit(touched[table.end[touched] <= p])
+                self._emit(touched[table.end[touched] <= table.settled(p)])
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != self.window.attribute or punctuation.value <= self.progress_in:
@@ -226,17 +235,17 @@ class SessionAggregate(WindowOperator):
             self._compact()
         if p >= END_OF_STREAM:
             self.emit_progress(END_OF_STREAM)
-        else:  # = min(ends held never shown, floor + gap): every session held ends past the horizon
-            self.emit_progress(min(self._horizon() + 1, END_OF_STREAM - 1))
+        else:  # = min(ends held never shown, floor + gap): no session held is complete at the horizon
+            self.emit_progress(min(self._floor() + self.window.gap, END_OF_STREAM - 1))
 
     def _compact(self) -> None:
         """Forget the groups without a session, once they are at least half of many groups,
-        unless their ``gone`` can still make a tuple late (above the floor)."""
+        unless their ``gone`` can still make a tuple at or above the floor late."""
         width = len(self.groups)
         if width < COMPACT_GROUPS:
             return
         table = self.table
-        live = (table.head[:width] >= 0) | (table.gone[:width] > self._floor())
+        live = (table.head[:width] >= 0) | table.remembered(width, self._floor())
         if live.sum() * 2 <= width:
             table.regroup(self.groups.compact(live))
 

@@ -5,29 +5,37 @@ Aggregate's accumulators, which are ``[1, slots]``: row 0, group id = slot). Per
 the table's capacity (int64; ``dirty`` bool):
 
 * ``sgid[s]``: the group the session belongs to, -1 for a free slot;
-* ``start[s]``, ``end[s]``: ``[first value, last value + gap)`` (``end`` saturates at
-  ``END_OF_STREAM``: such a session completes only at the end of the stream);
+* ``start[s]``, ``end[s]``: ``[first value, last value + gap)``, the row's ``window_start`` and
+  ``window_end`` (``end`` saturates at ``END_OF_STREAM``: such a session completes only at the
+  end of the stream);
 * ``nxt[s]``: the next session of the same group in ``start`` order, -1 after the last;
-  ``head[g]`` the first session of group ``g`` (-1: none). A group's sessions are disjoint and
-  at least ``gap`` apart (``start`` of the next >= ``end`` of the previous), so its list is
-  sorted by ``end`` too;
+  ``head[g]`` the first session of group ``g`` (-1: none). A group's sessions are disjoint, its
+  values in two of them at least ``gap + reach`` apart (``start`` of the next >= ``end`` of the
+  previous + ``reach``), so its list is sorted by ``end`` too;
 * ``rev[s]``: the revision last emitted (-1: never shown), ``dirty[s]``: changed since it was
   last evaluated for emission; ``shown_start[s]``, ``shown_end[s]``: the bounds last emitted (a
   session merged away is retracted with them).
 
+The rule (``reach``: 0 for the dissertation's sessions, 1 for Flink's and Spark's, which merge
+sessions that touch; :class:`~lowtide.operators.windows.Session`), decided here only: a value
+``t`` joins the session ``[s, e)`` iff ``s - gap - reach < t < e + reach`` (strict: ``t`` is less
+than ``gap`` from a member; touching: at most ``gap``); two sessions merge when the later one's
+start is below the earlier one's end + ``reach``. A session is complete at punctuation ``p`` -
+no value at or above ``p`` can join it - iff ``e + reach <= p``, i.e. ``e <= settled(p)``.
+
 Per group ``g`` (arrays as long as ``head``): ``gone[g]``, the largest ``end`` of the group's
-sessions purged so far (NO_PROGRESS: none). Purges take the prefix of a list ending at or below a
-rising cutoff: a value ``t`` with ``t + gap`` above the cutoff would join a purged session
-``[s, e)`` (``s - gap < t < e``, and ``s <= e - gap < t``) iff ``t < e``, so one iff
-``t < gone[g]`` (Session Aggregate takes such a tuple as late).
+sessions purged so far (NO_PROGRESS: none). Purges take the prefix of a list complete at a
+rising horizon ``h``: a value ``t`` at or above :meth:`SessionTable.floor` of ``h`` (its own
+session is not complete at ``h``: ``t + gap + reach > h``) would join a purged session ``[s, e)``
+(``s - gap - reach < t < e + reach``, and ``s <= e - gap < t``) iff ``t < e + reach``, so
+one iff ``t - reach < gone[g]`` (:meth:`SessionTable.joins_gone`; Session Aggregate takes such a
+tuple as late).
 
 Free slots are a stack (``free[:n_free]``); ``used`` slots were ever handed out; the capacity
 doubles when a batch needs more (the kernel stops, the table grows, the kernel resumes), so it
-follows the sessions held, not the batch size. A tuple joins
-the session it is less than ``gap`` from (``start - gap < t < end``); two sessions merge when
-one's ``start`` falls below the other's ``end``. At most two sessions of a group are within
-``gap`` of one value, so each tuple extends one session or merges two: a batch makes at most
-one merge per tuple.
+follows the sessions held, not the batch size. At most two sessions of a group can take one
+value (each is ``gap`` long at least, and they are ``reach`` or more apart), so each
+tuple extends one session or merges two: a batch makes at most one merge per tuple.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ def add_values(
     gone: I64,
     m: int,
     gap: int,
+    reach: int,
     head: I64,
     nxt: I64,
     sgid: I64,
@@ -86,12 +95,12 @@ def add_values(
     free      [capacity] int64 stack of free slots, ``free[:n_free]``; popped from.
     moved     [capacity] int64: the survivor a slot merged away went into, -1 for the others.
 
-    A value within ``gap`` of a session joins it (extending ``start`` or ``end``), else starts a
-    session in a new slot; an extension that reaches the next session merges the two: the
-    survivor is the earlier one unless only the later was ever shown (a shown session keeps
-    its identity: its next row is a revision). Sessions merged away get ``sgid`` -1 but their
-    slots are not reused: the caller folds their cells into the survivors' (see
-    :func:`resolve_moves`), then frees them.
+    A value that joins a session by the rule of the module docstring (``reach``) extends its
+    ``start`` or ``end``, else starts a session in a new slot; an extension that reaches the next
+    session merges the two: the survivor is the earlier one unless only the later was ever shown
+    (a shown session keeps its identity: its next row is a revision). Sessions merged away get
+    ``sgid`` -1 but their slots are not reused: the caller folds their cells into the survivors'
+    (see :func:`resolve_moves`), then frees them.
 
     Returns (the first tuple not placed, ``n`` when all were; m; n_free; used): the caller grows
     the table and calls again from there. Cost: O(tuples * sessions of the tuple's group before
@@ -102,15 +111,17 @@ def add_values(
         g, t = gid[i], ts[i]
         e = _end_of(t, gap)
         prev, s = -1, head[g]
-        while s >= 0 and end[s] <= t:  # a session ending at or before t: t is gap or more after it
+        # Written as end[s] <= t - reach and start[s] - reach < e, not end[s] + reach <= t and
+        # start[s] < e + reach: end and e may be END_OF_STREAM, t and start are in the domain.
+        while s >= 0 and end[s] <= t - reach:  # a session t is too far after to join
             prev, s = s, nxt[s]
-        if s >= 0 and start[s] < e:  # t joins s
+        if s >= 0 and start[s] - reach < e:  # t joins s
             if t < start[s]:
-                start[s] = t  # the session before ends at or before t: no merge on this side
+                start[s] = t  # the session before ends at or before t - reach: no merge on this side
             if e > end[s]:
                 end[s] = e
                 after = nxt[s]
-                while after >= 0 and start[after] < end[s]:  # reaches the next session: merge
+                while after >= 0 and start[after] - reach < end[s]:  # reaches the next one: merge
                     keep, lost = s, after
                     if rev[s] < 0 and rev[after] >= 0:
                         keep, lost = after, s
@@ -129,7 +140,7 @@ def add_values(
                     after = nxt[s]
             dirty[s] = True
             slot[i] = s
-        else:  # a new session between prev and s (s, if any, starts gap or more after t)
+        else:  # a new session between prev and s (s, if any, starts too far after t to join)
             if n_free > 0:
                 n_free -= 1
                 new = free[n_free]
@@ -214,8 +225,10 @@ class SessionTable(Stateful):
     )
     _SLOTS = ("nxt", "sgid", "start", "end", "rev", "dirty", "shown_start", "shown_end", "free")
 
-    def __init__(self, gap: int) -> None:
+    def __init__(self, gap: int, reach: int = 0) -> None:
+        """``reach``: 0 or 1, the rule (module docstring); configuration, no state."""
         self.gap = gap
+        self.reach = reach
         self.head = np.full(0, -1, np.int64)
         self.gone = np.full(0, NO_PROGRESS, np.int64)
         self.nxt = np.full(0, -1, np.int64)
@@ -266,16 +279,39 @@ class SessionTable(Stateful):
         placed = m = 0
         while True:
             placed, m, self.n_free, self.used = add_values(
-                gid, ts, placed, slot, gone, m, self.gap, self.head, self.nxt, self.sgid, self.start,
-                self.end, self.rev, self.dirty, self.free, self.n_free, self.used, self.moved,
+                gid, ts, placed, slot, gone, m, self.gap, self.reach, self.head, self.nxt, self.sgid,
+                self.start, self.end, self.rev, self.dirty, self.free, self.n_free, self.used, self.moved,
             )  # fmt: skip
             if placed == n:
                 return slot, gone[:m], resolve_moves(slot, gone[:m], self.moved)
             self._grow()
 
-    def purge(self, cutoff: int) -> I64:
-        """Take out the sessions ending at or before ``cutoff`` (:func:`purge`), returning their
-        slots; free them with :meth:`release`."""
+    def settled(self, progress: int) -> int:
+        """The largest ``end`` of a session complete at punctuation ``progress`` (no value at or
+        above it can join): ``progress - reach``, every session at END_OF_STREAM."""
+        return progress if progress >= END_OF_STREAM else max(NO_PROGRESS, progress - self.reach)
+
+    def floor(self, horizon: int) -> int:
+        """The smallest value whose own session ``[t, t + gap)`` is not complete at ``horizon``."""
+        return max(NO_PROGRESS, horizon - self.gap - self.reach + 1)
+
+    def joins_gone(self, gid: I64, ts: I64) -> B1:
+        """Whether each value ``ts`` of group ``gid`` would have joined a session of its group
+        purged already: exact for values at or above the floor of the horizon purged at (module
+        docstring)."""
+        mask: B1 = ts - self.reach < self.gone[gid]
+        return mask
+
+    def remembered(self, groups: int, floor: int) -> B1:
+        """Which of the first ``groups`` groups have a ``gone`` that can still make a value at or
+        above ``floor`` late (:meth:`joins_gone`)."""
+        mask: B1 = self.gone[:groups] > max(NO_PROGRESS, floor - self.reach)
+        return mask
+
+    def purge(self, horizon: int) -> I64:
+        """Take out the sessions complete at ``horizon`` (:func:`purge` at :meth:`settled`),
+        returning their slots; free them with :meth:`release`."""
+        cutoff = self.settled(horizon)
         slots: I64 = purge(cutoff, self.used, self.head, self.nxt, self.sgid, self.end, self.gone)
         return slots
 
@@ -290,13 +326,13 @@ class SessionTable(Stateful):
     def due(self, progress: int) -> I64:
         """Sessions changed since last evaluated that punctuation ``progress`` completes, in slot
         order (the order of rows within a batch is no part of the results)."""
-        used = self.used
-        return np.flatnonzero((self.sgid[:used] >= 0) & self.dirty[:used] & (self.end[:used] <= progress))
+        used, cutoff = self.used, self.settled(progress)
+        return np.flatnonzero((self.sgid[:used] >= 0) & self.dirty[:used] & (self.end[:used] <= cutoff))
 
     def open(self, progress: int) -> I64:
         """Sessions that punctuation ``progress`` does not complete, in slot order."""
         used = self.used
-        return np.flatnonzero((self.sgid[:used] >= 0) & (self.end[:used] > progress))
+        return np.flatnonzero((self.sgid[:used] >= 0) & (self.end[:used] > self.settled(progress)))
 
     def regroup(self, remap: I64) -> None:
         """Group ids renumbered (the group table compacted; -1: a group forgotten, which has no

@@ -297,7 +297,9 @@ class SlideByTupleAggregate(Operator):
         self.groups = GroupTable(len(group_columns))
         cells = CellState(calls)
         self._holistic = {col: log.values.dtype for col, log in cells.logs.items()}
-        self._value_cols = sorted({c.column for c in calls if c.column is not None})
+        self._filters = cells.filters  # column -> the bool column whose rows feed it (FILTER)
+        read = {c.column for c in calls if c.column is not None}
+        self._value_cols = sorted(read | set(self._filters.values()))
         # CellState's accumulators (but "n") as columns of an int64 and a float64 matrix:
         # (name, kind, matrix, column); moments take three float columns (count, mean, m2).
         self._prims: list[tuple[str, str, str, int]] = []
@@ -324,6 +326,8 @@ class SlideByTupleAggregate(Operator):
         spec: dict[str, tuple[np.dtype[Any], int]] = dict.fromkeys(("ra", "gid", "nxt", "scratch"), (i64, -1))
         spec |= {"iv": (i64, pi), "fi": (i64, pi), "fv": (f64, pf), "ff": (f64, pf)}
         spec |= {f"h:{col}": (dtype, -1) for col, dtype in self._holistic.items()}
+        self._masks = {col: self._filters[col] for col in self._holistic if col in self._filters}
+        spec |= {f"h:{mask}": (np.dtype(np.bool_), -1) for mask in self._masks.values()}
         self._store = _Store(spec)
         self._ptr = np.zeros(3, np.int64)  # sliding window [lo, hi) of the store; active groups
         self._gs = np.zeros((0, 5), np.int64)
@@ -423,6 +427,9 @@ class SlideByTupleAggregate(Operator):
             column = name.partition(":")[2]
             col = new[column]
             valid = self._valid(column, col)
+            if column in self._filters:  # FILTER: the rows it drops are nulls here
+                valid &= new[self._filters[column]]
+                col = np.where(valid, col, self._iid[j]) if matrix == "i" and kind != "count" else col
             if matrix == "i":
                 iv[:, j] = valid if kind == "count" else col
             elif kind in ("min", "max"):
@@ -431,6 +438,7 @@ class SlideByTupleAggregate(Operator):
                 fv[:, j] = valid if kind == "mcount" else 0.0 if kind == "m2" else np.where(valid, col, 0.0)
         parts = {"ra": new["ra"], "gid": new["gid"], "iv": iv, "fv": fv}
         parts |= {f"h:{col}": new[col].astype(dtype, copy=False) for col, dtype in self._holistic.items()}
+        parts |= {f"h:{mask}": new[mask] for mask in self._masks.values()}
         self._store.append(parts, m)
         _link(self._store.cols["gid"], self._store.cols["nxt"], self._last, start, start + m)
         return start, start + m
@@ -509,6 +517,8 @@ class SlideByTupleAggregate(Operator):
         for col in self._holistic:
             values = cols[f"h:{col}"][lo:hi][index]
             valid = self._valid(col, values)
+            if col in self._filters:
+                valid &= cols[f"h:{self._filters[col]}"][lo:hi][index]
             carrier.logs[col].append(cell[valid], np.zeros(int(valid.sum()), np.int64), values[valid])
 
     def _valid(self, column: str, values: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:

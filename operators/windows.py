@@ -12,8 +12,9 @@ integer window ids ``w`` (negative ids are windows that start before 0, and are 
 * :class:`Rows` (WA row-num, optionally PA): the sliding definition over arrival positions
   (``rank`` within the partition when partitioned).
 * :class:`Session` (SESSION gap): not aligned and without window ids: a session of a group is a
-  maximal run of its sorted values each less than ``gap`` after the previous one,
-  ``[first, last + gap)``. Session Aggregate (:mod:`lowtide.operators.session`) keeps them.
+  maximal run of its sorted values each less than ``gap`` after the previous one (``touching``:
+  at most ``gap``, Flink's and Spark's rule), ``[first, last + gap)``. Session Aggregate
+  (:mod:`lowtide.operators.session`) keeps them.
 
 A window ``w`` is complete once punctuation ``p >= end(w)``: ``first_open(p)`` is the smallest
 window id that punctuation ``p`` does not yet complete.
@@ -130,13 +131,29 @@ class Rows:
 
 @dataclass(frozen=True)
 class Session:
-    """``[SESSION gap, WA attribute]`` in the attribute's units (no window ids: see above)."""
+    """``[SESSION gap, WA attribute]`` in the attribute's units (no window ids: see above).
+
+    ``touching`` false (the bracket form, the dissertation's rule): a value joins the session of
+    the one before it when it is less than ``gap`` after it. True (Flink's ``SESSION`` and Spark's
+    ``session_window``): when it is at most ``gap`` after it - each value's window ``[t, t + gap)``
+    merges with every one it intersects or touches (Flink's ``TimeWindow.intersects`` is
+    ``start <= other.end && end >= other.start``; Spark merges a session whose start is ``<=`` the
+    current end). Either way a session is ``[first, last + gap)``.
+    """
 
     gap: int
     attribute: str
+    touching: bool = False
+
+    @property
+    def reach(self) -> int:
+        """How many values at or past a session's ``window_end`` still join it: 0, or 1 when
+        ``touching`` (the value at ``window_end``, exactly ``gap`` after its last)."""
+        return int(self.touching)
 
     def describe(self) -> str:
-        return f"session GAP {self.gap} on {self.attribute}"
+        touching = ", touching: a tuple GAP after the last joins" if self.touching else ""
+        return f"session GAP {self.gap} on {self.attribute}{touching}"
 
 
 Window = Sliding | Landmark | Rows

@@ -3,8 +3,8 @@
 
 A checkpoint begins when ``checkpoint_interval_s`` has passed or the log has grown by
 ``checkpoint_log_bytes`` since the last one (and something was logged since). At most one is in
-progress; a worker that dies, or a query registered meanwhile, abandons it (the next one starts
-over). Once it is written, the checkpoints before the last two and the log they alone need go.
+progress; a worker that dies, a query registered or a stream dropped meanwhile abandons it (the
+next one starts over). Once it is written, the checkpoints before the last two and the log they alone need go.
 It sees the front only as its collaborators: the parts a snapshot holds
 (:class:`~lowtide.server.front_snapshot.FrontParts`), the workers, the journal's position, the
 state directory, the configuration and the metrics.
@@ -45,6 +45,7 @@ class _Pending:
     waiting: set[int]  # workers the barrier has not passed yet
     began: float
     channel: list[Message] = field(default_factory=list)
+    pinned: list[int] = field(default_factory=list)  # the codes computed strings pinned meanwhile
     pauses: list[float] = field(default_factory=list)
     output: State | None = None  # taken when the barrier has passed every worker
     written: dict[int, tuple[int, int]] = field(default_factory=dict)  # worker -> size, CRC-32
@@ -103,6 +104,9 @@ class CheckpointCoordinator:
         )
         self.pending = pending
         self.front.engine.runner.recording = pending.channel
+        # Results of the records before the barrier may still make strings at the front (its
+        # last Projects): their codes are the output side's, saved with it.
+        self.front.engine.pool.recording = pending.pinned
         for worker in range(self.workers.size):
             self.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
 
@@ -126,7 +130,8 @@ class CheckpointCoordinator:
                 # Every worker is past the barrier and the melds have released exactly the
                 # output of the records before it: the output side, as of the barrier.
                 self.front.engine.runner.recording = None
-                pending.output = output_state(self.front, pending.channel)
+                self.front.engine.pool.recording = None
+                pending.output = output_state(self.front, pending.channel, pending.pinned)
         else:
             pending.written[worker] = (answer.size, answer.crc32)
         if pending.output is not None and len(pending.written) == self.workers.size:
@@ -161,4 +166,5 @@ class CheckpointCoordinator:
         if pending is not None:
             self.pending = None
             self.front.engine.runner.recording = None
+            self.front.engine.pool.recording = None
             self.store.abandon(pending.seq)

@@ -439,6 +439,8 @@ class Front:
         return self.applied.setdefault((stream, source), AppliedBatches())
 
     def drop_stream(self, name: str) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.abandon()  # a code it frees could name a string made meanwhile (pin_held)
         self.engine.drop_stream(name)
         for key in [k for k in self.applied if k[0] == name]:
             del self.applied[key]

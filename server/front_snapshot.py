@@ -5,10 +5,12 @@ as created (their ``CreateStream`` records) with each source's punctuation, the 
 registered (their ``RegisterQuery`` records, with the slices each read), the applied batch ids.
 The output side (taken when the last worker echoed the barrier): per query the meld's
 punctuation, its counters, whether it failed, its result stream; per hub the next offset and the
-retained items; and what result streams sent to workers in between (see
-:mod:`lowtide.server.checkpoint_store`). Plain data only (:mod:`lowtide.snapshot`): numbers,
-strings, numpy arrays; tables travel as Arrow IPC bytes. It reads and restores the front through
-:class:`FrontParts` alone, never the whole front.
+retained items; what result streams sent to workers in between (see
+:mod:`lowtide.server.checkpoint_store`), and the strings the front's last Projects made and
+pinned in between, with their codes (those messages hold them; restored over the door's pool).
+Plain data only (:mod:`lowtide.snapshot`): numbers, strings, numpy arrays; tables travel as
+Arrow IPC bytes. It reads and restores the front through :class:`FrontParts` alone, never the
+whole front.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _fields(record: records.Record) -> dict[str, State]:
 
 
 # -- the output side ------------------------------------------------------------------------------
-def output_state(front: FrontParts, channel: list[Message]) -> State:
+def output_state(front: FrontParts, channel: list[Message], pinned: list[int]) -> State:
     engine = front.engine
     queries: dict[str, State] = {}
     for name, remote in engine.runner.queries.items():
@@ -93,6 +95,7 @@ def output_state(front: FrontParts, channel: list[Message]) -> State:
             {"worker": worker, "header": list(header), "arrays": dict(arrays) if arrays else None}
             for worker, header, arrays in channel
         ],
+        "pinned": engine.pool.held(pinned),
     }
 
 
@@ -158,6 +161,8 @@ def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Me
     """Melds, counters, failures and hubs; returns the messages to send the workers again."""
     saved = as_dict(output, "front output")
     engine = front.engine
+    if "pinned" in saved:  # (a checkpoint of an older lowtide has none)
+        engine.pool.pin_held(saved["pinned"])
     for name, entry in as_dict(saved["queries"], "queries").items():
         e = as_dict(entry, f"query {name}")
         remote = engine.runner.queries[name]

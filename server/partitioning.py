@@ -9,22 +9,31 @@ equality keys: matching tuples meet on one worker), or by row position if it rea
 keys must be the stream's own columns: a keyed operator reached only through an operator that
 makes new rows (a join feeding an aggregate) runs the query on one worker, and so do keyed
 operators that disagree on an input's keys.
+
+What runs at the front (:func:`at_front`): a worker's string pool mirrors the front's and gives
+no code out, so the strings a query makes (DATE_FORMAT, SPLIT_INDEX) are made at the front, in
+the query's last Project, after its workers' outputs meld.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import numba as nb
 import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.errors import UnsupportedQuery
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import hash_rows
 from lowtide.operators.placement import Placement, Split
+from lowtide.query.ast import Expr
 from lowtide.query.build import placement_of
-from lowtide.query.description import PlanDescription
+from lowtide.query.computed import columns_in, string_call
+from lowtide.query.description import AggregateNode, Node, NodeKind, PlanDescription, ProjectNode, SelectNode
+from lowtide.query.expr import expr_text
 
 Keys = tuple[str, ...]
 
@@ -95,6 +104,67 @@ def _keys_needed(
             return None
         needed |= more
     return needed
+
+
+def at_front(description: PlanDescription) -> tuple[PlanDescription, ProjectNode | None]:
+    """What a query's workers run, and the Project the front runs on their melded output (None:
+    none: the workers run it all).
+
+    A last Project that makes strings runs at the front, with the pool that codes them, exactly as
+    the in-process engine runs it: it is computed row by row, so after the meld as before it. The
+    workers' graph ends instead with a Project of the columns it reads, under their own names (the
+    schema stays the query's: the front's Project makes it). Strings made anywhere else (WHERE,
+    HAVING, an aggregate's argument or FILTER, SELECT DISTINCT) would be made in a worker:
+    `UnsupportedQuery`, naming the derived table that makes them at the front (its results reach
+    its readers as the front's codes)."""
+    *rest, last = description.nodes
+    kind = last.kind
+    front = kind if isinstance(kind, ProjectNode) and any(string_call(e) for _, e in _exprs(kind)) else None
+    for node in rest if front is not None else description.nodes:
+        for place, expr in _places(node.kind):
+            call = string_call(expr)
+            if call is not None:
+                made = expr_text(call)
+                raise UnsupportedQuery(
+                    f"{made} in {place} would make strings in a server worker, which cannot code "
+                    f"them: select it in a derived table, FROM (SELECT {made} AS x, ... FROM ...), and read x"
+                )
+    if front is None:
+        return description, None
+    scope = front.scope
+    read = dict.fromkeys(
+        column
+        for _, written in front.columns
+        for column in (
+            [written]
+            if isinstance(written, str)
+            else [scope.resolve(c.name, c.qualifier).physical for c in columns_in(written)]
+        )
+    )
+    shipped = Node(ProjectNode(tuple((c, c) for c in read), scope, ()), last.sources)
+    return replace(description, nodes=(*rest, shipped)), front
+
+
+def _exprs(kind: ProjectNode) -> Iterator[tuple[str, Expr]]:
+    return ((name, expr) for name, expr in kind.columns if not isinstance(expr, str))
+
+
+def _places(kind: NodeKind) -> Iterator[tuple[str, Expr]]:
+    """The expressions an operator of ``kind`` computes in a worker, each with where the query
+    wrote it."""
+    if isinstance(kind, SelectNode):
+        yield from (("WHERE", c) for c in kind.where.conjuncts)
+    elif isinstance(kind, AggregateNode):
+        if kind.where is not None:
+            yield from (("WHERE", c) for c in kind.where.conjuncts)
+        if kind.aggregate.having is not None:
+            yield "HAVING", kind.aggregate.having.expr
+    elif isinstance(kind, ProjectNode):
+        # Before an aggregate it computes arguments and FILTERs; else it is a select list, one
+        # that makes strings found here only when SELECT DISTINCT follows it (a last one runs at
+        # the front).
+        place = "an aggregate's argument or FILTER" if kind.keeps_input else "SELECT DISTINCT"
+        yield from ((place, e) for _, e in _exprs(kind))
 
 
 def split(batch: Batch, key: tuple[str, ...], workers: int) -> list[npt.NDArray[np.int64]]:

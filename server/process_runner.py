@@ -9,10 +9,14 @@ into the query's sink and late side stream, exactly where an in-process graph wo
 A query fails when a worker reports it failed, or dies (the front decides: without a state
 directory the queries on it fail here).
 
-The workers' string pools mirror the door's as far as their queries need it: the codes of query
-literals, and every string only while a query that decodes strings runs
-(:attr:`~lowtide.query.description.PlanDescription.decodes_strings`). Otherwise results and late
-tuples leave a worker as codes, which the front decodes: a worker holds no copy of the pool.
+The workers' string pools mirror the door's as far as their queries need it: the codes of pinned
+strings (query literals, and the strings queries made), and every string only while a query that
+decodes strings runs (:attr:`~lowtide.query.description.PlanDescription.decodes_strings`).
+Otherwise results and late tuples leave a worker as codes, which the front decodes: a worker holds
+no copy of the pool. A mirror gives no code out, so a query's last Project that makes strings
+runs here, between its meld and its sink, with the door's pool
+(:func:`~lowtide.server.partitioning.at_front`); a query making strings elsewhere is refused as
+it is planned (:meth:`ProcessRunner.check`).
 
 Invariant: this module decides what is sent where and how outputs meld; how messages reach the
 workers is the :class:`~lowtide.server.transport.WorkerTransport`'s, so a transport is the whole
@@ -31,15 +35,17 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
+from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.punctuation.model import Punctuation
+from lowtide.query.build import project
 from lowtide.query.description import PlanDescription
 from lowtide.results import to_table
 from lowtide.runner import PlannedQuery, Subscribers
 from lowtide.schema import ColumnType
 from lowtide.server import messages as msg
 from lowtide.server.ordered_meld import OrderedMeld
-from lowtide.server.partitioning import Partitioning, partitioning_of, split
+from lowtide.server.partitioning import Partitioning, at_front, partitioning_of, split
 from lowtide.server.transport import Arrays, WorkerTransport, decode_columns
 from lowtide.strings import StringPool
 
@@ -139,8 +145,12 @@ class ProcessRunner:
         self.workers.post(worker, message, arrays)
 
     # -- the Runner protocol --------------------------------------------------------------------
+    def check(self, description: PlanDescription) -> None:
+        """Refuse a query that would make strings in a worker (see :func:`at_front`)."""
+        at_front(description)
+
     def register(self, query: PlannedQuery) -> Subscribers:
-        description = query.description
+        description, front = at_front(query.description)  # what the workers run, and the front
         share = description.share
         partitioning = partitioning_of(description)
         n = self.workers.size
@@ -149,9 +159,11 @@ class ProcessRunner:
         feeder = self._feeders.get(share.name) if share is not None and share.joins else None
         if feeder is not None:  # its slices are in the workers of the query that feeds them
             workers = feeder.workers
-        remote = RemoteQuery(
-            query, partitioning, workers, OrderedMeld(len(workers), query.sink, query.on_late)
-        )
+        output: Operator = query.sink
+        if front is not None:  # its strings are coded here, as the outputs meld, in their order
+            output = project(front, self.pool)
+            output.connect(query.sink)
+        remote = RemoteQuery(query, partitioning, workers, OrderedMeld(len(workers), output, query.on_late))
         self.queries[query.name] = remote
         if description.decodes_strings:
             if not self._decoding:  # from now on the workers mirror every string
@@ -210,7 +222,10 @@ class ProcessRunner:
             self.workers.broadcast(msg.Forget(codes.tolist()))
 
     def placement(self, description: PlanDescription) -> str:
-        return f"\n(the query {partitioning_of(description).describe(self.workers.size)})"
+        workers, front = at_front(description)
+        where = partitioning_of(workers).describe(self.workers.size)
+        made = "; the front runs its last Project, which makes strings" if front is not None else ""
+        return f"\n(the query {where}{made})"
 
     def operators(self, name: str) -> list[tuple[str, int, int]]:
         """Summed over the query's workers, as of their last statistics."""

@@ -34,7 +34,7 @@ from fnmatch import fnmatchcase
 from lowtide.door import MAX_QUERY_BYTES
 from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied
 from lowtide.names import shown
-from lowtide.query.ast import FromStream
+from lowtide.query.derived import streams_read
 from lowtide.query.parser import parse_query
 
 Patterns = tuple[str, ...] | None  # None: any name
@@ -123,12 +123,11 @@ class Scope:
             query = parse_query(sql)
         except LowtideError:
             return None
-        for item in query.from_:
-            for name in (item.name,) if isinstance(item, FromStream) else item.streams:
-                if not _matches(self.streams, name):
-                    return PermissionDenied(
-                        f"this token may read only streams {_shown(self.streams)}, not {shown(name)}"
-                    )
+        for name in streams_read(query):
+            if not _matches(self.streams, name):
+                return PermissionDenied(
+                    f"this token may read only streams {_shown(self.streams)}, not {shown(name)}"
+                )
         return None
 
 

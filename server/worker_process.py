@@ -93,7 +93,7 @@ class Worker:
 
     def reset(self) -> None:
         """Forget every query and string (the front restores the worker from a checkpoint)."""
-        self.pool = StringPool()
+        self.pool = StringPool(mirror=True)  # it never gives codes out (StringPool.codes)
         self.queries: dict[str, _Hosted] = {}
         # Sliding queries on one stream share slices here as in the in-process engine. The front
         # sends their tuples once, under the name of the query that feeds the slices: ``feeds``

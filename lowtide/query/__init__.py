@@ -2,6 +2,7 @@
 
 from lowtide.query.ast import (
     BinaryOp,
+    Case,
     Column,
     Duration,
     Expr,
@@ -23,6 +24,7 @@ from lowtide.query.parser import parse_query, split_statements
 
 __all__ = [
     "BinaryOp",
+    "Case",
     "Column",
     "Duration",
     "Expr",

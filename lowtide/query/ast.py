@@ -11,8 +11,11 @@ A window written as a Spark or Flink window function arrives as the bracket wind
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import TypeAlias
+
+from lowtide.errors import UnsupportedQuery
 
 # ---- expressions -------------------------------------------------------------------------------
 
@@ -38,15 +41,31 @@ class Literal:
 
 @dataclass(frozen=True, slots=True)
 class Star:
-    """The ``*`` of ``count(*)``; found nowhere else."""
+    """The ``*`` of ``count(*)``, or a select item ``*`` (every column) or ``x.*`` (every column of x)."""
+
+    qualifier: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FuncCall:
-    """A function or aggregate call; `name` is lower case and not checked at parse time."""
+    """A function or aggregate call; `name` is lower case and not checked at parse time.
+
+    ``count(DISTINCT x)`` sets `distinct`; ``agg(...) FILTER (WHERE cond)`` sets `filter` to cond.
+    """
 
     name: str
     args: tuple[Expr, ...]
+    distinct: bool = False
+    filter: Expr | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """``CASE WHEN c THEN v ... [ELSE e] END``: `whens` are the (c, v) pairs in order, `else_` is
+    None without ELSE. The simple form ``CASE x WHEN a THEN v`` arrives as ``WHEN x = a THEN v``."""
+
+    whens: tuple[tuple[Expr, Expr], ...]
+    else_: Expr | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +106,49 @@ class TableArg:
     name: str
 
 
-Expr: TypeAlias = Column | Literal | Star | FuncCall | BinaryOp | UnaryOp | Interval | TableArg
+@dataclass(frozen=True, slots=True)
+class WindowBound:
+    """A window's ``window_start`` or ``window_end`` selected under another name (Flink's
+    ``window_start AS starttime``, ``SESSION_END(...) AS endtime``): a result column that copies
+    the bound. Only a select item of a windowed aggregate holds one."""
+
+    which: str  # "window_start" or "window_end"
+
+
+@dataclass(frozen=True, slots=True)
+class SortKey:
+    """One key of an ORDER BY: ``price DESC`` is ``SortKey(Column("price"), True)``."""
+
+    expr: Expr
+    descending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RankCall:
+    """``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...)``, or ``RANK()`` or ``DENSE_RANK()``
+    (`function` lower case): the rank of a row among the rows of its partition. Only a select
+    item of its own holds one (a Window Top-N, `lowtide.query.topn`). `limit` is not written:
+    `lowtide.query.derived` sets it when the query reading this one keeps only ranks up to it."""
+
+    function: str
+    partition_by: tuple[Expr, ...]
+    order_by: tuple[SortKey, ...]
+    limit: int | None = None
+
+
+Expr: TypeAlias = (
+    Column
+    | Literal
+    | Star
+    | FuncCall
+    | Case
+    | BinaryOp
+    | UnaryOp
+    | Interval
+    | TableArg
+    | WindowBound
+    | RankCall
+)
 
 # ---- window specification ----------------------------------------------------------------------
 
@@ -137,7 +198,8 @@ class WindowSpec:
     ``RANGE ALL`` sets `range_all` and leaves `range` None; ``RANGE TUMBLING d`` sets `tumbling`
     and `range` to ``d``. ``WA`` and ``WATTR`` are synonyms and both land in `wa`. ``SESSION gap``
     sets `session`; ``EMIT EVERY d`` (the last parameter, or right after the bracket) sets
-    `emit_every`.
+    `emit_every`. `touching`: no bracket parameter; Flink's ``SESSION`` and Spark's
+    ``session_window`` set it (`lowtide.query.spellings`): their sessions merge when they touch.
     """
 
     range: Duration | Rows | None = None
@@ -151,6 +213,7 @@ class WindowSpec:
     session: Duration | None = None
     emit_every: Duration | None = None
     text: str = ""
+    touching: bool = False
 
 
 # ---- query -------------------------------------------------------------------------------------
@@ -192,11 +255,23 @@ class FromUnion:
         """The names of every stream under this union, left to right, nesting flattened."""
         names: list[str] = []
         for item in self.inputs:
+            if isinstance(item, FromQuery):
+                raise UnsupportedQuery("a derived table (SELECT ...) cannot be an input of UNION")
             names.extend((item.name,) if isinstance(item, FromStream) else item.streams)
         return tuple(names)
 
 
-FromItem: TypeAlias = FromStream | FromUnion
+@dataclass(frozen=True, slots=True)
+class FromQuery:
+    """A derived table, ``(SELECT ...) [AS] x``: planned as a query of its own whose result the
+    outer query reads (`lowtide.query.derived`)."""
+
+    query: Query
+    window: WindowSpec | None = None
+    alias: str | None = None
+
+
+FromItem: TypeAlias = FromStream | FromUnion | FromQuery
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +294,48 @@ class Query:
     @property
     def is_join(self) -> bool:
         return len(self.from_) > 1
+
+
+# ---- walks over expressions -------------------------------------------------------------------
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    """The expressions directly under ``expr`` (an aggregate's FILTER condition included)."""
+    if isinstance(expr, FuncCall):
+        return expr.args if expr.filter is None else (*expr.args, expr.filter)
+    if isinstance(expr, Case):
+        return (*(e for pair in expr.whens for e in pair), *(() if expr.else_ is None else (expr.else_,)))
+    if isinstance(expr, BinaryOp):
+        return expr.left, expr.right
+    if isinstance(expr, UnaryOp):
+        return (expr.operand,)
+    return ()
+
+
+def walk(expr: Expr | None, stop: Callable[[Expr], bool] = lambda _: False) -> Iterator[Expr]:
+    """``expr`` and what is under it, outermost first, not under a node ``stop`` holds for
+    (without recursion: trees nest deep)."""
+    stack = [] if expr is None else [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        if not stop(node):
+            stack.extend(reversed(children(node)))
+
+
+def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """``expr`` with each sub-expression for which ``fn`` gives a replacement replaced."""
+    replaced = fn(expr)
+    if replaced is not None:
+        return replaced
+    if isinstance(expr, FuncCall):
+        where = None if expr.filter is None else rewrite(expr.filter, fn)
+        return replace(expr, args=tuple(rewrite(a, fn) for a in expr.args), filter=where)
+    if isinstance(expr, Case):
+        whens = tuple((rewrite(c, fn), rewrite(v, fn)) for c, v in expr.whens)
+        return Case(whens, None if expr.else_ is None else rewrite(expr.else_, fn))
+    if isinstance(expr, BinaryOp):
+        return replace(expr, left=rewrite(expr.left, fn), right=rewrite(expr.right, fn))
+    if isinstance(expr, UnaryOp):
+        return replace(expr, operand=rewrite(expr.operand, fn))
+    return expr

@@ -27,6 +27,7 @@ from lowtide.operators.placement import Placement
 from lowtide.operators.project import Project
 from lowtide.operators.select import Select
 from lowtide.operators.shared_slices import SharedSlices
+from lowtide.operators.window_top_n import WindowTopN
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.description import (
     AggregateNode,
@@ -41,6 +42,7 @@ from lowtide.query.description import (
     ProjectNode,
     SelectNode,
     SlicesNode,
+    TopNNode,
 )
 from lowtide.query.expr import Columns, compile_conjuncts, compile_expr
 from lowtide.query.late_rules import late_rules
@@ -133,13 +135,24 @@ def _operator(kind: NodeKind, policy: LatePolicy, built: Sequence[Operator], ctx
             sink = partial(_dropped, ctx.on_drop, kind.aggregate.late_layout)
             return strategy(kind.strategy).build(kind, Env(pool, sink, built))
         case ProjectNode():
-            outputs = {
-                name: _column(expr) if isinstance(expr, str) else compile_expr(expr, kind.scope, pool).fn
-                for name, expr in kind.columns
-            }
-            return Project(outputs, dict(kind.renames))
+            return project(kind, pool)
         case DupElimNode():
             return DupElim(kind.columns, kind.attribute)
+        case TopNNode():
+            top = kind
+            return WindowTopN(
+                top.function, top.partition, top.order, top.output, top.attribute, top.limit, top.tumble
+            )
+
+
+def project(kind: ProjectNode, pool: StringPool) -> Project:
+    """The Project of ``kind``, its expressions compiled with ``pool`` (a server's front builds
+    one apart from its graph: see :mod:`lowtide.server.partitioning`)."""
+    outputs = {
+        name: _column(expr) if isinstance(expr, str) else compile_expr(expr, kind.scope, pool).fn
+        for name, expr in kind.columns
+    }
+    return Project(outputs, dict(kind.renames), kind.keeps_input)
 
 
 def placement_of(kind: NodeKind) -> Placement:
@@ -160,9 +173,11 @@ def placement_of(kind: NodeKind) -> Placement:
         case AggregateNode():
             return strategy(kind.strategy).placement(kind)
         case ProjectNode():
-            return Project.placement_for()
+            return Project.placement_for(kind.keeps_input)
         case DupElimNode():
             return DupElim.placement_for()
+        case TopNNode():
+            return WindowTopN.placement_for(kind.partition, kind.tumble)
 
 
 def _dropped(on_drop: LateSink, layout: Fields, batch: Batch) -> None:
@@ -173,4 +188,4 @@ def _column(name: str) -> Callable[[Columns], object]:
     return lambda cols: cols[name]
 
 
-__all__ = ["BuildContext", "build", "placement_of"]
+__all__ = ["BuildContext", "build", "placement_of", "project"]

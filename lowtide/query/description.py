@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from lowtide.operators.aggregates import AggFunc, AggregateCall
-from lowtide.operators.oa_join import Band, JoinSide, Tumbling
+from lowtide.operators.oa_join import JoinSide, JoinWindow
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.windows import Session, Window, WindowLimits
 from lowtide.punctuation.policies import LatePolicy
@@ -83,7 +83,7 @@ class SelectNode:
 class JoinNode:
     left: JoinSide
     right: JoinSide
-    window: Band | Tumbling
+    window: JoinWindow
     layouts: tuple[Fields, Fields]  # each side's columns, as its late tuples go to <query>.late
 
 
@@ -129,17 +129,35 @@ class AggregateNode:
 
 @dataclass(frozen=True)
 class ProjectNode:
-    """Output columns: an expression over ``scope``, or (a str) that input column as it is."""
+    """Output columns: an expression over ``scope``, or (a str) that input column as it is;
+    ``keeps_input``: every input column too (the columns an aggregate computes before it)."""
 
     columns: tuple[tuple[str, Expr | str], ...]
     scope: Scope
     renames: tuple[tuple[str, str], ...]  # input column -> output name, passed as they are
+    keeps_input: bool = False
 
 
 @dataclass(frozen=True)
 class DupElimNode:
     columns: tuple[str, ...]
     attribute: str
+
+
+@dataclass(frozen=True)
+class TopNNode:
+    """A Window Top-N (:class:`~lowtide.operators.window_top_n.WindowTopN`): ranks each partition's
+    rows by ``order`` (column, descending) once punctuation on ``attribute`` completes it, into
+    column ``output``; ``limit``: keeps only ranks up to it; ``tumble``: the size of the TUMBLE
+    windows it gives the rows (None: ``attribute`` is their window already)."""
+
+    function: str
+    partition: tuple[str, ...]
+    order: tuple[tuple[str, bool], ...]
+    output: str
+    attribute: str
+    limit: int | None = None
+    tumble: int | None = None
 
 
 NodeKind: TypeAlias = (
@@ -152,6 +170,7 @@ NodeKind: TypeAlias = (
     | AggregateNode
     | ProjectNode
     | DupElimNode
+    | TopNNode
 )
 
 
@@ -181,7 +200,7 @@ class JoinJudge:
     late are those whose partners may be purged at the bounds of both sides, each the minimum over
     its ``streams``, among those the side's pushed-down ``where`` keeps."""
 
-    window: Band | Tumbling
+    window: JoinWindow
     side: int
     ts: str
     streams: tuple[tuple[str, ...], tuple[str, ...]]
@@ -218,6 +237,7 @@ class PlanDescription:
     time_unit: str = ""  # s|ms|us|ns: window bounds are epoch times in this unit; "": plain numbers
     early: Early | None = None  # EMIT EVERY
     share: ShareDescription | None = None
+    aligned: tuple[tuple[str, int], ...] = ()  # result columns = progressing[0] + constant
 
     @property
     def flushes_slowly(self) -> bool:
@@ -258,6 +278,7 @@ __all__ = [
     "ProjectNode",
     "SelectNode",
     "SlicesNode",
+    "TopNNode",
     "Where",
     "WindowJudge",
 ]

@@ -16,10 +16,24 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.errors import UnsupportedQuery
-from lowtide.query.ast import BinaryOp, Column, Expr, FuncCall, Literal, Star, UnaryOp
+from lowtide.operators.aggregates import AggFunc
+from lowtide.query.ast import (
+    UNIT_MS,
+    BinaryOp,
+    Case,
+    Column,
+    Expr,
+    FuncCall,
+    Interval,
+    Literal,
+    Star,
+    UnaryOp,
+    WindowBound,
+)
+from lowtide.query.functions import SCALAR_FUNCTIONS, scalar_call
 from lowtide.query.scope import Scope
 from lowtide.schema import ColumnType
-from lowtide.strings import StringPool
+from lowtide.strings import NULL_CODE, StringPool
 
 Arr = npt.NDArray[Any]
 Columns = Mapping[str, Arr]
@@ -69,8 +83,21 @@ def compile_expr(
         return Compiled(lambda cols: -inner.fn(cols), inner.type)
     if isinstance(expr, BinaryOp):
         return _binary(expr, scope, pool, names)
+    if isinstance(expr, Case):
+        return _case(expr, scope, pool, names)
+    if isinstance(expr, FuncCall) and expr.name in SCALAR_FUNCTIONS:
+        args = [compile_expr(a, scope, pool, names) for a in expr.args]
+        return Compiled(*scalar_call(expr, [(a.fn, a.type) for a in args], pool))
+    if isinstance(expr, FuncCall) and expr.name not in _AGGREGATES:
+        known = ", ".join(sorted(name.upper() for name in SCALAR_FUNCTIONS))
+        raise UnsupportedQuery(
+            f"unknown function {expr.name}(): lowtide has no user-defined functions; its scalar functions "
+            f"are {known}"
+        )
     if isinstance(expr, FuncCall | Star):
         raise UnsupportedQuery(f"function {getattr(expr, 'name', '*')}() is not allowed here")
+    if isinstance(expr, Interval):
+        raise UnsupportedQuery(_INTERVAL_USE)
     raise UnsupportedQuery(f"unsupported expression {expr!r}")
 
 
@@ -90,15 +117,27 @@ def expr_text(expr: Expr) -> str:
     if isinstance(expr, BinaryOp):
         return f"{expr_text(expr.left)} {expr.op} {expr_text(expr.right)}"
     if isinstance(expr, FuncCall):
-        return f"{expr.name}({', '.join(expr_text(a) for a in expr.args)})"
+        distinct = "DISTINCT " if expr.distinct else ""
+        where = "" if expr.filter is None else f" FILTER (WHERE {expr_text(expr.filter)})"
+        return f"{expr.name}({distinct}{', '.join(expr_text(a) for a in expr.args)}){where}"
+    if isinstance(expr, Case):
+        whens = " ".join(f"WHEN {expr_text(c)} THEN {expr_text(v)}" for c, v in expr.whens)
+        otherwise = "" if expr.else_ is None else f" ELSE {expr_text(expr.else_)}"
+        return f"CASE {whens}{otherwise} END"
     if isinstance(expr, Star):
         return "*"
+    if isinstance(expr, Interval):
+        amount = expr.duration.amount
+        number = int(amount) if float(amount).is_integer() else amount
+        return f"INTERVAL '{number}' {expr.duration.unit or 'ms'}"
+    if isinstance(expr, WindowBound):
+        return expr.which
     return f"{getattr(expr, 'op', '')} {expr_text(getattr(expr, 'operand'))}"  # noqa: B009
 
 
 def _binary(expr: BinaryOp, scope: Scope, pool: StringPool, names: Mapping[Expr, str] | None) -> Compiled:
-    left = compile_expr(expr.left, scope, pool, names)
-    right = compile_expr(expr.right, scope, pool, names)
+    left = _interval_or(expr.left, expr.right, scope, pool, names)
+    right = _interval_or(expr.right, expr.left, scope, pool, names)
     op = expr.op
     if op in ("AND", "OR"):
         fn = np.logical_and if op == "AND" else np.logical_or
@@ -117,9 +156,48 @@ def _binary(expr: BinaryOp, scope: Scope, pool: StringPool, names: Mapping[Expr,
     kinds = [c.type for c in (left, right) if c.type is not None]
     if any(not k.is_numeric for k in kinds):
         raise UnsupportedQuery(f"operator {op} needs numbers")
-    floaty = op == "/" or any(k.name == "float64" for k in kinds)
+    # A float literal makes the result float too (0.908 * price): typed int64, it was truncated.
+    float_literal = any(type(_literal_value(e)) is float for e in (expr.left, expr.right))
+    floaty = op == "/" or float_literal or any(k.name == "float64" for k in kinds)
     kind = ColumnType("float64") if floaty else ColumnType("int64")
     return Compiled(lambda cols: arith(left.fn(cols), right.fn(cols)), kind)
+
+
+def _interval_or(
+    expr: Expr, other: Expr, scope: Scope, pool: StringPool, names: Mapping[Expr, str] | None
+) -> Compiled:
+    """``expr`` compiled; an ``INTERVAL`` as a number in the units of the column it meets
+    (``ts - INTERVAL '10' SECOND`` on a timestamp[ms] column subtracts 10000)."""
+    if not isinstance(expr, Interval):
+        return compile_expr(expr, scope, pool, names)
+    kind = compile_expr(other, scope, pool, names).type
+    if kind is None or not kind.is_integer:
+        raise UnsupportedQuery(_INTERVAL_USE)
+    units = interval_units(expr, kind)
+    return Compiled(lambda cols: units, None)
+
+
+_AGGREGATES = frozenset(f.value for f in AggFunc)  # allowed where rows are grouped, not in a row's expression
+_INTERVAL_USE = (
+    "an INTERVAL is added to or compared with a timestamp or integer column, e.g. ts - INTERVAL '10' SECOND"
+)
+
+
+def interval_units(interval: Interval, kind: ColumnType) -> int:
+    """``interval`` in the units of a ``kind`` column (integers count milliseconds); a length
+    that is not a whole number of them is refused."""
+    duration = interval.duration
+    units = duration.amount * UNIT_MS[duration.unit or "ms"] / kind.unit_ms
+    if units != int(units):
+        raise UnsupportedQuery(f"an interval of {units} {kind.unit or 'ms'} is not a whole number of them")
+    return int(units)
+
+
+def _literal_value(expr: Expr) -> object:
+    """The value of a literal, a negated one too (-0.5); None for anything else."""
+    while isinstance(expr, UnaryOp) and expr.op == "-":
+        expr = expr.operand
+    return expr.value if isinstance(expr, Literal) else None
 
 
 def _as_codes(compiled: Compiled, expr: Expr, pool: StringPool) -> Compiled:
@@ -127,3 +205,62 @@ def _as_codes(compiled: Compiled, expr: Expr, pool: StringPool) -> Compiled:
         code = pool.code(expr.value)
         return Compiled(lambda cols: code, ColumnType("string"))
     return compiled
+
+
+def _case(expr: Case, scope: Scope, pool: StringPool, names: Mapping[Expr, str] | None) -> Compiled:
+    """``CASE WHEN c THEN v ... ELSE e END`` as one ``np.select`` over the batch: the first WHEN
+    that holds picks its value. Values are all strings (literals as pool codes), all numbers
+    (int64, or float64 if any is a float) or all booleans; NULL, and no ELSE, is a null string or a
+    NaN float, which an integer or boolean result cannot hold."""
+    tests = []
+    for when, _ in expr.whens:
+        condition = compile_expr(when, scope, pool, names)
+        if condition.type != BOOL and not isinstance(_literal_value(when), bool):
+            raise UnsupportedQuery(f"CASE WHEN {expr_text(when)} THEN ...: WHEN takes a condition")
+        tests.append(condition.fn)
+    written = [v for _, v in expr.whens] + [Literal(None) if expr.else_ is None else expr.else_]
+    values = [compile_expr(v, scope, pool, names) for v in written]
+    kind = _case_type(expr, written, values)
+    if kind.is_string:
+        values = [_as_codes(c, v, pool) for c, v in zip(values, written, strict=True)]
+    null = NULL_CODE if kind.is_string else np.nan
+    fns = [(lambda cols: null) if _is_null(v) else c.fn for c, v in zip(values, written, strict=True)]
+    *chosen, otherwise = fns
+    dtype = kind.dtype
+
+    def case(cols: Columns) -> Any:
+        conditions = [np.asarray(test(cols), np.bool_) for test in tests]
+        picked = np.select(conditions, [value(cols) for value in chosen], otherwise(cols))
+        return picked.astype(dtype, copy=False)
+
+    return Compiled(case, kind)
+
+
+def _is_null(expr: Expr) -> bool:
+    return isinstance(expr, Literal) and expr.value is None
+
+
+def _case_type(expr: Case, written: list[Expr], values: list[Compiled]) -> ColumnType:
+    """The one type of a CASE's values (see `_case`): an integer type they all have is kept."""
+    kinds: set[str] = set()
+    for v, c in zip(written, values, strict=True):
+        value = _literal_value(v)
+        if c.type is not None:
+            kinds.add("string" if c.type.is_string else c.type.name)
+        elif value is not None:
+            kinds.add({str: "string", bool: "bool", int: "int64", float: "float64"}[type(value)])
+    if not kinds:
+        raise UnsupportedQuery(f"{expr_text(expr)}: every value is NULL; give one a type")
+    integers = {k for k in kinds if k not in ("string", "bool", "float64")}
+    if (integers and kinds - integers - {"float64"}) or len(kinds - integers) > 1:
+        raise UnsupportedQuery(f"{expr_text(expr)} mixes {' and '.join(sorted(kinds))} values: give them one")
+    if "float64" in kinds or len(integers) > 1:
+        kind = ColumnType("float64" if "float64" in kinds else "int64")
+    else:
+        kind = ColumnType(kinds.pop())
+    if any(_is_null(v) for v in written) and not (kind.is_string or kind.name == "float64"):
+        raise UnsupportedQuery(
+            f"{expr_text(expr)} is NULL where no WHEN holds (or where it says NULL), which a {kind.name} "
+            "result cannot hold: add an ELSE with a value"
+        )
+    return kind

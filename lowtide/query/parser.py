@@ -27,10 +27,12 @@ from lowtide.errors import LowtideError, QuerySyntaxError, UnsupportedQuery
 from lowtide.query.ast import (
     DURATION_UNITS,
     BinaryOp,
+    Case,
     Column,
     Duration,
     Expr,
     FromItem,
+    FromQuery,
     FromStream,
     FromUnion,
     FuncCall,
@@ -38,21 +40,26 @@ from lowtide.query.ast import (
     Literal,
     Query,
     Rank,
+    RankCall,
     RowNum,
     Rows,
     SelectItem,
+    SortKey,
     Star,
     TableArg,
     UnaryOp,
     WindowSpec,
 )
-from lowtide.query.spellings import WindowTable, desugar, interval_of, window_table
+from lowtide.query.spellings import WINDOW_FUNCTIONS, WindowTable, desugar, interval_of, window_table
+from lowtide.query.topn import RANK_FUNCTIONS
 
 __all__ = ["parse_query", "split_statements"]
 
 # Reserved words are never identifiers (quote them: "from"); other keywords (RANGE, ROWS, ...) are
 # keywords only where the grammar expects them, so `min`, `range` or `rows` stay usable as names.
-_RESERVED_WORDS = "select distinct from where group by having as and or not union true false null"
+_RESERVED_WORDS = (
+    "select distinct from where group by having as and or not union true false null join on between"
+)
 _RESERVED = frozenset(_RESERVED_WORDS.split())
 # How an expected terminal is named in a message, where its own pattern does not say it well.
 _TERMINAL_TEXT = {
@@ -108,7 +115,31 @@ def parse_query(sql: str) -> Query:
         if isinstance(exc.orig_exc, RecursionError):
             raise UnsupportedQuery("query nests too deeply") from None
         raise
-    return desugar(query, builder.window_table)  # Spark's and Flink's windows as bracket windows
+    return _named_as_flink(query) if builder.flink_style else query
+
+
+def _named_as_flink(query: Query) -> Query:
+    """``query`` (and the queries in its FROM) with each select item that is a qualified column
+    and has no alias named by the column alone, as Flink and Spark name it: ``B.dateTime`` is
+    ``dateTime``. (The bracket form keeps ``S0.ts``: its joins select both sides' ``ts``.)"""
+    select = tuple(
+        replace(item, text=item.expr.name)
+        if isinstance(item.expr, Column) and item.expr.qualifier is not None and item.alias is None
+        else item
+        for item in query.select
+    )
+    from_ = tuple(
+        replace(item, query=_named_as_flink(item.query)) if isinstance(item, FromQuery) else item
+        for item in query.from_
+    )
+    return replace(query, select=select, from_=from_)
+
+
+class _JoinOn(NamedTuple):
+    """``a JOIN b ON condition``, before the query it belongs to takes it apart."""
+
+    items: tuple[FromItem, FromItem]
+    condition: Expr
 
 
 def _too_deep(tree: Tree[Token]) -> bool:
@@ -271,6 +302,9 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         super().__init__()
         self._sql = sql
         self.window_table: WindowTable | None = None  # FROM TABLE(TUMBLE(...)), if written
+        # Written as Flink (or Spark) users write it: a JOIN ... ON, a derived table, a window
+        # function. Its select items are then named as they name them (`B.dateTime` is `dateTime`).
+        self.flink_style = False
 
     def _text(self, meta: Meta, end: int | None = None) -> str:
         return self._sql[meta.start_pos : meta.end_pos if end is None else end].strip()
@@ -278,9 +312,15 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
     @v_args(meta=True)
     def query(self, meta: Meta, c: list[Any]) -> Query:
         distinct, items, window, from_, where, group_by, having = c
+        if isinstance(from_, _JoinOn):  # ON and WHERE alike: an inner join keeps the pairs both hold
+            where = from_.condition if where is None else BinaryOp("AND", from_.condition, where)
+            from_ = from_.items
         if len(from_) > 2:
             raise UnsupportedQuery(f"FROM takes one input, or two for a join; got {len(from_)}")
-        return Query(
+        if any(isinstance(g, FuncCall) and g.name in WINDOW_FUNCTIONS for g in group_by or ()):
+            self.flink_style = True
+        table, self.window_table = self.window_table, None  # each (derived) query its own
+        query = Query(
             select=tuple(items),
             distinct=distinct is not None,
             window=window,
@@ -290,6 +330,39 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
             having=having,
             text=self._text(meta),
         )
+        return desugar(query, table)  # Spark's and Flink's windows as bracket windows
+
+    def join_on(self, c: list[Any]) -> _JoinOn:
+        left, kind, _, right, _, condition = c
+        if kind is not None and kind.upper() != "INNER":
+            raise UnsupportedQuery(
+                f"{kind.upper()} JOIN is not supported: lowtide's joins are inner joins; write JOIN "
+                "(a row without a partner is never emitted)",
+            )
+        self.flink_style = True
+        return _JoinOn((left, right), condition)
+
+    def join_kind(self, c: list[Any]) -> Token | None:
+        return next((t for t in c if t is not None), None)
+
+    def temporal_table(self, c: list[Any]) -> FromItem:
+        raise UnsupportedQuery(
+            "FOR SYSTEM_TIME AS OF (Flink's lookup join, on processing time) is not supported: lowtide "
+            "joins streams on event time; send the table as a stream and join it with a bound in time",
+        )
+
+    def derived(self, c: list[Any]) -> FromQuery:
+        self.flink_style = True
+        return FromQuery(c[0])
+
+    @v_args(meta=True)
+    def star_item(self, meta: Meta, c: list[Any]) -> SelectItem:
+        return SelectItem(Star(c[0]), None, self._text(meta))
+
+    def between(self, c: list[Any]) -> Expr:
+        value, negated, _, low, _, high = c
+        within = BinaryOp("AND", BinaryOp(">=", value, low), BinaryOp("<=", value, high))
+        return within if negated is None else UnaryOp("NOT", within)
 
     @v_args(meta=True)
     def item(self, meta: Meta, c: list[Any]) -> SelectItem:
@@ -341,6 +414,7 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
                 "e.g. FROM S0, S1 [RANGE TUMBLING 1 minute, WA ts]"
             )
         self.window_table = window_table(args[0])
+        self.flink_style = True
         return FromStream(self.window_table.stream)
 
     # ---- window ----
@@ -435,12 +509,67 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         return TableArg(_unquoted(name))
 
     def func_call(self, c: list[Any]) -> FuncCall:
-        return FuncCall(c[0].lower(), tuple(c[1] or ()))
+        return FuncCall(c[0].lower(), tuple(c[1] or ()), filter=c[2])
+
+    def distinct_call(self, c: list[Any]) -> FuncCall:
+        name, distinct, args, condition = c
+        if name.lower() != "count":
+            raise _error_at(
+                distinct, f"DISTINCT inside a call is count(DISTINCT x) only, not {name}(DISTINCT ...)"
+            )
+        return FuncCall("count", tuple(args), distinct=True, filter=condition)
 
     def star_call(self, c: list[Any]) -> FuncCall:
         if c[0].lower() != "count":
             raise _error_at(c[1], f"'*' is an argument of count only, not of {c[0]}")
-        return FuncCall("count", (Star(),))
+        return FuncCall("count", (Star(),), filter=c[2])
+
+    def over_call(self, c: list[Any]) -> RankCall:
+        """``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...)``; RANK() and DENSE_RANK() alike."""
+        name, args, over, partition_by, order_by, frame = c
+        function = name.lower()
+        if frame is not None:
+            raise UnsupportedQuery(
+                f"{name}(...) OVER (... {frame.children[0].upper()} BETWEEN ...), Flink's over aggregation "
+                "(an aggregate for every row, over the rows before it), is not supported: aggregate over a "
+                "window instead, e.g. GROUP BY k, HOP(...), or the tuple window "
+                "[RANGE 10 rows, SLIDE 1 row, WA row-num, PA k]"
+            )
+        if function not in RANK_FUNCTIONS or args:
+            raise _error_at(
+                over,
+                f"{name}({'...' if args else ''}) OVER (...) is not supported: OVER takes ROW_NUMBER(), "
+                "RANK() or DENSE_RANK(), the rank of a Window Top-N",
+            )
+        self.flink_style = True
+        return RankCall(function, tuple(partition_by or ()), tuple(order_by or ()))
+
+    def keyword_alias(self, c: list[Any]) -> str:
+        """``FROM s order``: a name right after a name is lexed as the ORDER BY (ASC, DESC) that
+        may follow a column in OVER (...) (LALR shares that state), so the alias takes them back."""
+        return str(c[0])
+
+    def partition_by(self, c: list[Any]) -> list[Expr]:
+        return c[1:]
+
+    order_by = partition_by
+
+    def sort_key(self, c: list[Any]) -> SortKey:
+        expr, direction = c
+        return SortKey(expr, direction is not None and direction.upper() == "DESC")
+
+    def agg_filter(self, c: list[Any]) -> Expr:
+        condition: Expr = c[1]
+        return condition
+
+    def case_when(self, c: list[Any]) -> tuple[Expr, Expr]:
+        return c[1], c[3]
+
+    def case_expr(self, c: list[Any]) -> Case:
+        """``CASE [x] WHEN ... [ELSE e] END``; the simple form's WHEN a compares ``x = a``."""
+        operand, whens, else_ = c[1], c[2:-3], c[-2]  # c: CASE, x, WHEN..., ELSE, e, END
+        pairs = tuple(whens if operand is None else ((BinaryOp("=", operand, w), v) for w, v in whens))
+        return Case(pairs, else_)
 
     def literal(self, c: list[Any]) -> Literal:
         token: Token = c[0]

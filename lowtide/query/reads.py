@@ -2,7 +2,7 @@
 the rows behind punctuation of the others (:func:`lowtide.schema.code_kept`).
 
 A column is read when the query names it anywhere - select list, WHERE, GROUP BY, HAVING, a
-window's attributes, a join's keys - under any qualifier (the language has no ``SELECT *``).
+window's attributes, a join's keys - under any qualifier; ``SELECT *`` (or ``x.*``) reads all.
 The answer is by name and may name more than the query uses (a name of another input, an
 alias): coding a column no query needed costs memory; missing one would lose strings.
 """
@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lowtide.query.ast import Column, Query
+from lowtide.query.ast import Column, Query, Star
 
 
-def columns_read(query: Query) -> frozenset[str]:
-    """The names of the columns ``query`` reads."""
+def columns_read(query: Query) -> frozenset[str] | None:
+    """The names of the columns ``query`` reads; None: all of them (it selects ``*``)."""
+    if any(isinstance(item.expr, Star) for item in query.select):
+        return None
     names: set[str] = set()
     _walk(query, names)
     return frozenset(names)

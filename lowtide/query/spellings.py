@@ -21,6 +21,19 @@ Flink group windows (``HOP`` takes the slide first) and window table functions:
   window_end, k`` (``HOP(TABLE S, DESCRIPTOR(ts), slide, size)``, ``SESSION(..., gap)`` alike)
                                                         -> ``[RANGE 1 minute, WA ts] FROM S GROUP BY k``
 
+A date grouped by, as Flink's unwindowed group aggregations write a day (Nexmark's q15-q17):
+
+* ``GROUP BY DATE_FORMAT(ts, 'yyyy-MM-dd'), k``        -> ``[RANGE 1 day, WA ts]``, the select
+  item ``DATE_FORMAT(ts, 'yyyy-MM-dd')`` read as ``DATE_FORMAT(window_start, 'yyyy-MM-dd')``; an
+  hour or a minute alike (``'yyyy-MM-dd HH'``, ``'yyyy-MM-dd HH:mm'``). A pattern whose values
+  name no one interval (``'HH:mm'`` recurs every day) is refused.
+
+Sessions differ in one point, so their spec is the bracket form's with ``touching`` set: Spark's
+and Flink's merge sessions that touch - a tuple exactly ``gap`` after the last one joins its
+session (Flink's ``TimeWindow.intersects`` is ``start <= other.end && end >= other.start``, in
+group windows and the SESSION window table alike; Spark merges while a session's start is ``<=``
+the current end) - where the bracket form's starts a new one. ``explain`` shows it.
+
 Every aggregate result begins with the columns ``window_start`` and ``window_end``. The select
 items that name a window's bounds are therefore dropped from the select list: Spark's
 ``window.start``, ``window.end`` and ``window`` (both; ``session_window.*`` likewise), Flink's
@@ -34,7 +47,6 @@ say (an alignment offset, two windows, CUMULATE, a size that is not a constant) 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import NoReturn
@@ -43,7 +55,6 @@ from lowtide.errors import UnsupportedQuery
 from lowtide.query.ast import (
     DURATION_UNITS,
     UNIT_MS,
-    BinaryOp,
     Column,
     Duration,
     Expr,
@@ -54,11 +65,15 @@ from lowtide.query.ast import (
     Query,
     SelectItem,
     TableArg,
-    UnaryOp,
+    WindowBound,
     WindowSpec,
+    rewrite,
+    walk,
 )
+from lowtide.query.functions import MS_PER_DAY, date_pattern
+from lowtide.query.topn import ranked_item
 
-__all__ = ["WindowTable", "desugar", "interval_of", "window_table"]
+__all__ = ["WINDOW_FUNCTIONS", "WindowTable", "desugar", "interval_of", "window_table"]
 
 # Interval units: lowtide's own and Spark's and Flink's, each as (factor, lowtide unit).
 _INTERVAL_UNITS: dict[str, tuple[float, str]] = {
@@ -73,6 +88,9 @@ _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _SPARK = ("window", "session_window")
 _FLINK = ("tumble", "hop", "session", "cumulate")
+WINDOW_FUNCTIONS = frozenset((*_SPARK, *_FLINK))  # in GROUP BY: the query is windowed as they write it
+_DATE = "date_format"  # in GROUP BY: a tumbling window of the interval its pattern names
+_INTERVAL_UNIT = {MS_PER_DAY: "day", 3_600_000: "h", 60_000: "min", 1000: "s", 1: "ms"}
 _AUXILIARY = tuple(f"{f}_{part}" for f in _FLINK[:3] for part in ("start", "end", "rowtime", "proctime"))
 
 
@@ -197,7 +215,7 @@ def _bracket(
     time: Column, range_: Duration | None, slide: Duration | None, session: Duration | None
 ) -> WindowSpec:
     """The window spec the bracket form ``[RANGE r[, SLIDE s], WA ts]`` or ``[SESSION g, WA ts]``
-    parses into, its text included."""
+    parses into, its text included; a session's is ``touching`` besides (module docstring)."""
     params = [f"SESSION {_duration_text(session)}"] if session is not None else []
     if range_ is not None:
         params.append(f"RANGE {_duration_text(range_)}")
@@ -205,7 +223,9 @@ def _bracket(
         params.append(f"SLIDE {_duration_text(slide)}")
     params.append(f"WA {_column_text(time)}")
     text = "[" + ", ".join(params) + "]"
-    return WindowSpec(range=range_, slide=slide, wa=time, session=session, text=text)
+    return WindowSpec(
+        range=range_, slide=slide, wa=time, session=session, text=text, touching=session is not None
+    )
 
 
 def _column_text(column: Column) -> str:
@@ -255,10 +275,39 @@ def _group_window(call: FuncCall) -> _Windowing:
         _arity(call, 2, 2, "SESSION(time_attr, gap)")
         gap = _constant(call, args[1], "gap", "[SESSION g, WA ts]")
         spec = _bracket(_time_column(call, args[0]), None, None, gap)
+    elif name == _DATE:
+        spec = _date_window(call)
     else:
         _arity(call, 3, 3, "CUMULATE(time_attr, step, size)")
         _cumulate(call, _time_column(call, args[0]), args[1], args[2])
     return _Windowing(spec, call, _written(call), "in GROUP BY")
+
+
+def _date_window(call: FuncCall) -> WindowSpec:
+    """``GROUP BY DATE_FORMAT(ts, 'yyyy-MM-dd')``: a tumbling window of the interval each value
+    of the pattern names (a day here), refused where a value names no one interval."""
+    _arity(call, 2, 2, "DATE_FORMAT(ts, 'yyyy-MM-dd')")
+    time = _time_column(call, call.args[0])
+    pattern = date_pattern(call)
+    interval = pattern.interval()
+    if isinstance(interval, str):
+        written = f"DATE_FORMAT({time.text}, {_quote(pattern.text)})"
+        raise UnsupportedQuery(f"GROUP BY {written} is no window: {interval}")
+    return _bracket(time, Duration(1.0, _INTERVAL_UNIT[interval]), None, None)
+
+
+def _formatted_start(
+    select: tuple[SelectItem, ...], having: Expr | None, call: FuncCall
+) -> tuple[tuple[SelectItem, ...], Expr | None]:
+    """The select list and HAVING with ``DATE_FORMAT(ts, p)`` of GROUP BY read as the window's:
+    ``DATE_FORMAT(window_start, p)`` (a tuple's value is its window's start, formatted)."""
+    start = FuncCall(_DATE, (Column("window_start"), *call.args[1:]))
+
+    def formatted(sub: Expr) -> Expr | None:
+        return start if sub == call else None
+
+    items = tuple(replace(item, expr=rewrite(item.expr, formatted)) for item in select)
+    return items, None if having is None else rewrite(having, formatted)
 
 
 def window_table(function: Expr) -> WindowTable:
@@ -360,7 +409,7 @@ def _no_offset(call: FuncCall, arg: Expr, what: str, spec: WindowSpec) -> None:
 
 def desugar(query: Query, table: WindowTable | None = None) -> Query:
     """``query`` with its Spark or Flink window as a bracket window (see the module docstring)."""
-    calls = [g for g in query.group_by if isinstance(g, FuncCall) and g.name in (*_SPARK, *_FLINK)]
+    calls = [g for g in query.group_by if isinstance(g, FuncCall) and g.name in (*_SPARK, *_FLINK, _DATE)]
     if table is None and not calls:
         _refuse_strays(query)
         return query
@@ -394,28 +443,55 @@ def desugar(query: Query, table: WindowTable | None = None) -> Query:
             raise UnsupportedQuery(
                 f"a window table function must be all of FROM: {_write(spec)}, FROM {table.stream}"
             )
+        if not query.group_by and ranked_item(query) is not None:  # a rank anywhere is checked
+            return _ranked(query, windowing)
     select = _select(query.select, windowing)
     group_by = _group_by(query.group_by, windowing)
     _refuse_bounds(query.where, windowing, "WHERE: rows have no window before grouping")
     having = None if query.having is None else _read_bounds(query.having, windowing)
+    if windowing.call is not None and windowing.call.name == _DATE:
+        select, having = _formatted_start(select, having, windowing.call)
     desugared = replace(query, select=select, window=spec, group_by=group_by, having=having)
     _refuse_strays(desugared)
     return desugared
 
 
+def _ranked(query: Query, windowing: _Windowing) -> Query:
+    """The rows of a TUMBLE window table ranked (a Window Top-N, `lowtide.query.topn`): each row
+    has one window, so the query keeps its select list (``window_start`` and ``window_end`` are
+    columns its rows gain) and is windowed by the bracket form. A row of HOP is in several
+    windows and SESSION's windows are known only when they close: both are refused."""
+    spec = windowing.spec
+    if spec.slide is not None or spec.session is not None:
+        raise UnsupportedQuery(
+            f"a Window Top-N ranks the rows of TABLE(TUMBLE(...)), not of {windowing.written}: aggregate "
+            "per window (GROUP BY window_start, window_end) and rank the result in an outer query"
+        )
+    _refuse_bounds(query.where, windowing, "WHERE: rank first, then filter in an outer query")
+    ranked = replace(query, window=spec)
+    _refuse_strays(ranked)
+    return ranked
+
+
 def _select(items: tuple[SelectItem, ...], windowing: _Windowing) -> tuple[SelectItem, ...]:
-    """The select list without the items naming the window's bounds (the result has them)."""
+    """The select list without the items naming the window's bounds (the result has them); a
+    bound under another name (``window_start AS starttime``) is kept as a copy of it, so that an
+    outer query reads it by that name."""
     kept = []
     for item in items:
         bound = windowing.bound(item.expr)
         if bound is None:
             kept.append(replace(item, expr=_read_bounds(item.expr, windowing)))
             continue
-        if item.alias is not None and (bound is Bound.BOTH or item.alias != bound.value):
+        if item.alias is None or item.alias == bound.value:
+            continue
+        if bound is Bound.BOTH:
             raise UnsupportedQuery(
-                f"{item.text} is the result's {bound.value}, always named so: drop AS {item.alias}"
+                f"{item.text} is two columns, window_start and window_end: select {item.text}.start "
+                f"AS ... and {item.text}.end AS ..."
             )
-    if not kept:
+        kept.append(replace(item, expr=WindowBound(bound.value)))
+    if not any(not isinstance(item.expr, WindowBound) for item in kept):
         raise UnsupportedQuery(
             "select a group column or an aggregate too, e.g. count(*): the window's bounds are "
             f"always the result's first columns; {_write(windowing.spec)}"
@@ -441,7 +517,7 @@ def _group_by(group_by: tuple[Expr, ...], windowing: _Windowing) -> tuple[Expr, 
 
 
 def _refuse_bounds(expr: Expr | None, windowing: _Windowing, where: str) -> None:
-    for sub in _subexpressions(expr):
+    for sub in walk(expr):
         if windowing.bound(sub) is not None:
             raise UnsupportedQuery(f"{_shown(sub)} cannot be in {where}")
 
@@ -455,22 +531,20 @@ def _read_bounds(expr: Expr, windowing: _Windowing) -> Expr:
             raise UnsupportedQuery(f"{_shown(sub)} is two columns, window_start and window_end: name one")
         return None if bound is None else Column(bound.value)
 
-    return _rewrite(expr, bound_column)
+    return rewrite(expr, bound_column)
 
 
 def _refuse_strays(query: Query) -> None:
     """Refuse what only a window function may take, and window functions away from GROUP BY."""
     exprs = [item.expr for item in query.select] + [query.where, *query.group_by, query.having]
     for expr in exprs:
-        for sub in _subexpressions(expr):
+        for sub in walk(expr):
             reason = _stray(sub)
             if reason is not None:
                 raise UnsupportedQuery(reason)
 
 
 def _stray(expr: Expr) -> str | None:
-    if isinstance(expr, Interval):
-        return f"{_shown(expr)} is an argument of a window function (window, TUMBLE, HOP, SESSION) only"
     if isinstance(expr, TableArg):
         return f"TABLE {expr.name} is an argument of a window table function in FROM only"
     if isinstance(expr, Column) and expr.qualifier is None and expr.name.lower() == "window_time":
@@ -499,39 +573,6 @@ def _stray(expr: Expr) -> str | None:
 
 
 # ---- expression walks ----------------------------------------------------------------------------
-
-
-def _children(expr: Expr) -> tuple[Expr, ...]:
-    if isinstance(expr, FuncCall):
-        return expr.args
-    if isinstance(expr, BinaryOp):
-        return expr.left, expr.right
-    if isinstance(expr, UnaryOp):
-        return (expr.operand,)
-    return ()
-
-
-def _subexpressions(expr: Expr | None) -> Iterator[Expr]:
-    """``expr`` and everything under it, outermost first (without recursion: trees nest deep)."""
-    stack = [] if expr is None else [expr]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(reversed(_children(node)))
-
-
-def _rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """``expr`` with each sub-expression for which ``fn`` gives a replacement replaced."""
-    replaced = fn(expr)
-    if replaced is not None:
-        return replaced
-    if isinstance(expr, FuncCall):
-        return replace(expr, args=tuple(_rewrite(a, fn) for a in expr.args))
-    if isinstance(expr, BinaryOp):
-        return replace(expr, left=_rewrite(expr.left, fn), right=_rewrite(expr.right, fn))
-    if isinstance(expr, UnaryOp):
-        return replace(expr, operand=_rewrite(expr.operand, fn))
-    return expr
 
 
 def _shown(expr: Expr) -> str:

@@ -65,7 +65,7 @@ def window_of(
             )
         if isinstance(spec.wa, RowNum):
             raise UnsupportedQuery("a session window is on a time attribute (WA ts), not on row-num")
-        return Session(to_units(spec.session, kind, "SESSION gap"), attribute)
+        return Session(to_units(spec.session, kind, "SESSION gap"), attribute, spec.touching)
     if spec.rattr is not None or spec.sattr is not None:
         if spec.rattr is None or spec.sattr is None or spec.range is None:
             raise UnsupportedQuery("a slide-by-tuple window needs RANGE, RATTR, SLIDE n ROWS and SATTR")

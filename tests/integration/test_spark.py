@@ -1,4 +1,5 @@
 """The Spark connector with a real local Spark (Java 17) and a real server: Spark is the oracle.
+(Also the ``session_window`` spelling, in an engine, against Spark's own session windows.)
 
 Structured Streaming reads disordered packet files (one or two per micro-batch) and forwards them
 through ``LowtideSink``; lowtide's tumbling and sliding windows must equal Spark's own batch
@@ -17,11 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from server_harness import START_TIMEOUT, free_port, start_server
 from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info, windows_of
 
-from lowtide import NotFound, SchemaMismatch
+from lowtide import Engine, NotFound, SchemaMismatch
 from lowtide.clients import Client
 from lowtide.clients.demos.spark import (
     SPARK_SCHEMA,
@@ -216,3 +218,28 @@ def test_the_deploy_example_job_forwards_exactly(
         assert stream_info(client, stream)["tuples_ingested"] == total
         found = windows_of(client, f"{stream}_by_src")
         assert found == spark_windows(spark, folder, 60, 10)
+
+
+def test_session_window_merges_touching_sessions_as_spark_does(spark: Any) -> None:
+    """Spark merges sessions that touch - a tuple exactly the gap after the last one joins its
+    session - and lowtide's ``session_window`` spelling gives Spark's own rows (the bracket form
+    keeps the strict rule: docs/queries.md)."""
+    ms = [("a", 0), ("a", 10_000), ("a", 25_000), ("a", 34_999), ("a", 45_000), ("b", 0), ("b", 10_001)]
+    ms += [("b", 20_001), ("b", 20_001), ("c", 7), ("c", 9_999), ("c", 19_999), ("c", 30_000)]
+    spark.createDataFrame(ms, "k string, t long").selectExpr(
+        "k", "timestamp_millis(t) AS ts"
+    ).createOrReplaceTempView("touching")
+    theirs = spark.sql(
+        "SELECT k, unix_millis(session_window.start) AS s, unix_millis(session_window.end) AS e, "
+        "count(*) AS n FROM touching GROUP BY k, session_window(ts, '10 seconds')"
+    ).collect()
+    engine = Engine()
+    engine.create_stream("S", {"k": "string", "ts": "timestamp[ms]"}, sources=["s"])
+    q = engine.register_query("SELECT k, count(*) AS n FROM S GROUP BY k, session_window(ts, '10 seconds')")
+    engine.push("S", {"k": [k for k, _ in ms], "ts": [t for _, t in ms]}, source="s")
+    engine.close_source("S", "s")
+    ours = [row for item in engine.poll(q) if isinstance(item, pa.Table) for row in item.to_pylist()]
+    assert sorted((r["k"], r["window_start"], r["window_end"], r["n"]) for r in ours) == sorted(
+        (r.k, r.s, r.e, r.n) for r in theirs
+    )
+    assert ("a", 0, 20_000, 2) in [(r.k, r.s, r.e, r.n) for r in theirs]  # 10 s apart: one session

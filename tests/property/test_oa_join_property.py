@@ -35,8 +35,9 @@ from strategies import (
 from lowtide import Engine, LateTuple
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
-from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
+from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling, Until
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
+from lowtide.snapshot import pack, unpack
 
 pytestmark = pytest.mark.property
 
@@ -360,11 +361,13 @@ class EngineRun:
     late: list[int] = field(default_factory=list)  # ids in <query>.late
 
 
-def run_join(sql: str, sources: Sources, events: list[Event], late: str) -> EngineRun:
+def run_join(
+    sql: str, sources: Sources, events: list[Event], late: str, schema: dict[str, str] = JOIN_SCHEMA
+) -> EngineRun:
     """Each batch with the streams' progress before it; no row below an output punctuation."""
     engine = Engine()
     for stream, names in sources.items():
-        engine.create_stream(stream, JOIN_SCHEMA, sources=list(names))
+        engine.create_stream(stream, schema, sources=list(names))
     engine.register_query(sql, name="q", late=late)
     out = EngineRun()
     published: dict[str, int] = {}
@@ -374,7 +377,7 @@ def run_join(sql: str, sources: Sources, events: list[Event], late: str) -> Engi
             bounds = (engine.low_watermark("A"), engine.low_watermark("B"))
             held = [(r["id"], r["ts"], (r["k"],)) for r in event.rows]
             try:
-                engine.push(event.stream, columns(event.rows, JOIN_SCHEMA), source=event.source)
+                engine.push(event.stream, columns(event.rows, schema), source=event.source)
                 out.arrivals.append((port, held, bounds))
             except LateTuple:
                 assert late == "error"
@@ -460,3 +463,334 @@ def test_engine_join_behind_punctuation_drop_and_error(
         assert sorted(run.windows) == sorted(counts.items())
     else:
         assert sorted(run.pairs) == pairs
+
+
+# -- until join: an interval bounded by a column of one input ---------------------------------------------
+# x: the tuples of the bounded input, y: the other's; they match when x.ts + low <= y.ts <= x.e + high
+# (keys equal), e the bounding column. The rule for tuples behind punctuation (``ts < b`` of their
+# input), replayed tuple by tuple from the bounds at each arrival:
+# * every behind tuple is late, on both inputs;
+# * a behind x takes no part: no pairs, never held; an x in time meets the held y it matches;
+# * a y meets the held x it matches if y.ts >= out_y = min(b_y, b_x + low), and if it is behind only
+#   those still live (x.e + high >= b_y);
+# * the punctuation published on y's column is out_y; on x's min(b_x, oldest), oldest the smallest ts
+#   of an x in time that was stored (x.e + high >= b_y and >= x.ts + low when it came) and is live -
+#   b_y if that is END_OF_STREAM (the end waits for both inputs') - once it rises above the last one.
+UTup = tuple[int, int, int, int]  # ts, key a, key b, e
+UHeld = tuple[int, int, tuple[int, ...], int]  # id, ts, keys, e
+UArrival = tuple[int, list[UHeld], tuple[int, int]]  # port, its tuples, (b0, b1) when they came
+until_tuples = st.integers(0, 30).flatmap(
+    lambda n: st.lists(
+        st.tuples(st.integers(-20, 40), st.integers(0, 2), st.integers(0, 1), st.integers(-25, 60)),
+        min_size=n,
+        max_size=n,
+    )
+)
+untils = st.builds(Until, st.integers(0, 1), st.just("e"), st.integers(-6, 6), st.integers(-3, 3))
+
+
+def saturated(b: int, c: int) -> int:
+    return b if b in (NO_PROGRESS, END_OF_STREAM) else b + c
+
+
+def until_meets(window: Until, x: UHeld, y: UHeld) -> bool:
+    return x[2] == y[2] and x[1] + window.low <= y[1] <= x[3] + window.high
+
+
+def until_replay(window: Until, arrivals: list[UArrival]) -> tuple[list[tuple[int, int]], list[int]]:
+    """The (left id, right id) pairs and the late ids under the rule."""
+    xs, ys = window.side, 1 - window.side
+    held: tuple[list[UHeld], list[UHeld]] = ([], [])
+    pairs: list[tuple[int, int]] = []
+    late: list[int] = []
+    for port, batch, bounds in arrivals:
+        bx, by = bounds[xs], bounds[ys]
+        for t in batch:
+            behind = t[1] < bounds[port]
+            if behind:
+                late.append(t[0])
+            if port == xs and not behind:
+                found = [(t[0], y[0]) for y in held[ys] if until_meets(window, t, y)]
+            elif port == ys and t[1] >= min(by, saturated(bx, window.low)):
+                floor = by if behind else NO_PROGRESS
+                found = [
+                    (x[0], t[0])
+                    for x in held[xs]
+                    if until_meets(window, x, t) and x[3] + window.high >= floor
+                ]
+            else:
+                found = []
+            pairs += [(a, b) if xs == 0 else (b, a) for a, b in found]
+            if port == ys or not behind:
+                held[port].append(t)
+    return sorted(pairs), late
+
+
+def until_out(window: Until, arrivals: list[UArrival], bounds: tuple[int, int]) -> dict[int, int]:
+    """The output punctuation per input at ``bounds``, after ``arrivals``."""
+    xs, ys = window.side, 1 - window.side
+    stored = [
+        x
+        for port, batch, b in arrivals
+        if port == xs
+        for x in batch
+        if x[1] >= b[xs] and x[3] + window.high >= max(b[ys], x[1] + window.low)
+    ]
+    live = [x[1] for x in stored if x[3] + window.high >= bounds[ys]]
+    out_x = min([bounds[xs], *live])
+    return {
+        xs: bounds[ys] if out_x == END_OF_STREAM else out_x,
+        ys: min(bounds[ys], saturated(bounds[xs], window.low)),
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    left=until_tuples,
+    right=until_tuples,
+    window=untils,
+    n_keys=st.integers(0, 2),
+    ahead=st.booleans(),
+    data=st.data(),
+)
+def test_until_join_equals_nested_loop_and_replay_of_its_rule(
+    left: list[UTup], right: list[UTup], window: Until, n_keys: int, ahead: bool, data: st.DataObject
+) -> None:
+    """Random batches, interleaving and punctuation: honest (every pair of the nested loop), or
+    ahead of the tuples by random amounts, inputs even ending before their last tuples (the pairs
+    and late tuples of the rule); the punctuation published is the rule's, exactly."""
+    keys = ("a", "b")[:n_keys]
+    late: tuple[list[int], list[int]] = ([], [])
+    sinks = (lambda b: late[0].extend(b["id"].tolist()), lambda b: late[1].extend(b["id"].tolist()))
+    sides = [JoinSide(COLUMNS[p], ("id", "t", "e", *keys), "t", keys) for p in (0, 1)]
+    join = OAJoin(sides[0], sides[1], window, sinks)
+    checker = Checker()
+    join.connect(checker)
+    inputs = (left, right)
+    pos = [0, 0]
+    bound = [NO_PROGRESS, NO_PROGRESS]
+    arrivals: list[UArrival] = []
+    published = [NO_PROGRESS, NO_PROGRESS]
+
+    def punctuate(port: int, value: int) -> None:
+        bound[port] = value
+        join.punctuate(Punctuation(value, "t"), port)
+        out = until_out(window, arrivals, (bound[0], bound[1]))
+        for p in (0, 1):  # the heap's oldest live x included
+            published[p] = max(published[p], out[p])
+            assert checker.last[f"S{p}.t"] == published[p], (p, out)
+
+    def draw_punctuation(port: int) -> None:
+        rest = [r[0] for r in inputs[port][pos[port] :]]
+        top = min(rest) if rest else 45
+        if not ahead:
+            value = data.draw(st.integers(max(bound[port], -25), top)) if top >= bound[port] else NO_PROGRESS
+        elif data.draw(st.integers(0, 15)) == 0:
+            value = END_OF_STREAM
+        else:
+            value = top + data.draw(st.integers(-3, 20))
+        if value > bound[port]:
+            punctuate(port, value)
+
+    while pos[0] < len(left) or pos[1] < len(right):
+        port = data.draw(st.sampled_from([p for p in (0, 1) if pos[p] < len(inputs[p])]))
+        size = data.draw(st.integers(1, len(inputs[port]) - pos[port]))
+        chunk = inputs[port][pos[port] : pos[port] + size]
+        ids = np.arange(pos[port], pos[port] + size, dtype=np.int64) + 1000 * port
+        cols = {"id": ids, "t": np.array([r[0] for r in chunk], np.int64)}
+        for c, name in enumerate(("a", "b", "e")):
+            cols[name] = np.array([r[1 + c] for r in chunk], np.int64)
+        join.process(Batch(cols, size, late=any(r[0] < bound[port] for r in chunk)), port)
+        held = [(int(i), r[0], r[1 : 1 + n_keys], r[3]) for i, r in zip(ids, chunk, strict=True)]
+        arrivals.append((port, held, (bound[0], bound[1])))
+        pos[port] += size
+        for p in data.draw(st.lists(st.sampled_from([0, 1]), max_size=2)):
+            if bound[p] < END_OF_STREAM:
+                draw_punctuation(p)
+    for port in data.draw(st.permutations([0, 1])):
+        if bound[port] < END_OF_STREAM:
+            punctuate(port, END_OF_STREAM)
+
+    pairs, late_ids = until_replay(window, arrivals)
+    behind = {x[0] for port, batch, b in arrivals for x in batch if x[1] < b[port]}
+    tally(f"behind: {min(len(behind), 5)}+, pairs: {min(len(pairs) // 5 * 5, 10)}+")
+    assert checker.pairs() == sorted(i * 2**20 + j for i, j in pairs)  # each once, none below out
+    xs = window.side
+    every = [
+        (x[0], y[0]) if xs == 0 else (y[0], x[0])
+        for _, batch, _ in arrivals
+        for x in batch
+        if x[0] // 1000 == xs
+        for _, other, _ in arrivals
+        for y in other
+        if y[0] // 1000 != xs and until_meets(window, x, y)
+    ]
+    if not behind:  # honest: every pair of the nested loop
+        assert pairs == sorted(every)
+    emitted = set(pairs)  # a pair not emitted has a tuple behind punctuation, which is late
+    assert all(p in emitted or set(p) & behind for p in every)
+    assert sorted(late[0] + late[1]) == sorted(late_ids) == sorted(behind)
+    assert all(i < 1000 for i in late[0]) and all(i >= 1000 for i in late[1])
+    assert checker.last == {"S0.t": END_OF_STREAM, "S1.t": END_OF_STREAM}
+    assert join.open_windows() == 0
+
+
+UNTIL_SCHEMA = {"id": "int64", "k": "int32", "ts": "int64", "e": "int64"}
+until_rows = st.integers(0, 25).flatmap(
+    lambda n: st.lists(st.tuples(st.integers(0, 2), TIMESTAMPS, st.integers(-5, 30)), min_size=n, max_size=n)
+)
+
+
+@pytest.mark.parametrize("late", ["drop", "error"])
+@settings(max_examples=120, deadline=None)
+@given(window=untils, sources=stream_sources(2, max_sources=2), data=st.data())
+def test_engine_until_join_behind_punctuation_drop_and_error(
+    late: str, window: Until, sources: Sources, data: st.DataObject
+) -> None:
+    """As Flink writes it (``B.ts BETWEEN A.ts + low AND A.e + high``): planned to this join, and
+    under late='drop' the pairs and late tuples of the rule, under late='error' rejected exactly
+    the batches holding a tuple behind punctuation."""
+    x, y = "AB"[window.side], "AB"[1 - window.side]
+
+    def plus(c: int) -> str:
+        return f"+ {c}" if c >= 0 else f"- {-c}"
+
+    sql = (
+        "SELECT A.id AS a, B.id AS b, A.ts AS ats, B.ts AS bts FROM A, B "
+        f"WHERE A.k = B.k AND {y}.ts BETWEEN {x}.ts {plus(window.low)} AND {x}.e {plus(window.high)}"
+    )
+    streams = {
+        s: [
+            {"id": 1000 * port + i, "k": k, "ts": ts, "e": ts + life}
+            for i, (k, ts, life) in enumerate(data.draw(until_rows))
+        ]
+        for port, s in enumerate("AB")
+    }
+    ends = {r["id"]: r["e"] for rows in streams.values() for r in rows}
+    delivery = st.one_of(
+        deliveries(streams, sources, honest=False),
+        ahead_deliveries(streams, sources, st.integers(-3, 12), max_batch=4),
+    )
+    run = run_join(sql, sources, data.draw(delivery, label="events"), late, UNTIL_SCHEMA)
+    arrivals = [(p, [(*t, ends[t[0]]) for t in batch], b) for p, batch, b in run.arrivals]
+    pairs, late_ids = until_replay(window, arrivals)
+    behind = [t for port, batch, b in arrivals for t in batch if t[1] < b[port]]
+    tally(f"{late}: behind {min(len(behind), 3)}+, rejected {min(len(run.rejected), 3)}+")
+    if late == "error":  # rejected: exactly the batches holding a tuple behind punctuation
+        assert not behind
+        assert all(any(t[1] < b[p] for t in batch) for p, batch, b in run.rejected)
+        assert run.late == []
+    else:
+        assert run.rejected == []
+        assert sorted(run.late) == sorted(late_ids)
+    assert sorted(run.pairs) == pairs
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sizes=st.tuples(st.integers(0, 2500), st.integers(0, 2500)),
+    span=st.integers(1, 3000),
+    n_keys=st.integers(0, 2),
+    window=st.builds(Until, st.integers(0, 1), st.just("e"), st.integers(-100, 100), st.integers(-20, 20)),
+    lead=st.sampled_from([0, 0, 5, 60]),
+    restore=st.booleans(),
+)
+def test_until_join_large_batches_equal_replay_of_its_rule(
+    seed: int, sizes: tuple[int, int], span: int, n_keys: int, window: Until, lead: int, restore: bool
+) -> None:
+    """Thousands of disordered tuples, bounds from short to far beyond the ts (a long-lived x
+    holds dead ones under it in the heap): index growth, compaction, heap growth and rebuilds;
+    punctuation honest (lead 0) or ahead; maybe restored from a snapshot midway."""
+    rng = np.random.default_rng(seed)
+    keys = ("a", "b")[:n_keys]
+
+    def built() -> OAJoin:
+        sides = (JoinSide(COLUMNS[p], ("id", "t", "e", *keys), "t", keys) for p in (0, 1))
+        return OAJoin(*sides, window, (lambda b: late.extend(b["id"].tolist()),) * 2)
+
+    late: list[int] = []
+    join, checker = built(), Checker()
+    join.connect(checker)
+    streams = []
+    for port, n in enumerate(sizes):
+        arrival = np.sort(rng.integers(0, span, n))
+        ts = arrival - rng.integers(0, 50, n) * (rng.random(n) < 0.3) - span // 2
+        life = np.where(rng.random(n) < 0.05, rng.integers(0, 5 * span + 1, n), rng.integers(-30, 300, n))
+        cols = {"id": np.arange(n, dtype=np.int64) + 10_000 * port, "t": ts, "e": ts + life}
+        cols["a"] = rng.integers(0, 4, n)
+        cols["b"] = rng.integers(0, 2, n)
+        cuts = np.sort(rng.integers(0, n + 1, rng.integers(0, 12)))
+        streams.append((cols, [0, *cuts.tolist(), n]))
+    # the replay: held tuples per input, stored x, expected pairs (as left id * 2**20 + right id)
+    xs, low, high = window.side, window.low, window.high
+    held: list[list[dict[str, npt.NDArray[np.int64]]]] = [[], []]
+    stored: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+    expected: list[npt.NDArray[np.int64]] = []
+    behind: list[npt.NDArray[np.int64]] = []
+    bound = [NO_PROGRESS, NO_PROGRESS]
+    published = [NO_PROGRESS, NO_PROGRESS]
+
+    def replay(port: int, part: dict[str, npt.NDArray[np.int64]]) -> None:
+        bx, by = bound[xs], bound[1 - xs]
+        late_rows = part["t"] < bound[port]
+        behind.append(part["id"][late_rows])
+        if port == xs:  # a behind x takes no part; one in time is stored if it can still pair
+            part = {c: v[~late_rows] for c, v in part.items()}
+            ends = part["e"] + high
+            alive = ends >= np.maximum(by, part["t"] + low)
+            stored.append((part["t"][alive], ends[alive]))
+        else:  # a y below out_y is muted
+            held[port].append(part)
+            part = {c: v[part["t"] >= min(by, saturated(bx, low))] for c, v in part.items()}
+        for other in held[1 - port]:
+            x, y = (part, other) if port == xs else (other, part)
+            ok = (x["t"][:, None] + low <= y["t"][None, :]) & (y["t"][None, :] <= x["e"][:, None] + high)
+            for k in keys:
+                ok &= x[k][:, None] == y[k][None, :]
+            if port != xs:  # a behind y meets the live x only
+                ok &= ~(y["t"][None, :] < by) | (x["e"][:, None] + high >= by)
+            xi, yi = np.nonzero(ok)
+            left, right = (x["id"][xi], y["id"][yi]) if xs == 0 else (y["id"][yi], x["id"][xi])
+            expected.append(pair_codes(left, right))
+        if port == xs:
+            held[port].append(part)
+
+    def punctuate(port: int, value: int) -> None:
+        bound[port] = value
+        join.punctuate(Punctuation(value, "t"), port)
+        bx, by = bound[xs], bound[1 - xs]
+        ts = np.concatenate([np.zeros(0, np.int64), *(t[e >= by] for t, e in stored)])
+        out_x = min(bx, int(ts.min())) if ts.size else bx
+        published[xs] = max(published[xs], by if out_x == END_OF_STREAM else out_x)
+        published[1 - xs] = max(published[1 - xs], min(by, saturated(bx, low)))
+        assert checker.last == {f"S{p}.t": published[p] for p in (0, 1)}
+
+    pending, cut = [1, 1], int(rng.integers(0, 20)) if restore else -1
+    while pending[0] < len(streams[0][1]) or pending[1] < len(streams[1][1]):
+        live = [p for p in (0, 1) if pending[p] < len(streams[p][1])]
+        port = live[int(rng.integers(0, len(live)))]
+        cols, cuts = streams[port]
+        lo, hi = cuts[pending[port] - 1], cuts[pending[port]]
+        pending[port] += 1
+        if hi > lo:
+            part = {c: v[lo:hi] for c, v in cols.items()}
+            join.process(Batch(part, hi - lo, late=bool((part["t"] < bound[port]).any())), port)
+            replay(port, part)
+        rest = cols["t"][hi:]
+        value = int(rest.min()) + int(rng.integers(-3, lead + 1)) if rest.size else NO_PROGRESS
+        if value > bound[port]:  # honest (lead 0) or ahead of some tuples still to come
+            punctuate(port, value)
+        cut -= 1
+        if cut == 0:  # the join goes on from a snapshot, packed and unpacked
+            state = unpack(pack(join.snapshot()))
+            join = built()
+            join.restore(state)
+            join.connect(checker)
+    for port in (0, 1):
+        if bound[port] < END_OF_STREAM:
+            punctuate(port, END_OF_STREAM)
+    want = np.concatenate([np.zeros(0, np.int64), *expected])
+    assert checker.pairs() == sorted(want.tolist())
+    assert sorted(late) == sorted(np.concatenate([np.zeros(0, np.int64), *behind]).tolist())
+    assert join.open_windows() == 0

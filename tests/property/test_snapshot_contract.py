@@ -188,6 +188,15 @@ join_sql = st.one_of(
         lambda d: f"SELECT A.k2, A.ts, B.f FROM A, B [RANGE TUMBLING {d}, WA ts] WHERE A.k1 = B.k1",
         st.integers(1, 12),
     ),
+    st.builds(  # an until join: bounded by a column of one side (its ends and heap are state)
+        lambda x, c, d: (
+            f"SELECT A.k2, A.v, B.v AS bv, B.ts FROM A, B WHERE A.k2 = B.k2 "
+            f"AND {'AB'[1 - x]}.ts BETWEEN {'AB'[x]}.ts - {c} AND {'AB'[x]}.v + {d}"
+        ),
+        st.integers(0, 1),
+        st.integers(0, 5),
+        st.integers(0, 40),
+    ),
     st.builds(
         lambda r, s: (
             f"SELECT count(*) AS n, sum(B.v) AS s [RANGE {s}, SLIDE {s}, WA A.ts] "
@@ -213,10 +222,33 @@ slide_by_tuple_sql = st.builds(
         unique=True,
     ),
 )
+flink_session_sql = st.builds(  # sessions that touch merge (Flink's rule)
+    lambda gap, key, aggs: (
+        f"SELECT {key}{', ' if key else ''}{', '.join(aggs)} "
+        f"FROM A GROUP BY SESSION(ts, INTERVAL '{gap}' MILLISECOND){', ' if key else ''}{key}"
+    ),
+    st.integers(1, 15),
+    st.sampled_from(["", "k1", "k2"]),
+    st.lists(
+        st.sampled_from(["count(*) AS n", "sum(v) AS s", "max(f) AS m", "median(v) AS md"]),
+        min_size=1,
+        unique=True,
+    ),
+)
 distinct_sql = st.builds(
     lambda cols, where: f"SELECT DISTINCT {cols}, ts FROM A{where}",
     st.sampled_from(["k1", "k2", "k1, k2", "b"]),
     st.sampled_from(["", " WHERE v > 2"]),
+)
+window_top_n_sql = st.builds(  # one query: the rig plans no derived tables (WHERE r <= n)
+    lambda function, size, partition, order: (
+        f"SELECT *, {function}() OVER (PARTITION BY {partition} ORDER BY {order}) AS r "
+        f"FROM TABLE(TUMBLE(TABLE A, DESCRIPTOR(ts), INTERVAL '{size}' MILLISECOND))"
+    ),
+    st.sampled_from(["ROW_NUMBER", "RANK", "DENSE_RANK"]),
+    st.integers(1, 6),
+    st.sampled_from(["window_start, window_end", "window_end, k1"]),
+    st.sampled_from(["v DESC", "f, k2 DESC"]),
 )
 projection_sql = st.builds(
     lambda a, b: (
@@ -305,6 +337,7 @@ KINDS: dict[str, tuple[st.SearchStrategy[Case], set[str]]] = {
     "OA-Join": (one_query(join_sql, streams=2), {"OA-Join"}),
     "Slide-by-tuple": (one_query(slide_by_tuple_sql), {"Slide-by-tuple Aggregate"}),
     "DISTINCT": (one_query(distinct_sql), {"Project", "DupElim"}),
+    "Window Top-N": (one_query(window_top_n_sql), {"Window Top-N"}),
     "Select, Project, Meld": (one_query(projection_sql, streams=2), {"Select", "Project", "Meld"}),
     "late update (revisions)": (
         one_query(aggregate_sql(st.one_of(tumbling_windows, sliding_windows)), late="update", honest=False),
@@ -316,6 +349,10 @@ KINDS: dict[str, tuple[st.SearchStrategy[Case], set[str]]] = {
     ),
     "sessions, late update (revisions, retractions)": (
         one_query(aggregate_sql(session_windows), late="update", honest=False),
+        {"Session Aggregate"},
+    ),
+    "Flink sessions (touching), late update": (
+        one_query(flink_session_sql, late="update", honest=False),
         {"Session Aggregate"},
     ),
 }

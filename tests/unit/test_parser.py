@@ -259,7 +259,7 @@ def test_misspelt_keyword_names_what_was_expected() -> None:
 def test_missing_comma_lists_the_alternatives() -> None:
     error = syntax_error("SELECT srcIP count(*) FROM M")
     assert (error.line, error.column) == (1, 14)
-    assert "unexpected 'count'; expected AND, AS, FROM, OR, ','" in error.reason
+    assert "unexpected 'count'; expected AND, AS, BETWEEN, FROM, NOT, OR, ','" in error.reason
 
 
 def test_misspelt_window_param() -> None:
@@ -279,7 +279,7 @@ def test_error_positions_across_lines() -> None:
 
 
 def test_reserved_word_where_a_name_belongs() -> None:
-    assert "unexpected 'FROM'; expected FALSE, NOT" in syntax_error("SELECT a, FROM M").reason
+    assert "unexpected 'FROM'; expected CASE, FALSE, NOT" in syntax_error("SELECT a, FROM M").reason
 
 
 def test_unexpected_end_of_query() -> None:

@@ -82,6 +82,16 @@ CASES = [
     ),
     ("SELECT k1, v + 1 AS w, ts FROM A UNION B WHERE v > 2", "Project", by((), ())),
     ("SELECT DISTINCT k1, ts FROM A", "DupElim", SINGLE),
+    (
+        "SELECT *, RANK() OVER (PARTITION BY window_end, k2 ORDER BY v) AS r [RANGE 5, WA ts] FROM A",
+        "Window Top-N",
+        by(("k2",)),  # a window's rows of one k2 meet: its window is computed from ts
+    ),
+    (
+        "SELECT *, RANK() OVER (PARTITION BY window_start ORDER BY v) AS r [RANGE 5, WA ts] FROM A",
+        "Window Top-N",
+        SINGLE,
+    ),
 ]
 
 

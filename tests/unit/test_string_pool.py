@@ -298,3 +298,42 @@ def test_a_mirror_of_literals_alone_learns_a_string_pinned_later() -> None:
     assert front.pinned(front.take_unsent()) == []  # streams' strings: not for a literals' mirror
     code = front.code("a")  # a query's literal, held already
     assert front.pinned(front.take_unsent()) == [code]
+
+
+def test_the_strings_a_checkpoint_records_come_back_under_their_codes() -> None:
+    """While a server's checkpoint waits, its front makes strings (codes), which results sent to
+    workers again after a restore hold: restored over the door's snapshot, each has its code;
+    the holes after the snapshot's last code are free again."""
+    front = StringPool(mirrored=True)
+    front.encode({"k": pa.array(["a", "b", "c"])}, "S")
+    front.release("S")  # holes at 0 to 2
+    front.encode({"k": pa.array(["x", "y"])}, "T")
+    front.codes(["pinned before"])
+    snapshot = unpack(pack({"s": front.snapshot()}))["s"]  # type: ignore[index]
+    front.recording = []
+    front.encode({"k": pa.array(["later"])}, "T")  # a batch after the barrier: replayed
+    made = front.codes(["x", "2020-01-01", "pinned before", "2020-01-01", "12:00"])
+    assert sorted(front.recording) == sorted({int(made[0]), int(made[1]), int(made[4])})
+    front.take_unsent()
+    held = unpack(pack({"h": front.held(front.recording)}))["h"]  # type: ignore[index]
+    restored = StringPool(mirrored=True)
+    restored.restore(snapshot)
+    restored.pin_held(held)
+    for value, code in zip(["x", "2020-01-01", "pinned before", "12:00"], made[[0, 1, 2, 4]], strict=True):
+        assert restored.strings()[value] == code
+    assert restored.pinned([int(c) for c in made]) == [int(c) for c in made]
+    assert set(restored.pinned(restored.take_unsent())) == {int(c) for c in made}  # for the mirrors
+    assert restored.codes(["2020-01-01"])[0] == made[1]
+    later = front.strings()["later"]  # its batch applies again after the restore
+    fresh = restored.encode({"k": pa.array(["n1", "n2"])}, "T")["k"].tolist()
+    assert fresh[0] == later and fresh[1] not in front.strings().values()  # its hole, then a new code
+    clash = StringPool()
+    clash.restore(snapshot)
+    clash.encode({"k": pa.array(["o1", "o2"])}, "U")  # takes a code the recording gave another string
+    with pytest.raises(CorruptState, match="is not code"):
+        clash.pin_held(held)
+
+
+def test_a_mirror_gives_no_code_out() -> None:
+    with pytest.raises(RuntimeError, match="gives no code out"):
+        StringPool(mirror=True).codes(["a"])

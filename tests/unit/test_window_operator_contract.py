@@ -56,6 +56,7 @@ READERS = (
     "SELECT k, count(*) AS n [RANGE 16, SLIDE 4, WA ts] FROM A GROUP BY k",
 )
 JOIN = "SELECT A.k, B.v FROM A [RANGE 3, WA ts], B [RANGE 5, WA ts] WHERE A.k = B.k"
+UNTIL_JOIN = "SELECT A.k, B.v FROM A, B WHERE A.k = B.k AND B.ts BETWEEN A.ts - 2 AND A.v + 20"
 
 
 def started(*sqls: str) -> tuple[Engine, list[Plan]]:
@@ -130,8 +131,9 @@ def test_shared_slices_answer_for_all_their_readers() -> None:
     assert second_only
 
 
-def test_oa_join_late_mask_is_the_rule_the_door_compiles() -> None:
-    engine, (plan,) = started(JOIN)
+@pytest.mark.parametrize("sql", [JOIN, UNTIL_JOIN])
+def test_oa_join_late_mask_is_the_rule_the_door_compiles(sql: str) -> None:
+    engine, (plan,) = started(sql)
     join = operator(plan, OAJoin)
     for side, about in enumerate(plan.description.inputs):
         assert about.judge is not None

@@ -1,0 +1,5 @@
+-- Nexmark q10 as the nexmark project writes it for Flink SQL (github.com/nexmark/nexmark,
+-- nexmark-flink/src/main/resources/queries/q10.sql at 6b3646c, Apache License 2.0): the query
+-- of its INSERT, unchanged.
+SELECT auction, bidder, price, `dateTime`, extra, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd'), DATE_FORMAT(`dateTime`, 'HH:mm')
+FROM bid;

@@ -1,0 +1,229 @@
+"""Flink SQL as its users write it (DESIGN.md §13): JOIN ... ON, derived tables, interval and
+window joins bounded by their predicates, BETWEEN, INTERVAL arithmetic, SELECT * and x.*,
+window bounds under another name, Flink's result column names; and the one-line refusals."""
+
+from __future__ import annotations
+
+import nexmark as nx
+import pyarrow as pa
+import pytest
+
+from lowtide import Engine, Limits
+from lowtide.errors import InvalidArgument, ResourceExhausted, UnsupportedQuery
+from lowtide.query import parse_query
+from lowtide.query.ast import BinaryOp, Column, Literal, UnaryOp
+
+PACKET = {"k": "int64", "v": "int64", "ts": "timestamp[ms]"}
+
+
+def engine() -> Engine:
+    e = Engine()
+    for name in ("S0", "S1"):
+        e.create_stream(name, PACKET)
+    return e
+
+
+def rows(e: Engine, query: str) -> list[dict[str, object]]:
+    return [r for item in e.poll(query) if isinstance(item, pa.Table) for r in item.to_pylist()]
+
+
+def test_join_on_plans_as_the_comma_form() -> None:
+    e = engine()
+    bracket = (
+        "SELECT S0.k, S1.v FROM S0 [RANGE 5 s, WA ts], S1 [RANGE 5 s, WA ts] WHERE S0.k = S1.k AND S1.v > 2"
+    )
+    joined = (
+        "SELECT S0.k, S1.v FROM S0 [RANGE 5 s, WA ts] INNER JOIN S1 [RANGE 5 s, WA ts] ON S0.k = S1.k "
+        "WHERE S1.v > 2"
+    )
+    assert e.explain(joined) == e.explain(bracket).replace("S0.k, S1.v", "k, v")
+
+
+def test_between_is_inclusive_and_not_between_negates_it() -> None:
+    where = parse_query("SELECT k FROM S0 WHERE v BETWEEN 1 AND 3").where
+    assert where == BinaryOp(
+        "AND", BinaryOp(">=", Column("v"), Literal(1)), BinaryOp("<=", Column("v"), Literal(3))
+    )
+    negated = parse_query("SELECT k FROM S0 WHERE v NOT BETWEEN 1 AND 3").where
+    assert negated == UnaryOp("NOT", where)
+
+
+def test_an_interval_join_is_bounded_by_its_between() -> None:
+    e = engine()
+    sql = (
+        "SELECT A.k, B.v FROM S0 A JOIN S1 B ON A.k = B.k "
+        "WHERE B.ts BETWEEN A.ts - INTERVAL '2' SECOND AND A.ts + INTERVAL '1' SECOND"
+    )
+    assert "OA-Join band A.ts - 2000 <= B.ts <= A.ts + 1000 on A.k = B.k" in e.explain(sql)
+    e.register_query(sql, name="j")
+    e.push("S0", {"k": [1, 1], "v": [0, 0], "ts": [10_000, 20_000]})
+    e.push("S1", {"k": [1, 1, 1, 1], "v": [1, 2, 3, 4], "ts": [8_000, 7_999, 11_000, 11_001]})
+    for name in ("S0", "S1"):
+        e.close_source(name)
+    assert sorted(r["v"] for r in rows(e, "j")) == [1, 3]  # 8000 and 11000: both ends included
+
+
+def test_a_join_without_a_time_bound_is_refused_naming_one() -> None:
+    with pytest.raises(
+        UnsupportedQuery, match=r"not bounded in time.*add a bound to ON or WHERE, e\.g\. B\.ts BETWEEN"
+    ):
+        engine().register_query("SELECT A.k FROM S0 A JOIN S1 B ON A.k = B.k")
+    with pytest.raises(UnsupportedQuery, match="add an upper bound"):
+        engine().register_query("SELECT A.k FROM S0 A JOIN S1 B ON A.k = B.k AND B.ts >= A.ts")
+
+
+def test_an_outer_join_is_refused_in_one_line() -> None:
+    with pytest.raises(UnsupportedQuery, match="LEFT JOIN is not supported: lowtide's joins are inner joins"):
+        parse_query("SELECT A.k FROM S0 A LEFT OUTER JOIN S1 B ON A.k = B.k")
+    with pytest.raises(UnsupportedQuery, match=r"FOR SYSTEM_TIME AS OF \(Flink's lookup join"):
+        parse_query("SELECT A.k FROM S0 A JOIN S1 FOR SYSTEM_TIME AS OF A.ts AS B ON A.k = B.k")
+
+
+WINDOWED = (
+    "SELECT k, count(*) AS n, window_start AS ws, window_end AS we "
+    "FROM TABLE(TUMBLE(TABLE {s}, DESCRIPTOR(ts), INTERVAL '10' SECOND)) GROUP BY k, window_start, window_end"
+)
+
+
+def test_a_window_bound_under_another_name_is_a_column_of_that_name() -> None:
+    e = engine()
+    e.register_query(WINDOWED.format(s="S0"), name="w")
+    e.push("S0", {"k": [1, 1, 2], "v": [0, 0, 0], "ts": [1_000, 2_000, 12_000]})
+    e.close_source("S0")
+    got = rows(e, "w")
+    assert [list(r) for r in got[:1]] == [["window_start", "window_end", "k", "n", "ws", "we", "revision"]]
+    assert {(r["k"], r["n"], r["ws"], r["we"]) for r in got} == {(1, 2, 0, 10_000), (2, 1, 10_000, 20_000)}
+
+
+def test_a_window_join_of_derived_tables_runs_as_parts_of_its_query() -> None:
+    e = engine()
+    sql = (
+        f"SELECT L.k, L.n, R.n AS m, L.ws FROM ({WINDOWED.format(s='S0')}) L "
+        f"JOIN ({WINDOWED.format(s='S1')}) AS R ON L.k = R.k AND L.ws = R.ws AND L.we = R.we"
+    )
+    plan = e.explain(sql)
+    assert plan.startswith("query~1:\n0. Input S0") and "\nquery:\n0. Input query~1\n1. Input query~2" in plan
+    assert "OA-Join band L.window_end - 0 <= R.window_end <= L.window_end + 0" in plan
+    e.register_query(sql, name="j")
+    assert [q["name"] for q in e.list_queries()] == ["j"]
+    assert [q["columns"] for q in e.list_queries()] == [["k", "n", "m", "ws"]]
+    e.push("S0", {"k": [1, 1, 2], "v": [0, 0, 0], "ts": [1_000, 2_000, 12_000]})
+    e.push("S1", {"k": [1, 2, 2], "v": [0, 0, 0], "ts": [3_000, 5_000, 15_000]})
+    for name in ("S0", "S1"):
+        e.close_source(name)
+    assert rows(e, "j") == [{"k": 1, "n": 2, "m": 1, "ws": 0}, {"k": 2, "n": 1, "m": 1, "ws": 10_000}]
+    with pytest.raises(InvalidArgument, match="'j~1' runs a derived table of query 'j'; drop 'j'"):
+        e.drop_query("j~1")
+    e.drop_query("j")
+    e.register_query(sql, name="j")  # its parts went with it
+
+
+def test_a_query_and_its_derived_tables_count_against_max_queries() -> None:
+    e = Engine(limits=Limits(max_queries=2))
+    e.create_stream("S0", PACKET)
+    with pytest.raises(ResourceExhausted, match="at most 2 queries, and 'j' runs as 3"):
+        e.register_query(
+            f"SELECT L.k FROM ({WINDOWED.format(s='S0')}) L JOIN ({WINDOWED.format(s='S0')}) R "
+            "ON L.we = R.we",
+            name="j",
+        )
+    assert e.list_queries() == []
+
+
+def test_a_derived_table_without_a_time_column_is_refused() -> None:
+    with pytest.raises(UnsupportedQuery, match=r"derived table \(SELECT k, v FROM S0\) has no time column"):
+        engine().register_query("SELECT X.k FROM (SELECT k, v FROM S0) X")
+
+
+def test_star_and_qualified_star() -> None:
+    e = engine()
+    e.register_query("SELECT * FROM S0", name="all")
+    e.register_query(
+        "SELECT B.* FROM S0 A JOIN S1 B ON A.k = B.k AND A.ts BETWEEN B.ts AND B.ts + INTERVAL '1' SECOND",
+        name="right",
+    )
+    assert [q["columns"] for q in e.list_queries()] == [["k", "v", "ts"], ["k", "v", "ts"]]
+    with pytest.raises(UnsupportedQuery, match=r"C\.\* names no input"):
+        e.explain("SELECT C.* FROM S0 A JOIN S1 B ON A.k = B.k AND A.ts BETWEEN B.ts AND B.ts")
+
+
+def test_flink_names_a_qualified_column_by_its_name_the_bracket_form_by_its_text() -> None:
+    flink = parse_query("SELECT B.k, count(*) AS n FROM S0 B GROUP BY B.k, TUMBLE(B.ts, INTERVAL '1' SECOND)")
+    assert [item.name for item in flink.select] == ["k", "n"]
+    bracket = parse_query("SELECT B.k, count(*) AS n [RANGE 1 s, WA ts] FROM S0 AS B GROUP BY B.k")
+    assert [item.name for item in bracket.select] == ["B.k", "n"]
+
+
+def test_an_interval_counts_in_the_units_of_the_column_it_meets() -> None:
+    e = Engine()
+    e.create_stream("U", {"k": "int64", "ts": "timestamp[us]"})
+    e.register_query("SELECT k FROM U WHERE ts >= INTERVAL '1' SECOND + ts - INTERVAL '1' SECOND", name="q")
+    with pytest.raises(
+        UnsupportedQuery, match="INTERVAL is added to or compared with a timestamp or integer"
+    ):
+        e.register_query("SELECT k FROM U WHERE INTERVAL '1' SECOND > 0.5", name="bad")
+
+
+def test_a_derived_tables_late_tuples_are_its_querys() -> None:
+    e = engine()
+    e.register_query(f"SELECT X.k, X.n FROM ({WINDOWED.format(s='S0')}) X WHERE X.n > 0", name="j")
+    e.push("S0", {"k": [1], "v": [0], "ts": [15_000]})
+    e.punctuate("S0", 12_000)
+    e.push("S0", {"k": [2], "v": [7], "ts": [3_000]})  # its window [0, 10 s) has passed
+    late = [r for item in e.poll("j.late") if isinstance(item, pa.Table) for r in item.to_pylist()]
+    assert [(r["k"], r["v"]) for r in late] == [(2, 7)]
+    assert e.list_queries()[0]["late_tuples"] == 1
+
+
+def test_a_group_windows_bound_under_an_alias_is_a_column() -> None:
+    e = engine()
+    e.register_query(
+        "SELECT k, TUMBLE_START(ts, INTERVAL '1' MINUTE) AS wstart, count(*) AS n "
+        "FROM S0 GROUP BY k, TUMBLE(ts, INTERVAL '1' MINUTE)",
+        name="q",
+    )
+    assert e.list_queries()[0]["columns"] == ["window_start", "window_end", "k", "wstart", "n", "revision"]
+    with pytest.raises(UnsupportedQuery, match="INTERVAL"):
+        e.register_query(
+            "SELECT count(*) FROM S0 GROUP BY k, TUMBLE(ts, INTERVAL '1' MINUTE) "
+            "HAVING sum(INTERVAL '1' MINUTE) > 1",
+            name="h",
+        )
+
+
+def test_no_other_query_reads_a_derived_tables_part() -> None:
+    e = engine()
+    e.register_query(f"SELECT X.k, X.n, X.we FROM ({WINDOWED.format(s='S0')}) X", name="j")
+    with pytest.raises(UnsupportedQuery, match="'j~1' runs a derived table of query 'j': read 'j'"):
+        e.register_query('SELECT k, n FROM "j~1"', name="reader")
+
+
+@pytest.mark.parametrize(
+    ("number", "reason"),
+    [
+        (3, "this join is not bounded in time"),
+        (4, "an aggregate needs a window"),
+        (6, "AVG(...) OVER (... ROWS BETWEEN ...), Flink's over aggregation"),
+        (9, "ROW_NUMBER() OVER (...) ranks the rows of one input"),
+        (13, "FOR SYSTEM_TIME AS OF (Flink's lookup join, on processing time) is not supported"),
+        (14, "unknown function count_char(): lowtide has no user-defined functions"),
+        (18, "PARTITION BY bidder, auction ranks a stream that never ends"),
+        (19, "PARTITION BY auction ranks a stream that never ends"),
+        (20, "this join is not bounded in time"),
+    ],
+)
+def test_what_nexmark_writes_and_lowtide_cannot_run_is_refused_in_one_line(number: int, reason: str) -> None:
+    e = Engine()
+    for stream, schema in nx.SCHEMAS.items():
+        e.create_stream(stream, schema, progressing="dateTime")
+    with pytest.raises(UnsupportedQuery) as refused:
+        e.register_query(nx.query(number), name="q")
+    assert reason in refused.value.reason and "\n" not in refused.value.reason
+
+
+@pytest.mark.parametrize("number", [0, 1, 2, 5, 7, 8, 10, 11, 15, 16, 17, 22])
+def test_the_rest_of_nexmark_registers_as_written(number: int) -> None:
+    e = Engine()
+    for stream, schema in nx.SCHEMAS.items():
+        e.create_stream(stream, schema, progressing="dateTime")
+    e.register_query(nx.query(number), name="q")
