@@ -259,7 +259,7 @@ class Door(Generic[R]):
         stream = self._stream(name)
         if stream.derived:
             raise InvalidArgument(f"{name!r} is the result stream of a query; drop the query")
-        readers = [q.name for q in self._queries.values() if name in q.streams]
+        readers = [q.part_of or q.name for q in self._queries.values() if name in q.streams]
         if readers:
             raise InvalidArgument(f"stream {name!r} is read by query {readers[0]!r}; drop the query first")
 
@@ -373,6 +373,12 @@ class Door(Generic[R]):
             parts, top = split(tree, name)
             if not parts:
                 return [self._planned(tree, sql, name, policy, allowed_lateness, restored_share)]
+            if policy is LatePolicy.UPDATE:
+                raise UnsupportedQuery(
+                    "late='update' revises a derived table's windows, and the query reading them would "
+                    "count each revision as a new row: register a query with derived tables with "
+                    "late='drop' or late='error'"
+                )
             # A query with derived tables shares no slices: its parts restore with it, by name.
             planned: dict[str, RunningQuery] = {}
             for part in (*parts, Part(name, top)):
@@ -527,10 +533,23 @@ class Door(Generic[R]):
         return lambda table, rows: self._queries[part_of].found_late(table, rows)
 
     def _fail(self, running: RunningQuery, exc: ResourceExhausted) -> None:
-        """The runner failed a query while it ran (see :attr:`PlannedQuery.fail`)."""
+        """The runner failed a query while it ran (see :attr:`PlannedQuery.fail`); a derived
+        table's part fails its query too (else the query would wait for it without a word)."""
         if running.failure is None:
             self.changes += 1
             running.failure = ResourceExhausted(f"query {running.name!r} failed: {exc}")
+        owner = self._queries.get(running.part_of or "")
+        if owner is not None:
+            self._fail(owner, exc)
+
+    def inputs_of(self, query: str) -> list[str]:
+        """The streams ``query`` reads, those its derived tables read in place of their parts:
+        what its late side stream ``<query>.late`` holds rows of."""
+        names: list[str] = []
+        for stream in self.query(query).streams:
+            part = self._queries.get(stream)
+            names += self.inputs_of(stream) if part is not None and part.part_of is not None else [stream]
+        return names
 
     def share_of(self, query: str) -> str | None:
         """The name (:func:`~lowtide.query.sharing.slices_key`) of the slices ``query`` reads, if it

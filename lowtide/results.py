@@ -86,6 +86,8 @@ class Sink(Operator):
             if not self.attributes and punctuation.is_end and not self.ended:
                 self.ended = True
                 self.items.append(punctuation)
+                if self.forward_punctuation is not None:  # ends the late side stream too
+                    self.forward_punctuation(punctuation)
             return
         if self.keeps:
             self.items.append(punctuation)

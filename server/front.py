@@ -28,6 +28,7 @@ from lowtide.door import CheckedBatch, Door, Limits
 from lowtide.errors import LowtideError, StartupFailure
 from lowtide.ipc import read_ipc
 from lowtide.operators.result_queue import SlowFlush
+from lowtide.query.derived import part_of
 from lowtide.server import input_log as records
 from lowtide.server import messages as msg
 from lowtide.server.batches import AppliedBatches, PendingBytes
@@ -453,8 +454,8 @@ class Front:
                 if items:
                     hub.publish(items)
         remote = self.engine.runner.queries.get(name)
-        if remote is not None and remote.failed:
-            self._close_failed(name, remote.status, remote.failed)
+        if remote is not None and remote.failed:  # a derived table's part fails its query's hubs
+            self._close_failed(part_of(name) or name, remote.status, remote.failed)
 
     def _close_failed(self, name: str, status: str, reason: str) -> None:
         for key in (name, f"{name}.late"):

@@ -27,9 +27,10 @@ from lowtide.server.service import Service, add_service
 
 
 def _reads(front: Front, query: str) -> list[str]:
-    """The names ``query`` reads (FROM; none if there is no such query): what its ``.late`` holds."""
+    """The streams ``query`` reads (its derived tables' too; none if there is no such query): what
+    its ``.late`` holds rows of."""
     try:
-        return front.engine.query(query).streams
+        return front.engine.inputs_of(query)
     except NotFound:
         return []
 

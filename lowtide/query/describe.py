@@ -627,7 +627,8 @@ def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
         outputs = tuple((name, post.get(name, column)) for name, column in zip(named, internal, strict=True))
         graph.add(ProjectNode(outputs, result if post else scope, ()), len(graph.nodes) - 1)
     unit = kind.name[len("timestamp[") : -1] if kind.name.startswith("timestamp[") else ""
-    aligned = _aligned_result(window, stage, copies, {renames.get(p, p): p for p in group_physicals})
+    selected = {out: p for p, out in renames.items() if p in group_physicals}  # by their result names
+    aligned = _aligned_result(window, stage, copies, selected)
     return _described(d, schema, ("window_end",), tuple(slides.items()), unit, early, aligned)
 
 
@@ -669,8 +670,8 @@ def _aligned_result(
     offsets = {"window_end": 0}
     if isinstance(window, Sliding):
         offsets["window_start"] = -window.range
-        if window.range == window.slide == 1:
-            inputs = dict(stage.aligned)
+        if window.range == window.slide == 1 and window.attribute == stage.attributes[0]:
+            inputs = dict(stage.aligned)  # offsets from attributes[0], the window's own attribute
             offsets.update({out: inputs[p] - 1 for out, p in groups.items() if p in inputs})
     offsets.update({out: offsets[which] for out, which in copies.items() if which in offsets})
     return tuple(offsets.items())

@@ -8,7 +8,7 @@ import nexmark as nx
 import pyarrow as pa
 import pytest
 
-from lowtide import Engine, Limits
+from lowtide import END_OF_STREAM, Engine, Limits, Punctuation
 from lowtide.errors import InvalidArgument, ResourceExhausted, UnsupportedQuery
 from lowtide.query import parse_query
 from lowtide.query.ast import BinaryOp, Column, Literal, UnaryOp
@@ -227,3 +227,47 @@ def test_the_rest_of_nexmark_registers_as_written(number: int) -> None:
     for stream, schema in nx.SCHEMAS.items():
         e.create_stream(stream, schema, progressing="dateTime")
     e.register_query(nx.query(number), name="q")
+
+
+def test_a_failed_derived_table_fails_its_query() -> None:
+    e = Engine(limits=Limits(max_windows_per_step=5))
+    e.create_stream("S", PACKET)
+    e.register_query(
+        "SELECT n, window_end AS we FROM (SELECT count(*) AS n [RANGE ALL, SLIDE 1 s, WA ts] FROM S) D "
+        "WHERE n > 0",
+        name="q",
+    )
+    e.push("S", {"k": [1], "v": [1], "ts": [500]})
+    e.punctuate("S", 100_000)
+    with pytest.raises(ResourceExhausted, match="query 'q' failed"):
+        e.poll("q")
+
+
+def test_derived_tables_take_no_late_update_and_name_their_query() -> None:
+    e = engine()
+    with pytest.raises(UnsupportedQuery, match="late='update' revises a derived table's windows"):
+        e.register_query(f"SELECT X.k FROM ({WINDOWED.format(s='S0')}) X", name="u", late="update")
+    e.register_query(f"SELECT X.k, X.we FROM ({WINDOWED.format(s='S0')}) X", name="j")
+    assert e.inputs_of("j") == ["S0"]  # what j.late holds rows of
+    with pytest.raises(InvalidArgument, match="stream 'S0' is read by query 'j'"):
+        e.drop_stream("S0")
+
+
+def test_a_query_without_time_columns_ends_its_late_stream() -> None:
+    e = engine()
+    e.register_query(
+        "SELECT A.k, B.v FROM S0 A JOIN S1 B ON A.k = B.k AND B.ts BETWEEN A.ts AND A.ts", name="j"
+    )
+    for name in ("S0", "S1"):
+        e.push(name, {"k": [1], "v": [1], "ts": [1_000]})
+        e.close_source(name)
+    assert [item.value for item in e.poll("j.late") if isinstance(item, Punctuation)][-1] == END_OF_STREAM
+
+
+def test_an_unselected_group_column_claims_no_alignment() -> None:
+    e = engine()
+    e.register_query(
+        f"SELECT max(n) AS we FROM ({WINDOWED.format(s='S0')}) D GROUP BY we",
+        name="m",
+    )
+    assert dict(e.query("m").description.aligned) == {"window_end": 0, "window_start": -1}
