@@ -228,6 +228,14 @@ def start_server(
     )
 
 
+def kill9(server: Server) -> None:
+    """SIGKILL the front and every worker at once: nothing gets to flush or say goodbye."""
+    for pid in [server.pid, *server.worker_pids()]:
+        os.kill(pid, signal.SIGKILL)
+    server.process.wait(30)
+    server.exit_code = 0  # killed on purpose: the harness's clean-stop check does not apply
+
+
 def _warm_up(target: str) -> None:
     """Wait until every worker answers: a query on all of them, fed and closed, then dropped.
 

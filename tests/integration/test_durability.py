@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 from cluster import rows
 from prometheus_client.parser import text_string_to_metric_families
-from server_harness import Server, lowtide_command, running_server, start_server
+from server_harness import Server, kill9, lowtide_command, running_server, start_server
 from state_files import files, frame_starts, record_starts
 
 from lowtide import END_OF_STREAM, Engine, Punctuation
@@ -68,14 +68,6 @@ def expected(sql: str) -> Counter[tuple[Any, ...]]:
     for source in ("a", "b"):
         engine.close_source("s", source)
     return rows([item for item in engine.poll("q")])
-
-
-def kill9(server: Server) -> None:
-    """SIGKILL the front and every worker at once: nothing gets to flush or say goodbye."""
-    for pid in [server.pid, *server.worker_pids()]:
-        os.kill(pid, signal.SIGKILL)
-    server.process.wait(30)
-    server.exit_code = 0  # killed on purpose: the harness's clean-stop check does not apply
 
 
 def read(client: Client, query: str, until: int, from_offset: int | None = None) -> list[tuple[int, Any]]:

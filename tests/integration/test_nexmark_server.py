@@ -5,15 +5,13 @@ it), and its rows equal its definition's (tests/nexmark.py) on disordered events
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import nexmark as nx
 import pytest
-from server_harness import Server, running_server, start_server
+from server_harness import kill9, running_server, start_server
 
 from lowtide import END_OF_STREAM, InvalidArgument, Punctuation
 from lowtide.clients.client import Client
@@ -70,13 +68,6 @@ def test_nexmark_through_a_server() -> None:
         client.register_query(nx.query(5), name="q5")  # its parts went with it
 
 
-def _kill9(server: Server) -> None:
-    for pid in [server.pid, *server.worker_pids()]:
-        os.kill(pid, signal.SIGKILL)
-    server.process.wait(30)
-    server.exit_code = 0  # killed on purpose
-
-
 def test_nexmark_across_a_kill(tmp_path: Path) -> None:
     """Killed after a checkpoint and more input, restarted: the derived tables' state comes back
     with their query's, and every query's rows are still exactly its definition's."""
@@ -89,7 +80,7 @@ def test_nexmark_across_a_kill(tmp_path: Path) -> None:
         _send(client, deliveries[: len(deliveries) // 2], close=False)
         server.await_checkpoint()
         _send(client, deliveries[len(deliveries) // 2 : len(deliveries) * 3 // 4], close=False)
-    _kill9(server)
+    kill9(server)
     with running_server(config=config) as restarted, Client(restarted.target, timeout=60) as client:
         _send(client, deliveries[len(deliveries) * 3 // 4 :], close=True)
         _check(client, events)

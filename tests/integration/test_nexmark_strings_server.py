@@ -17,7 +17,7 @@ from typing import Any
 import nexmark as nx
 import pyarrow as pa
 import pytest
-from server_harness import Server, running_server, start_server
+from server_harness import kill9, running_server, start_server
 
 from lowtide import END_OF_STREAM, Engine, Punctuation, UnsupportedQuery
 from lowtide.clients.client import Client
@@ -92,13 +92,6 @@ def _server_rows(client: Client) -> dict[str, Counter[tuple[Any, ...]]]:
     return got
 
 
-def _kill9(server: Server) -> None:
-    for pid in [server.pid, *server.worker_pids()]:
-        os.kill(pid, signal.SIGKILL)
-    server.process.wait(30)
-    server.exit_code = 0  # killed on purpose
-
-
 def test_queries_that_make_strings_through_a_server_across_kills(tmp_path: Path) -> None:
     deliveries = bids()
     want = engine_rows(deliveries)
@@ -120,7 +113,7 @@ def test_queries_that_make_strings_through_a_server_across_kills(tmp_path: Path)
         os.kill(server.worker_pids()[0], signal.SIGKILL)  # every worker starts over from the checkpoint
         _send(client, deliveries[cut[2] : cut[3]], close=False)
         server.await_checkpoint()
-    _kill9(server)
+    kill9(server)
     with running_server(config=config) as restarted, Client(restarted.target, timeout=60) as client:
         _send(client, deliveries[cut[3] :], close=True)
         got = _server_rows(client)

@@ -22,8 +22,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 import pytest
-from server_harness import Server, running_server, scrape, start_server, wait_for
-from test_durability import kill9
+from server_harness import Server, kill9, running_server, scrape, start_server, wait_for
 from wire import failure_of
 
 from lowtide import Punctuation

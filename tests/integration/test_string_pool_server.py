@@ -5,9 +5,7 @@ literals alone; a producer of one stream cannot deny another its strings (issue 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
-from server_harness import Server, running_server, start_server, wait_for
+from server_harness import Server, kill9, running_server, start_server, wait_for
 from wire import (
     CLOSE,
     Mirror,
@@ -217,11 +215,3 @@ def test_a_producer_of_one_stream_cannot_deny_another_its_strings(tmp_path: Path
         eventually(
             "the front to hold the strings applied", lambda: pool_entries(server)["front"] == applied, server
         )
-
-
-def kill9(server: Server) -> None:
-    """SIGKILL the front and every worker at once."""
-    for pid in [server.pid, *server.worker_pids()]:
-        os.kill(pid, signal.SIGKILL)
-    server.process.wait(30)
-    server.exit_code = 0  # killed on purpose: the harness's clean-stop check does not apply
