@@ -118,7 +118,7 @@ class ResultRows:
         columns.update(key_columns(keys, self.group_columns, self.group_types))
         columns.update(values)
         columns["revision"] = revision if revision is not None else np.zeros(keys.shape[0], np.int64)
-        if FINAL in self.columns:
+        if FINAL in self.columns and FINAL not in columns:  # else a column of the query's named so
             columns[FINAL] = np.full(keys.shape[0], final, np.bool_)
         columns, keep = apply_having(self.having, columns)
         size = len(columns["revision"])

@@ -300,7 +300,7 @@ class SessionAggregate(WindowOperator):
             self.cells.finalize(np.zeros(slots.shape[0], np.int64), slots, self.decode, self.calls)
         )
         columns["revision"] = revision
-        if FINAL in self.columns:
+        if FINAL in self.columns and FINAL not in columns:  # else a column of the query's named so
             columns[FINAL] = np.full(slots.shape[0], final, np.bool_)
         return columns
 

@@ -54,7 +54,7 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind, expand_ranges
 from lowtide.operators.window_operator import WindowOperator, late_at
-from lowtide.operators.windows import Landmark, Rows, Sliding, Window, WindowLimits
+from lowtide.operators.windows import Landmark, Rows, Sliding, Whole, Window, WindowLimits
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
 from lowtide.snapshot import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
@@ -118,7 +118,7 @@ class WIDAggregate(WindowOperator):
         columns of a time window; one worker for landmark and unpartitioned tuple windows."""
         if isinstance(window, Rows):
             return Placement.by_keys(window.partition)
-        if isinstance(window, Sliding):
+        if isinstance(window, Sliding | Whole):
             return Placement.by_keys(group_columns)
         return ONE_WORKER
 

@@ -30,6 +30,10 @@ never in the top. Pruning runs when the rows added since the last one reach thos
 ``prune_at``), so the rows held per open partition stay below about twice its top (ties of
 ``rank`` and ``dense_rank`` aside) plus ``prune_at`` in all.
 
+With ``whole`` set the partitions span the whole stream (Flink's Top-N over a stream that
+ends, Nexmark q18, q19): no key divides them, only the end of the stream completes them, and
+only it is passed on. ``limit`` bounds the rows held as above; without it every row is held.
+
 Placement: by the PARTITION BY columns of the input (a partition's rows meet on one worker); one
 worker when all of them are window bounds it adds. Its output rows are its input rows.
 Its state: the rows held, as chunks of columns, and how many the last pruning kept.
@@ -69,6 +73,7 @@ class WindowTopN(Operator):
         limit: int | None = None,
         tumble: int | None = None,
         prune_at: int = PRUNE_AT,
+        whole: bool = False,
     ) -> None:
         super().__init__()
         assert function in ("row_number", "rank", "dense_rank"), function
@@ -81,6 +86,7 @@ class WindowTopN(Operator):
         self.tumble = tumble
         self.prune_at = prune_at
         self.key = "window_end" if tumble is not None else attribute
+        self.whole = whole
         self._chunks: list[Columns] = []
         self._kept = 0  # rows the last pruning kept
 
@@ -88,7 +94,9 @@ class WindowTopN(Operator):
         order = ", ".join(f"{c} DESC" if desc else c for c, desc in self.order)
         tumble = "" if self.tumble is None else f" over TUMBLE {self.tumble} on {self.attribute},"
         limit = "" if self.limit is None else f", keeps ranks <= {self.limit}"
-        partition = ", ".join(self.partition)
+        partition = ", ".join(self.partition) or "stream"
+        if self.whole:
+            tumble = " over the whole stream, complete at its end,"
         return f"Window Top-N{tumble} {self.function}() per {partition} by {order} as {self.output}{limit}"
 
     def placement(self) -> Placement:
@@ -104,6 +112,8 @@ class WindowTopN(Operator):
         return sum(column.nbytes for chunk in self._chunks for column in chunk.values())
 
     def open_windows(self) -> int:
+        if self.whole:
+            return int(bool(self._chunks))
         return len(np.unique(self._merged()[self.key])) if self._chunks else 0
 
     # -- input ------------------------------------------------------------------------------
@@ -127,6 +137,8 @@ class WindowTopN(Operator):
         if punctuation.attribute != self.attribute or punctuation.value == NO_PROGRESS:
             return
         complete = self._complete_below(punctuation.value)
+        if complete == NO_PROGRESS:
+            return  # whole: nothing completes before the end
         if self._chunks:
             merged = self._merged()
             done = merged[self.key] < complete
@@ -140,6 +152,8 @@ class WindowTopN(Operator):
 
     def _complete_below(self, value: int) -> int:
         """The keys below it are complete at punctuation ``value`` (see the module)."""
+        if self.whole:
+            return END_OF_STREAM if value >= END_OF_STREAM else NO_PROGRESS
         if self.tumble is None or value >= END_OF_STREAM:
             return value
         return value - value % self.tumble + self.tumble
@@ -157,7 +171,8 @@ class WindowTopN(Operator):
     def _ranked(self, rows: Columns) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
         """The rows in output order (key, partition, ORDER BY, other columns) and their ranks."""
         used = {self.key, *self.partition, *(c for c, _ in self.order)}
-        partition = [_comparable(rows[c], False) for c in (self.key, *self.partition)]
+        keys = self.partition if self.whole else (self.key, *self.partition)
+        partition = [_comparable(rows[c], False) for c in keys]
         values = [_comparable(rows[c], desc) for c, desc in self.order]
         others = [rows[c] for c in rows if c not in used]
         order = np.lexsort([*reversed(others), *reversed(values), *reversed(partition)])

@@ -11,6 +11,9 @@ integer window ids ``w`` (negative ids are windows that start before 0, and are 
   aggregate keeps prefixes.
 * :class:`Rows` (WA row-num, optionally PA): the sliding definition over arrival positions
   (``rank`` within the partition when partitioned).
+* :class:`Whole` (no window: a GROUP BY or a rank over a stream, as Flink runs it): ``extent(0)``
+  is every tuple; window 0 is complete at the end of the stream only, its bounds the domain's,
+  ``[TIME_MIN, TIME_END)``.
 * :class:`Session` (SESSION gap): not aligned and without window ids: a session of a group is a
   maximal run of its sorted values each less than ``gap`` after the previous one (``touching``:
   at most ``gap``, Flink's and Spark's rule), ``[first, last + gap)``. Session Aggregate
@@ -34,7 +37,7 @@ import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.errors import ResourceExhausted
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN
 
 I64 = npt.NDArray[np.int64]
 
@@ -130,6 +133,33 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class Whole:
+    """No window (Flink's unbounded GROUP BY): every tuple is in window 0, which no punctuation
+    but the end of the stream completes (a source may punctuate ``TIME_END``, yet a reader of
+    this result sees rows at ``window_end`` = ``TIME_END``: only the end closes it)."""
+
+    attribute: str
+
+    def wids(self, values: I64) -> tuple[I64, I64]:
+        return np.zeros(values.shape[0], np.int64), np.ones(values.shape[0], np.int64)
+
+    def first_open(self, punctuation: int) -> int:
+        if punctuation >= END_OF_STREAM:
+            return END_OF_STREAM
+        return NO_PROGRESS if punctuation <= NO_PROGRESS else 0
+
+    def bounds(self, wids: I64) -> tuple[I64, I64]:
+        return np.full(wids.shape[0], TIME_MIN, np.int64), np.full(wids.shape[0], TIME_END, np.int64)
+
+    def end_of(self, wid: int) -> int:
+        """While window 0 is open no result has ``window_end`` below ``TIME_END``."""
+        return TIME_END if wid <= 0 else END_OF_STREAM
+
+    def describe(self) -> str:
+        return f"the whole stream on {self.attribute}, complete at its end"
+
+
+@dataclass(frozen=True)
 class Session:
     """``[SESSION gap, WA attribute]`` in the attribute's units (no window ids: see above).
 
@@ -156,7 +186,7 @@ class Session:
         return f"session GAP {self.gap} on {self.attribute}{touching}"
 
 
-Window = Sliding | Landmark | Rows
+Window = Sliding | Landmark | Rows | Whole
 
 
 @dataclass(frozen=True)
@@ -170,8 +200,8 @@ class WindowLimits:
 
     def check_window(self, window: Window) -> None:
         """Refuse a window whose tuples each belong to more windows than the limit."""
-        if isinstance(window, Landmark):
-            return  # a tuple is in one slide: its prefixes are emitted per step
+        if isinstance(window, Landmark | Whole):
+            return  # a tuple is in one slide, or in the one window: its prefixes are emitted per step
         per_tuple = -(-window.range // window.slide)
         if per_tuple > self.max_windows_per_tuple:
             raise ResourceExhausted(

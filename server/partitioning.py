@@ -12,7 +12,9 @@ operators that disagree on an input's keys.
 
 What runs at the front (:func:`at_front`): a worker's string pool mirrors the front's and gives
 no code out, so the strings a query makes (DATE_FORMAT, SPLIT_INDEX) are made at the front, in
-the query's last Project, after its workers' outputs meld.
+the query's last Project, after its workers' outputs meld. It lacks the text of the streams'
+strings (it mirrors pinned ones: literals, computed strings), so the strings a query reads
+(SPLIT_INDEX, COUNT_CHAR) are read there too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from lowtide.query.build import placement_of
 from lowtide.query.computed import columns_in, string_call
 from lowtide.query.description import AggregateNode, Node, NodeKind, PlanDescription, ProjectNode, SelectNode
 from lowtide.query.expr import expr_text
+from lowtide.query.functions import STRING_FUNCTIONS
 
 Keys = tuple[str, ...]
 
@@ -110,13 +113,13 @@ def at_front(description: PlanDescription) -> tuple[PlanDescription, ProjectNode
     """What a query's workers run, and the Project the front runs on their melded output (None:
     none: the workers run it all).
 
-    A last Project that makes strings runs at the front, with the pool that codes them, exactly as
-    the in-process engine runs it: it is computed row by row, so after the meld as before it. The
-    workers' graph ends instead with a Project of the columns it reads, under their own names (the
-    schema stays the query's: the front's Project makes it). Strings made anywhere else (WHERE,
-    HAVING, an aggregate's argument or FILTER, SELECT DISTINCT) would be made in a worker:
-    `UnsupportedQuery`, naming the derived table that makes them at the front (its results reach
-    its readers as the front's codes)."""
+    A last Project that makes strings, or reads their text, runs at the front, with the pool that
+    codes them and holds every text, exactly as the in-process engine runs it: it is computed row
+    by row, so after the meld as before it. The workers' graph ends instead with a Project of the
+    columns it reads, under their own names (the schema stays the query's: the front's Project
+    makes it). Strings made or read anywhere else (WHERE, HAVING, an aggregate's argument or
+    FILTER, SELECT DISTINCT) would be in a worker: `UnsupportedQuery`, naming the derived table
+    that does it at the front (its results reach its readers as the front's codes)."""
     *rest, last = description.nodes
     kind = last.kind
     front = kind if isinstance(kind, ProjectNode) and any(string_call(e) for _, e in _exprs(kind)) else None
@@ -125,9 +128,14 @@ def at_front(description: PlanDescription) -> tuple[PlanDescription, ProjectNode
             call = string_call(expr)
             if call is not None:
                 made = expr_text(call)
+                does = (
+                    "make strings in a server worker, which cannot code them"
+                    if call.name in STRING_FUNCTIONS
+                    else "read strings in a server worker, which lacks their text"
+                )
                 raise UnsupportedQuery(
-                    f"{made} in {place} would make strings in a server worker, which cannot code "
-                    f"them: select it in a derived table, FROM (SELECT {made} AS x, ... FROM ...), and read x"
+                    f"{made} in {place} would {does}: select it in a derived table, "
+                    f"FROM (SELECT {made} AS x, ... FROM ...), and read x"
                 )
     if front is None:
         return description, None

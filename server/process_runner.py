@@ -224,7 +224,7 @@ class ProcessRunner:
     def placement(self, description: PlanDescription) -> str:
         workers, front = at_front(description)
         where = partitioning_of(workers).describe(self.workers.size)
-        made = "; the front runs its last Project, which makes strings" if front is not None else ""
+        made = "; the front runs its last Project, which makes or reads strings" if front is not None else ""
         return f"\n(the query {where}{made})"
 
     def operators(self, name: str) -> list[tuple[str, int, int]]:

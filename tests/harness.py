@@ -164,7 +164,7 @@ def run(
         obs.seen.append(dict(seen))
         for item in engine.poll(name):
             if isinstance(item, Punctuation):
-                assert item.attribute == "window_end"
+                assert item.attribute in ("window_end", "ts")  # a result's time, or the input's kept
                 obs.kinds.append("punct")
                 obs.punctuation.append(item.value)
                 obs.punct_call.append(call)

@@ -6,14 +6,17 @@ small range, so that maxima tie), and delivers each stream's events out of order
 arrives up to ``delay`` ms after its time, so punctuation ``now - delay`` is honest. The
 references evaluate each query's definition over all the events at once, in plain Python, as
 Flink defines it (inclusive BETWEEN, HOP's slide first, sessions that merge when they touch);
-they share no code with lowtide.
+they share no code with lowtide. Where Flink leaves a choice (ROW_NUMBER over tied sort keys),
+the reference accepts every answer Flink allows (``Ranked``); float results compare at 9
+significant digits (``settled``), as lowtide and Python may round a mean differently.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,39 +25,9 @@ from typing import Any
 QUERIES = Path(__file__).parent / "data" / "nexmark"
 BASE = 1_600_000_000_000  # ms, a multiple of every window below
 
-SCHEMAS: dict[str, dict[str, str]] = {
-    "person": {
-        "id": "int64",
-        "name": "string",
-        "emailAddress": "string",
-        "creditCard": "string",
-        "city": "string",
-        "state": "string",
-        "dateTime": "timestamp[ms]",
-        "extra": "string",
-    },
-    "auction": {
-        "id": "int64",
-        "itemName": "string",
-        "description": "string",
-        "initialBid": "int64",
-        "reserve": "int64",
-        "dateTime": "timestamp[ms]",
-        "expires": "timestamp[ms]",
-        "seller": "int64",
-        "category": "int64",
-        "extra": "string",
-    },
-    "bid": {
-        "auction": "int64",
-        "bidder": "int64",
-        "price": "int64",
-        "channel": "string",
-        "url": "string",
-        "dateTime": "timestamp[ms]",
-        "extra": "string",
-    },
-}
+# The columns of nexmark-flink's ddl_views.sql (its person, auction and bid views), as lowtide
+# types them; bench/nexmark_engine.py reads the same file.
+SCHEMAS: dict[str, dict[str, str]] = json.loads((QUERIES / "schemas.json").read_text(encoding="utf-8"))
 
 Row = dict[str, Any]
 
@@ -159,19 +132,77 @@ def ms(value: Any) -> Any:
     return value
 
 
+def settled(value: Any) -> Any:
+    """``value``, a float rounded to 9 significant digits: a mean's last bits depend on how it
+    is summed, and results must compare as equal."""
+    return float(f"{value:.9g}") if isinstance(value, float) else value
+
+
 def multiset(rows: list[Row], columns: list[str]) -> Counter[tuple[Any, ...]]:
-    return Counter(tuple(ms(r[c]) for c in columns) for r in rows)
+    return Counter(tuple(settled(ms(r[c])) for c in columns) for r in rows)
 
 
 # ---- references (Flink's definitions) -----------------------------------------------------------
 
 # The result columns each reference gives, by query.
 COLUMNS: dict[int, list[str]] = {
+    4: ["category", "AVG(Q.final)"],
     5: ["auction", "num"],
     7: ["auction", "price", "bidder", "dateTime", "extra"],
     8: ["id", "name", "starttime"],
+    9: [*SCHEMAS["auction"], "auction", "bidder", "price", "bid_dateTime", "bid_extra"],
     11: ["bidder", "bid_count", "starttime", "endtime"],
+    18: [*SCHEMAS["bid"]],
+    19: [*SCHEMAS["bid"], "rank_number"],
 }
+
+
+class Ranked(Counter[tuple[Any, ...]]):
+    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) <= n`` over ``rows``, as Flink
+    defines it: rows whose sort keys tie are numbered in any order, so at rank ``n`` any of them may
+    be kept. The counts are one such answer (ties broken by the row); equality accepts any answer
+    that keeps, of each partition, rows whose keys are its ``n`` best, no row more often than the
+    partition holds it (numbered 1, 2, ... in key order, the number last, if ``numbered``)."""
+
+    def __init__(
+        self,
+        rows: Iterable[tuple[Any, ...]],
+        partition: Callable[[tuple[Any, ...]], Any],
+        order: Callable[[tuple[Any, ...]], Any],
+        n: int,
+        numbered: bool,
+    ) -> None:
+        super().__init__()
+        self.partition, self.order, self.n, self.numbered = partition, order, n, numbered
+        self.groups: dict[Any, Counter[tuple[Any, ...]]] = defaultdict(Counter)
+        for row in rows:
+            self.groups[partition(row)][row] += 1
+        for group in self.groups.values():
+            kept = sorted(group.elements(), key=lambda r: (order(r), r))[:n]
+            for rank, row in enumerate(kept, 1):
+                self[(*row, rank) if numbered else row] += 1
+
+    # Python tries a subclass's reflected __eq__ first, so ``multiset(...) == Ranked(...)`` lands here.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Counter):
+            return NotImplemented
+        picked: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
+        for row in other.elements():
+            picked[self.partition(row[:-1] if self.numbered else row)].append(row)
+        return picked.keys() <= self.groups.keys() and all(
+            self._allows(group, picked[key]) for key, group in self.groups.items()
+        )
+
+    def _allows(self, group: Counter[tuple[Any, ...]], picked: list[tuple[Any, ...]]) -> bool:
+        best = sorted(map(self.order, group.elements()))[: self.n]
+        if self.numbered:
+            picked.sort(key=lambda r: r[-1])
+            if [r[-1] for r in picked] != list(range(1, len(best) + 1)):
+                return False
+            picked = [r[:-1] for r in picked]
+        else:
+            picked.sort(key=self.order)
+        return [self.order(r) for r in picked] == best and not Counter(picked) - group
 
 
 def hop_windows(ts: int, slide: int, size: int) -> list[int]:
@@ -227,3 +258,50 @@ def q11(events: Events, gap: int = 10000) -> Counter[tuple[Any, ...]]:
                 start, last, n = t, t, 1
         out[(bidder, n, start, last + gap)] += 1
     return out
+
+
+def _auction_bids(events: Events) -> Iterator[tuple[Row, Row]]:
+    """``auction A, bid B WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires``."""
+    bids: dict[int, list[Row]] = defaultdict(list)
+    for b in events.rows["bid"]:
+        bids[b["auction"]].append(b)
+    for a in events.rows["auction"]:
+        for b in bids[a["id"]]:
+            if a["dateTime"] <= b["dateTime"] <= a["expires"]:
+                yield a, b
+
+
+def q4(events: Events) -> Counter[tuple[Any, ...]]:
+    final: dict[tuple[int, int], int] = {}
+    for a, b in _auction_bids(events):
+        key = (a["id"], a["category"])
+        final[key] = max(final.get(key, b["price"]), b["price"])
+    by_category: dict[int, list[int]] = defaultdict(list)
+    for (_, category), price in final.items():
+        by_category[category].append(price)
+    return Counter((category, settled(sum(ps) / len(ps))) for category, ps in by_category.items())
+
+
+def q9(events: Events) -> Ranked:
+    rows = (
+        (
+            *(a[c] for c in SCHEMAS["auction"]),
+            b["auction"],
+            b["bidder"],
+            b["price"],
+            b["dateTime"],
+            b["extra"],
+        )
+        for a, b in _auction_bids(events)
+    )
+    return Ranked(rows, partition=lambda r: r[0], order=lambda r: (-r[12], r[13]), n=1, numbered=False)
+
+
+def q18(events: Events) -> Ranked:
+    rows = (tuple(b[c] for c in SCHEMAS["bid"]) for b in events.rows["bid"])
+    return Ranked(rows, partition=lambda r: (r[1], r[0]), order=lambda r: -r[5], n=1, numbered=False)
+
+
+def q19(events: Events) -> Ranked:
+    rows = (tuple(b[c] for c in SCHEMAS["bid"]) for b in events.rows["bid"])
+    return Ranked(rows, partition=lambda r: r[0], order=lambda r: -r[2], n=10, numbered=True)

@@ -141,7 +141,14 @@ def _operator(kind: NodeKind, policy: LatePolicy, built: Sequence[Operator], ctx
         case TopNNode():
             top = kind
             return WindowTopN(
-                top.function, top.partition, top.order, top.output, top.attribute, top.limit, top.tumble
+                top.function,
+                top.partition,
+                top.order,
+                top.output,
+                top.attribute,
+                top.limit,
+                top.tumble,
+                whole=top.whole,
             )
 
 

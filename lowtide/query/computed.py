@@ -23,7 +23,7 @@ from lowtide.operators.windows import Sliding
 from lowtide.query.ast import Column, Expr, FuncCall, Literal, Star, rewrite, walk
 from lowtide.query.description import ProjectNode
 from lowtide.query.expr import BOOL, compile_expr, expr_text
-from lowtide.query.functions import STRING_FUNCTIONS, date_pattern
+from lowtide.query.functions import STRING_FUNCTIONS, TEXT_FUNCTIONS, date_pattern
 from lowtide.query.graph import Graph
 from lowtide.query.scope import Field, Scope
 from lowtide.schema import ColumnType
@@ -153,10 +153,10 @@ def aggregates_in(expr: Expr | None) -> list[FuncCall]:
 
 
 def string_call(expr: Expr) -> FuncCall | None:
-    """The first call in ``expr`` that makes strings (DATE_FORMAT, SPLIT_INDEX), outermost first;
-    None if it makes none."""
+    """The first call in ``expr`` that makes strings (DATE_FORMAT, SPLIT_INDEX) or reads their
+    text (COUNT_CHAR too), outermost first; None if it has none."""
     for sub in walk(expr):
-        if isinstance(sub, FuncCall) and sub.name in STRING_FUNCTIONS:
+        if isinstance(sub, FuncCall) and sub.name in STRING_FUNCTIONS | TEXT_FUNCTIONS:
             return sub
     return None
 

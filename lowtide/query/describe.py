@@ -22,7 +22,7 @@ from lowtide.operators.oa_join import Band, JoinSide, JoinWindow, Tumbling, Unti
 from lowtide.operators.paned_wid import pane_of
 from lowtide.operators.session import RETRACTED
 from lowtide.operators.window_top_n import BOUNDS
-from lowtide.operators.windows import Landmark, Rows, Session, Sliding
+from lowtide.operators.windows import Landmark, Rows, Session, Sliding, Whole, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
@@ -469,29 +469,32 @@ def _call_of(expr: FuncCall, output: str, inputs: AggregateInputs) -> AggregateC
 
 def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
     spec = query.window if query.window is not None else _grouped_in_time(query, stage)
-    if spec is None:
-        raise UnsupportedQuery(
-            "an aggregate needs a window, or its groups never complete: [RANGE 1 minute, WA ts] after the "
-            "select list, or GROUP BY ..., TUMBLE(ts, INTERVAL '1' MINUTE)"
-        )
     scope = stage.scope
-    attr_ref = window_attribute(spec)
-    if attr_ref is None:
-        raise UnsupportedQuery("the window needs WA (or RATTR): the attribute it is defined on")
-    partition = tuple(scope.resolve(c.name, c.qualifier).physical for c in spec.pa)
-    attribute, kind = "row-num", INT64
-    if isinstance(attr_ref, Column):
-        f = scope.resolve(attr_ref.name, attr_ref.qualifier)
-        if f.physical not in stage.attributes:
-            raise UnsupportedQuery(
-                f"the window is on {expr_text(attr_ref)}, which is not a progressing attribute here "
-                f"({', '.join(stage.attributes)})"
-            )
-        attribute, kind = f.physical, f.type
-    window = window_of(spec, attribute, kind, partition)
-    if isinstance(window, Sliding | Rows):
-        d.options.windows.check_window(window)
-    early = early_results(spec, window)
+    window: Window | Session | SlideByTuple
+    partition: tuple[str, ...] = ()
+    if spec is None:
+        # Flink's unbounded GROUP BY: one window, the whole stream, answered when it ends.
+        attribute, early = stage.attributes[0], None
+        kind = scope.resolve(attribute).type
+        window = Whole(attribute)
+    else:
+        attr_ref = window_attribute(spec)
+        if attr_ref is None:
+            raise UnsupportedQuery("the window needs WA (or RATTR): the attribute it is defined on")
+        partition = tuple(scope.resolve(c.name, c.qualifier).physical for c in spec.pa)
+        attribute, kind = "row-num", INT64
+        if isinstance(attr_ref, Column):
+            f = scope.resolve(attr_ref.name, attr_ref.qualifier)
+            if f.physical not in stage.attributes:
+                raise UnsupportedQuery(
+                    f"the window is on {expr_text(attr_ref)}, which is not a progressing attribute here "
+                    f"({', '.join(stage.attributes)})"
+                )
+            attribute, kind = f.physical, f.type
+        window = window_of(spec, attribute, kind, partition)
+        if isinstance(window, Sliding | Rows):
+            d.options.windows.check_window(window)
+        early = early_results(spec, window)
     extra: tuple[str, ...] = (FINAL,) if early is not None else ()  # early results' column, after revision
     policy = d.options.policy
     if isinstance(window, Session) and policy is LatePolicy.UPDATE:
@@ -626,7 +629,9 @@ def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
         named = ("window_start", "window_end", *out_names, "revision", *extra)
         outputs = tuple((name, post.get(name, column)) for name, column in zip(named, internal, strict=True))
         graph.add(ProjectNode(outputs, result if post else scope, ()), len(graph.nodes) - 1)
-    unit = kind.name[len("timestamp[") : -1] if kind.name.startswith("timestamp[") else ""
+    # The whole stream's bounds are the domain's ends, no instants a timestamp can show.
+    timed = kind.name.startswith("timestamp[") and not isinstance(window, Whole)
+    unit = kind.name[len("timestamp[") : -1] if timed else ""
     selected = {out: p for p, out in renames.items() if p in group_physicals}  # by their result names
     aligned = _aligned_result(window, stage, copies, selected)
     return _described(d, schema, ("window_end",), tuple(slides.items()), unit, early, aligned)
@@ -782,13 +787,10 @@ def _window_top_n(query: Query, item: SelectItem, stage: _Stage, d: _Describing)
     if query.window is not None:
         stage, tumble = _tumbled(query.window, stage, d)
     partition = tuple(_rank_column(e, stage.scope, rank).physical for e in rank.partition_by)
-    if not set(partition) & dict(stage.aligned).keys():
-        by = ", ".join(expr_text(e) for e in rank.partition_by)
-        raise UnsupportedQuery(
-            f"{written(rank)}{f' PARTITION BY {by}' if by else ''} ranks a stream that never ends, so "
-            "no partition ever completes: partition by a window, PARTITION BY window_start, window_end, "
-            "over TABLE(TUMBLE(...)) or a windowed query's result (a Window Top-N)"
-        )
+    # Partitioned by no window: Flink's Top-N over the stream, its partitions complete at its end.
+    whole = not set(partition) & dict(stage.aligned).keys()
+    if whole:
+        _judge_whole(stage, d)
     order = []
     for key in rank.order_by:
         f = _rank_column(key.expr, stage.scope, rank)
@@ -801,7 +803,7 @@ def _window_top_n(query: Query, item: SelectItem, stage: _Stage, d: _Describing)
     output = item.name
     while output in physicals:  # a column of its own, whatever the input's are named
         output += "~"
-    kind = TopNNode(rank.function, partition, tuple(order), output, attribute, rank.limit, tumble)
+    kind = TopNNode(rank.function, partition, tuple(order), output, attribute, rank.limit, tumble, whole)
     node = d.graph.add(kind, stage.node)
     scope = Scope((*stage.scope.fields, Field(output, output, INT64)))
     select: list[SelectItem] = []
@@ -821,6 +823,17 @@ def _window_top_n(query: Query, item: SelectItem, stage: _Stage, d: _Describing)
         return described
     time = stage.scope.resolve(attribute).type  # the window's bounds are times in its unit
     return replace(described, time_unit=time.unit or "")
+
+
+def _judge_whole(stage: _Stage, d: _Describing) -> None:
+    """Rows of a stream ranked as a whole are late at its end only: no tuple behind punctuation
+    is late before then (after a join, the join judges its Inputs)."""
+    graph = d.graph
+    if any(isinstance(node.kind, JoinNode) for node in graph.nodes):
+        return
+    feeding = graph.nodes[stage.node].kind
+    where = feeding.where if isinstance(feeding, SelectNode) else None
+    graph.judge(list(graph.inputs), WindowJudge(Whole(stage.attributes[0]), _streams_of(graph), where))
 
 
 def _tumbled(spec: WindowSpec, stage: _Stage, d: _Describing) -> tuple[_Stage, int]:

@@ -149,7 +149,8 @@ class TopNNode:
     """A Window Top-N (:class:`~lowtide.operators.window_top_n.WindowTopN`): ranks each partition's
     rows by ``order`` (column, descending) once punctuation on ``attribute`` completes it, into
     column ``output``; ``limit``: keeps only ranks up to it; ``tumble``: the size of the TUMBLE
-    windows it gives the rows (None: ``attribute`` is their window already)."""
+    windows it gives the rows (None: ``attribute`` is their window already); ``whole``: the
+    partitions span the whole stream, complete at its end (Flink's Top-N over a stream)."""
 
     function: str
     partition: tuple[str, ...]
@@ -158,6 +159,7 @@ class TopNNode:
     attribute: str
     limit: int | None = None
     tumble: int | None = None
+    whole: bool = False
 
 
 NodeKind: TypeAlias = (

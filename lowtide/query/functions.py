@@ -1,11 +1,14 @@
 """The scalar functions of lowtide's query language, as Flink writes them: ``HOUR(ts)``,
-``MOD(a, b)``, ``DATE_FORMAT(ts, 'yyyy-MM-dd')`` and ``SPLIT_INDEX(s, '/', 3)``.
+``MOD(a, b)``, ``DATE_FORMAT(ts, 'yyyy-MM-dd')`` and ``SPLIT_INDEX(s, '/', 3)``; and Nexmark's
+user-defined ``COUNT_CHAR(s, 'c')``, built in.
 
 Each compiles once, at planning, into a function of a batch's columns. All are vectorised: numpy
 over the rows, and where a function makes strings (DATE_FORMAT, SPLIT_INDEX) it makes them once
 per distinct value of the batch and codes them in the pool (:meth:`~lowtide.strings.StringPool.codes`:
-pinned, like literals), never once per row in Python. Only a pool that gives codes out can make
-them: a server computes them at its front (see :mod:`lowtide.server.partitioning`).
+pinned, like literals), never once per row in Python; where it reads a string's text
+(SPLIT_INDEX, COUNT_CHAR) it reads it once per distinct code of the batch. Only a pool that gives
+codes out can make them, and only the front's holds every text: a server computes them at its
+front (see :mod:`lowtide.server.partitioning`).
 
 Times are UTC. A ``timestamp[unit]`` column counts its unit since the epoch; a plain integer
 column counts milliseconds, as windows read it (:attr:`~lowtide.schema.ColumnType.unit_ms`).
@@ -34,8 +37,10 @@ I64 = npt.NDArray[np.int64]
 Fn = Callable[[Mapping[str, Arr]], Any]
 Typed = tuple[Fn, ColumnType | None]  # a compiled argument: its function and type (None: a literal)
 
-SCALAR_FUNCTIONS = frozenset({"hour", "mod", "date_format", "split_index"})
+SCALAR_FUNCTIONS = frozenset({"hour", "mod", "date_format", "split_index", "count_char"})
 STRING_FUNCTIONS = frozenset({"date_format", "split_index"})  # those that make strings
+TEXT_FUNCTIONS = frozenset({"split_index", "count_char"})  # those that read strings' text
+_COUNT_CHAR = "COUNT_CHAR(s, 'c')"  # how to write it, for its refusals
 MS_PER_DAY = 86_400_000
 
 # ---- date patterns -------------------------------------------------------------------------------
@@ -184,13 +189,14 @@ def scalar_call(call: FuncCall, args: Sequence[Typed], pool: StringPool) -> tupl
     name = call.name
     if call.distinct or call.filter is not None:
         raise UnsupportedQuery(f"{name.upper()}() is not an aggregate: it takes no DISTINCT and no FILTER")
-    wanted = {"hour": 1, "mod": 2, "date_format": 2, "split_index": 3}[name]
+    wanted = {"hour": 1, "mod": 2, "date_format": 2, "split_index": 3, "count_char": 2}[name]
     if len(args) != wanted:
         usage = {
             "hour": "HOUR(ts)",
             "mod": "MOD(a, b)",
             "date_format": "DATE_FORMAT(ts, 'yyyy-MM-dd')",
             "split_index": "SPLIT_INDEX(s, '/', 0)",
+            "count_char": _COUNT_CHAR,
         }[name]
         raise UnsupportedQuery(f"{name.upper()} takes {wanted} argument{'s' * (wanted > 1)}: {usage}")
     if name == "hour":
@@ -199,6 +205,8 @@ def scalar_call(call: FuncCall, args: Sequence[Typed], pool: StringPool) -> tupl
         return _mod(call, args)
     if name == "date_format":
         return _date_format(call, args[0], pool), STRING
+    if name == "count_char":
+        return _count_char(call, args[0], pool), INT64
     return _split_index(call, args[0], pool), STRING
 
 
@@ -309,4 +317,40 @@ def _split_index(call: FuncCall, arg: Typed, pool: StringPool) -> Fn:
     return split_index
 
 
-__all__ = ["SCALAR_FUNCTIONS", "STRING_FUNCTIONS", "DatePattern", "date_pattern", "scalar_call"]
+def _count_char(call: FuncCall, arg: Typed, pool: StringPool) -> Fn:
+    """Nexmark's UDF count_char (nexmark-flink's CountChar), built in: how many times the one
+    character occurs in the string, 0 where it is NULL. (CountChar counts the UTF-8 bytes equal to
+    the character's first byte: the same for an ASCII character, whose byte is in no other
+    character's UTF-8; for another character this counts characters, not bytes.)"""
+    fn, kind = arg
+    if kind is None or not kind.is_string:
+        raise UnsupportedQuery(
+            f"COUNT_CHAR() counts a character in a string column, not {_shown(call.args[0], kind)}: "
+            f"write {_COUNT_CHAR}"
+        )
+    char = call.args[1]
+    if not (isinstance(char, Literal) and isinstance(char.value, str) and len(char.value) == 1):
+        what = _shown(char, None) if isinstance(char, Literal) else "a column or expression"
+        raise UnsupportedQuery(
+            f"COUNT_CHAR() counts one character, written as a string literal, not {what}: write {_COUNT_CHAR}"
+        )
+    character = char.value
+
+    def count_char(cols: Mapping[str, Arr]) -> Any:
+        values = np.asarray(fn(cols), np.int64)
+        distinct, rows = np.unique(values, return_inverse=True)
+        found = pc.count_substring(pool.decode(distinct), character)  # literal, not a pattern
+        counts = np.asarray(pc.fill_null(found, 0), np.int64)
+        return counts[rows].reshape(values.shape)
+
+    return count_char
+
+
+__all__ = [
+    "SCALAR_FUNCTIONS",
+    "STRING_FUNCTIONS",
+    "TEXT_FUNCTIONS",
+    "DatePattern",
+    "date_pattern",
+    "scalar_call",
+]

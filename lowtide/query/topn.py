@@ -5,8 +5,9 @@ A query whose select list holds a rank (``ROW_NUMBER()``, ``RANK()``, ``DENSE_RA
 with its rank (:class:`~lowtide.operators.window_top_n.WindowTopN`). A partition is complete when
 punctuation passes it, so its PARTITION BY must hold a column aligned to the input's progressing
 attribute: a window's ``window_start`` or ``window_end`` (or a copy), over a windowed query's
-result or over ``TABLE(TUMBLE(...))``, whose rows the operator gives their window. A rank over
-an unwindowed stream (Flink's plain Top-N, Nexmark q18 and q19) never completes and is refused.
+result or over ``TABLE(TUMBLE(...))``, whose rows the operator gives their window. A rank
+partitioned by no window (Flink's plain Top-N, Nexmark q18 and q19; over a join, q9) ranks the
+whole stream: its partitions complete at the end of the stream.
 
 This module checks where a rank may stand (:func:`ranked_item`) and pushes the bound of the
 query that reads one (:func:`with_limit`); :func:`lowtide.query.describe.describe` plans it.
@@ -38,8 +39,8 @@ def written(rank: RankCall) -> str:
 
 def ranked_item(query: Query) -> SelectItem | None:
     """The select item of ``query`` that is a rank, if one is; refuses a rank anywhere else
-    (inside an expression, WHERE, GROUP BY, HAVING), two ranks, a rank over a join or beside
-    GROUP BY, and one without ORDER BY."""
+    (inside an expression, WHERE, GROUP BY, HAVING), two ranks, a rank beside GROUP BY, and one
+    without ORDER BY."""
     ranks = [item for item in query.select if isinstance(item.expr, RankCall)]
     inside = [
         (e.partition_by, e.order_by) if isinstance(e, RankCall) else e for e in (i.expr for i in query.select)
@@ -55,11 +56,6 @@ def ranked_item(query: Query) -> SelectItem | None:
     assert isinstance(rank, RankCall)
     if len(ranks) > 1:
         raise UnsupportedQuery(f"a query ranks its rows once; got {len(ranks)} OVER (...) items")
-    if query.is_join:
-        raise UnsupportedQuery(
-            f"{written(rank)} ranks the rows of one input: join in a derived table and rank its rows "
-            "in the query that reads it"
-        )
     if query.group_by or query.having is not None:
         raise UnsupportedQuery(
             f"{written(rank)} ranks rows, not groups: aggregate in a derived table and rank its rows "

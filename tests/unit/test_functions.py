@@ -1,10 +1,11 @@
-"""CASE, the scalar functions Flink users write (HOUR, MOD, DATE_FORMAT, SPLIT_INDEX) and the
-aggregate forms count(DISTINCT x), FILTER (WHERE ...) and aggregates of expressions: how they
-parse, how they plan, what they refuse, and their values on chosen edge cases (the property
-tests compare them with brute force over drawn data)."""
+"""CASE, the scalar functions Flink users write (HOUR, MOD, DATE_FORMAT, SPLIT_INDEX), Nexmark's
+UDF COUNT_CHAR (built in) and the aggregate forms count(DISTINCT x), FILTER (WHERE ...) and
+aggregates of expressions: how they parse, how they plan, what they refuse, and their values on
+chosen edge cases (the property tests compare them with brute force over drawn data)."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pyarrow as pa
@@ -184,6 +185,30 @@ def test_split_index_is_null_where_flink_is() -> None:
     assert [r["w"] for r in out] == ["x.org/a/b/c", "b", None, None, None, None, None]
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_count_char_counts_as_str_count(seed: int) -> None:
+    """COUNT_CHAR over random strings (repeated ones, empty ones, ones without the character, NULL:
+    0, as Nexmark's CountChar), of a column and of an expression, against str.count."""
+    rng = random.Random(seed)
+    words = [None, "", *("".join(rng.choices("cC.%é x", k=rng.randrange(1, 12))) for _ in range(40))]
+    k = rng.choices(words, k=300)
+    url = rng.choices(words, k=300)
+    b = [rng.random() < 0.5 for _ in k]
+    out = run(
+        "SELECT COUNT_CHAR(k, 'c') AS c, count_char(url, '.') AS dot, Count_Char(k, '%') AS pct, "
+        "COUNT_CHAR(url, 'é') AS e, COUNT_CHAR(CASE WHEN b THEN k ELSE url END, 'c') AS either FROM S",
+        {"k": k, "url": url, "b": b, "ts": [0] * len(k)},
+    )
+
+    def count(s: str | None, char: str) -> int:
+        return 0 if s is None else s.count(char)
+
+    assert [(r["c"], r["dot"], r["pct"], r["e"], r["either"]) for r in out] == [
+        (count(ki, "c"), count(ui, "."), count(ki, "%"), count(ui, "é"), count(ki if bi else ui, "c"))
+        for ki, ui, bi in zip(k, url, b, strict=True)
+    ]
+
+
 def test_case_picks_the_first_when_that_holds() -> None:
     out = run(
         "SELECT CASE WHEN v > 5 THEN 'big' WHEN v > 0 THEN k END AS s, "
@@ -216,6 +241,12 @@ def test_a_float_literal_makes_the_product_a_float() -> None:
         ("SELECT SPLIT_INDEX(url, '/', -1) FROM S", "a whole number from 0"),
         ("SELECT SPLIT_INDEX(url, '', 1) FROM S", "non-empty string"),
         ("SELECT SPLIT_INDEX(v, '/', 1) FROM S", "splits a string column"),
+        ("SELECT COUNT_CHAR(v, 'c') FROM S", "in a string column, not int64: write COUNT_CHAR(s, 'c')"),
+        ("SELECT COUNT_CHAR('abc', 'c') FROM S", "not the literal 'abc': write COUNT_CHAR(s, 'c')"),
+        ("SELECT COUNT_CHAR(k, 'cc') FROM S", "not the literal 'cc': write COUNT_CHAR(s, 'c')"),
+        ("SELECT COUNT_CHAR(k, '') FROM S", "not the literal '': write COUNT_CHAR(s, 'c')"),
+        ("SELECT COUNT_CHAR(k, url) FROM S", "not a column or expression: write COUNT_CHAR(s, 'c')"),
+        ("SELECT COUNT_CHAR(k) FROM S", "COUNT_CHAR takes 2 arguments: COUNT_CHAR(s, 'c')"),
         ("SELECT HOUR(ts) FILTER (WHERE b) FROM S", "HOUR() is not an aggregate"),
         ("SELECT nope(v) FROM S", "nope()"),
     ],
@@ -387,6 +418,7 @@ def test_a_filter_feeds_every_aggregate_operator(window: str, items: str, operat
     [
         ("SELECT DATE_FORMAT(ts, 'HH:mm') AS m, v FROM S", ["ts", "v"]),
         ("SELECT SPLIT_INDEX(url, '/', 1) AS p FROM S", ["url"]),
+        ("SELECT COUNT_CHAR(url, 'c') AS n, v FROM S", ["url", "v"]),
         (
             "SELECT k, DATE_FORMAT(window_start, 'yyyy-MM-dd') AS d, max(DATE_FORMAT(ts, 'HH:mm')) AS m "
             "FROM S GROUP BY k, DATE_FORMAT(ts, 'yyyy-MM-dd')",
@@ -398,9 +430,10 @@ def test_a_filter_feeds_every_aggregate_operator(window: str, items: str, operat
 def test_a_server_runs_the_last_project_that_makes_strings_at_its_front(
     sql: str, shipped: list[str] | None
 ) -> None:
-    """A worker's pool mirrors the front's and gives no code out: a last Project that makes
-    strings runs at the front, its workers' graph ends with the columns it reads (and builds on a
-    mirror); other queries, CASE's literals too, run whole in the workers."""
+    """A worker's pool mirrors the front's and gives no code out (and holds no stream's text): a
+    last Project that makes strings, or reads them, runs at the front, its workers' graph ends
+    with the columns it reads (and builds on a mirror); other queries, CASE's literals too, run
+    whole in the workers."""
     schema = Schema.of(SCHEMA, "ts")
     description = describe(parse_query(sql), lambda name: schema, PlanOptions())
     workers, front = at_front(description)
@@ -432,11 +465,13 @@ def test_a_server_runs_the_last_project_that_makes_strings_at_its_front(
         ),
         ("SELECT max(ts) AS m [RANGE 10, WA ts] FROM S HAVING DATE_FORMAT(max(ts), 'HH') = '12'", "HAVING"),
         ("SELECT DISTINCT SPLIT_INDEX(url, '/', 1) AS p, ts FROM S", "SELECT DISTINCT"),
+        ("SELECT v FROM S WHERE COUNT_CHAR(url, 'c') > 1", "in WHERE would read strings"),
+        ("SELECT sum(COUNT_CHAR(url, 'c')) AS n [RANGE 10, WA ts] FROM S", "argument"),
     ],
 )
 def test_a_server_refuses_strings_made_in_its_workers(sql: str, place: str) -> None:
-    """Elsewhere than in the last Project a string would be made in a worker: refused in one
-    line, naming the derived table that makes it at the front."""
+    """Elsewhere than in the last Project a string would be made (or read) in a worker: refused in
+    one line, naming the derived table that makes it at the front."""
     schema = Schema.of(SCHEMA, "ts")
     description = describe(parse_query(sql), lambda name: schema, PlanOptions())
     with pytest.raises(UnsupportedQuery, match="derived table") as refused:

@@ -45,7 +45,7 @@ def test_a_nexmark_query_gives_its_definitions_rows(number: int) -> None:
     events = nx.generate(seed=number)
     got = _run(events, number, [number])[number]
     expected = getattr(nx, f"q{number}")(events)
-    assert sum(expected.values()) > 3  # the events make the query answer something
+    assert sum(expected.values()) >= 3  # the events make the query answer something (q4: a row per category)
     assert nx.multiset(got, nx.COLUMNS[number]) == expected
 
 

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from harness import Recorder, polled
-from nexmark import query as nexmark_query
 
 from lowtide import Engine
 from lowtide.batch import Batch
@@ -168,32 +167,9 @@ def test_the_bracket_tumbling_window_is_the_same_plan() -> None:
 # ---- refusals --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("number", [18, 19])
-def test_nexmark_top_n_over_an_unwindowed_stream_is_refused(number: int) -> None:
-    e = Engine()
-    e.create_stream(
-        "bid",
-        {"auction": "int64", "bidder": "int64", "price": "int64", "channel": "string", "url": "string"}
-        | {"dateTime": "timestamp[ms]", "extra": "string"},
-        progressing="dateTime",
-    )
-    with pytest.raises(UnsupportedQuery) as info:
-        e.register_query(nexmark_query(number))
-    assert "ranks a stream that never ends" in info.value.reason
-    assert "PARTITION BY window_start, window_end" in info.value.reason
-
-
 @pytest.mark.parametrize(
     ("sql", "reason"),
     [
-        (
-            "SELECT *, ROW_NUMBER() OVER (PARTITION BY supplier ORDER BY price) AS r FROM bid",
-            "ROW_NUMBER() OVER (...) PARTITION BY supplier ranks a stream that never ends",
-        ),
-        (
-            f"SELECT *, ROW_NUMBER() OVER (PARTITION BY supplier ORDER BY price) AS r FROM {TUMBLE}",
-            "partition by a window",
-        ),
         (
             "SELECT *, ROW_NUMBER() OVER (PARTITION BY window_end ORDER BY price) AS r FROM "
             "TABLE(HOP(TABLE bid, DESCRIPTOR(bidtime), INTERVAL '1' MINUTE, INTERVAL '10' MINUTES))",
@@ -249,11 +225,6 @@ def test_nexmark_top_n_over_an_unwindowed_stream_is_refused(number: int) -> None
             "SELECT *, RANK() OVER (PARTITION BY window_end ORDER BY price) AS r "
             "[RANGE 10 minutes, SLIDE 1 minute, WA bidtime] FROM bid",
             "ranks the rows of a tumbling window",
-        ),
-        (
-            "SELECT *, RANK() OVER (PARTITION BY B.bidtime ORDER BY A.price) AS r FROM bid A, bid B "
-            "WHERE A.bidtime = B.bidtime",
-            "ranks the rows of one input",
         ),
     ],
 )
