@@ -23,7 +23,7 @@ from lowtide.operators.paned_wid import pane_of
 from lowtide.operators.session import RETRACTED
 from lowtide.operators.window_top_n import BOUNDS
 from lowtide.operators.windows import Landmark, Rows, Session, Sliding, Whole, Window
-from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
+from lowtide.punctuation.model import END_OF_STREAM, MAX_EXTENT, NO_PROGRESS
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
     BinaryOp,
@@ -42,6 +42,7 @@ from lowtide.query.ast import (
     Star,
     WindowBound,
     WindowSpec,
+    walk,
 )
 from lowtide.query.computed import (
     AGGREGATES,
@@ -170,14 +171,7 @@ def _conjuncts(expr: Expr | None) -> list[Expr]:
 
 
 def _columns_of(expr: Expr) -> list[Column]:
-    if isinstance(expr, Column):
-        return [expr]
-    if isinstance(expr, BinaryOp):
-        return _columns_of(expr.left) + _columns_of(expr.right)
-    if isinstance(expr, FuncCall):
-        return [c for arg in expr.args for c in _columns_of(arg)]
-    operand = getattr(expr, "operand", None)
-    return _columns_of(operand) if operand is not None else []
+    return [node for node in walk(expr) if isinstance(node, Column)]  # inside CASE and FILTER too
 
 
 def _side_of(column: Column, left: Scope, right: Scope) -> int:
@@ -290,11 +284,11 @@ def _interval_bound(conjuncts: list[Expr], sides: list[_Stage], prefixes: list[s
         # Band: left.ts - r1 <= right.ts <= left.ts + r0; widened to hold 0 (a band that holds the
         # pairs is all the purge needs). Bounds that leave no pair still give one: the predicates
         # then filter every pair out, and the answer is empty, as Flink's is.
-        return Band(max(high, 0), max(-low, 0))
+        return Band(_within_extent(max(high, 0)), _within_extent(max(-low, 0)))
     for x, column, c in ends:  # the other side's ts from x.ts + since on: right - left >= low, or <= high
         since = low if x == 0 else (NO_PROGRESS if high == END_OF_STREAM else -high)
         if since > NO_PROGRESS:
-            return Until(x, column, since, c)
+            return Until(x, column, -_within_extent(-since), _within_extent(c))
     # A column bound of the left side stands for the upper bound, one of the right for the lower.
     has_low = low > NO_PROGRESS or any(x == 1 for x, _, _ in ends)
     has_high = high < END_OF_STREAM or any(x == 0 for x, _, _ in ends)
@@ -305,6 +299,17 @@ def _interval_bound(conjuncts: list[Expr], sides: list[_Stage], prefixes: list[s
         f"to ON or WHERE, e.g. {right} BETWEEN {left} - INTERVAL '10' SECOND AND {left} (an interval "
         "join), or join two windowed queries on their window_end (a window join)"
     )
+
+
+def _within_extent(bound: int) -> int:
+    """A join's bound in time, refused past ``MAX_EXTENT`` units either way, as a window's RANGE
+    is (the time arithmetic on it must not overflow)."""
+    if abs(bound) > MAX_EXTENT:
+        raise UnsupportedQuery(
+            f"a join's bound in time reaches {abs(bound)} units from the other side's time, over the "
+            f"limit of 2^{MAX_EXTENT.bit_length() - 1} units: bound it closer"
+        )
+    return bound
 
 
 _MIRRORED = {"=": "=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowtide.errors import UnsupportedQuery
-from lowtide.query.ast import Expr, FuncCall, Literal
+from lowtide.query.ast import Expr, FuncCall, Literal, UnaryOp
 from lowtide.schema import FLOAT64, INT64, STRING, ColumnType
 from lowtide.strings import NULL_CODE, StringPool
 
@@ -235,13 +235,13 @@ def _mod(call: FuncCall, args: Sequence[Typed]) -> tuple[Fn, ColumnType]:
     divisor gives 0 for integers (there is no integer NULL) and NaN for floats."""
     kinds: list[ColumnType] = []
     for (_, kind), expr in zip(args, call.args, strict=True):
-        if kind is None and isinstance(expr, Literal) and type(expr.value) in (int, float):
-            kind = INT64 if type(expr.value) is int else FLOAT64
+        number = _number(expr)
+        if kind is None and number is not None:
+            kind = INT64 if type(number) is int else FLOAT64
         if kind is None or not kind.is_numeric:
             raise UnsupportedQuery(f"MOD() takes numbers, not {_shown(expr, kind)}")
         kinds.append(kind)
-    divisor = call.args[1]
-    if isinstance(divisor, Literal) and divisor.value == 0:
+    if _number(call.args[1]) == 0:
         raise UnsupportedQuery("MOD(a, 0) has no value: the divisor must not be 0")
     (left, _), (right, _) = args
     kind = FLOAT64 if any(k.name == "float64" for k in kinds) else INT64
@@ -251,6 +251,16 @@ def _mod(call: FuncCall, args: Sequence[Typed]) -> tuple[Fn, ColumnType]:
             return np.fmod(left(cols), right(cols), dtype=kind.dtype)
 
     return mod, kind
+
+
+def _number(expr: Expr) -> int | float | None:
+    """The value of a number literal, negated or not (``-3`` parses as a minus on 3)."""
+    if isinstance(expr, UnaryOp) and expr.op == "-":
+        inner = _number(expr.operand)
+        return None if inner is None else -inner
+    if isinstance(expr, Literal) and type(expr.value) in (int, float):
+        return expr.value  # type: ignore[no-any-return]
+    return None
 
 
 def _shown(expr: Expr, kind: ColumnType | None) -> str:

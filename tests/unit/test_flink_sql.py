@@ -296,3 +296,33 @@ def test_a_group_by_without_a_window_answers_when_the_stream_ends() -> None:
     got = rows(e, "q")
     assert sorted((r["k"], r["n"]) for r in got) == [(1, 2), (2, 2)]
     assert {(r["window_start"], r["window_end"]) for r in got} == {(-(2**62), 2**62)}
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [
+        "B.ts BETWEEN A.ts - INTERVAL '9999999999' DAY AND A.ts",
+        "B.ts BETWEEN A.ts AND A.ts + 300000000000000000",
+        "B.ts BETWEEN A.ts AND A.v + 300000000000000000",  # an interval bounded by a column
+    ],
+)
+def test_a_join_bound_past_the_largest_extent_is_refused(bound: str) -> None:
+    with pytest.raises(UnsupportedQuery) as refused:
+        engine().register_query(f"SELECT A.k FROM S0 A JOIN S1 B ON A.k = B.k WHERE {bound}")
+    assert "over the limit of 2^58 units" in refused.value.reason
+
+
+def test_a_condition_reading_both_sides_inside_case_stays_after_the_join() -> None:
+    """Its columns are found inside CASE too: pushed down to A's side, B.v was unknown there."""
+    e = engine()
+    sql = (
+        "SELECT A.k, B.v FROM S0 A JOIN S1 B ON A.k = B.k WHERE B.ts BETWEEN A.ts AND A.ts + 5 "
+        "AND A.v > CASE WHEN B.v > 0 THEN 1 ELSE 0 END"
+    )
+    e.register_query(sql, name="j")
+    e.push("S0", {"k": [1, 1], "v": [1, 2], "ts": [10, 20]})
+    e.push("S1", {"k": [1, 1], "v": [5, -5], "ts": [12, 22]})
+    e.close_source("S0")
+    e.close_source("S1")
+    # A(v=1)/B(v=5): 1 > 1 no; A(v=1,ts=10) meets B(ts=12) only; A(v=2,ts=20) meets B(v=-5): 2 > 0
+    assert sorted((r["k"], r["v"]) for r in rows(e, "j")) == [(1, -5)]

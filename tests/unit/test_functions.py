@@ -173,6 +173,12 @@ def test_mod_takes_the_dividend_sign_as_flink_does() -> None:
     assert [r["g"] for r in out] == [-1.5, 1.5, None]
 
 
+def test_mod_by_a_negative_literal_is_javas_remainder() -> None:
+    """``-3`` parses as a minus on 3: a number literal all the same (Java: 7 % -3 == 1)."""
+    out = run("SELECT MOD(v, -3) AS m FROM S", {"v": [-7, 7, 0], "ts": [0] * 3})
+    assert [r["m"] for r in out] == [-1, 1, 0]
+
+
 def test_split_index_is_null_where_flink_is() -> None:
     urls = ["https://x.org/a/b/c", "a//b", "/a", "a/", "", None, "no-slash"]
     out = run(
@@ -234,6 +240,7 @@ def test_a_float_literal_makes_the_product_a_float() -> None:
         ("SELECT CASE WHEN b THEN v ELSE 'x' END FROM S", "mixes int64 and string values"),
         ("SELECT CASE WHEN v THEN 1 ELSE 0 END FROM S", "WHEN takes a condition"),
         ("SELECT MOD(v, 0) FROM S", "divisor must not be 0"),
+        ("SELECT MOD(v, -0) FROM S", "divisor must not be 0"),
         ("SELECT MOD(k, 2) FROM S", "MOD() takes numbers, not string"),
         ("SELECT HOUR(k) FROM S", "HOUR() takes a timestamp or integer column"),
         ("SELECT DATE_FORMAT(ts, k) FROM S", "pattern of DATE_FORMAT"),
