@@ -258,9 +258,8 @@ def _number(expr: Expr) -> int | float | None:
     if isinstance(expr, UnaryOp) and expr.op == "-":
         inner = _number(expr.operand)
         return None if inner is None else -inner
-    if isinstance(expr, Literal) and type(expr.value) in (int, float):
-        return expr.value  # type: ignore[no-any-return]
-    return None
+    value = expr.value if isinstance(expr, Literal) else None
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _shown(expr: Expr, kind: ColumnType | None) -> str:
