@@ -228,6 +228,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="number the batches N, N+1, ... (default: ids from the file's content)",
     )
 
+    nexmark = commands.add_parser(
+        "nexmark",
+        help="create Nexmark's streams (person, auction, bid) and send them its generator's events",
+        description=(
+            "Create the streams person, auction and bid (nexmark's columns, progressing on dateTime) "
+            "unless they exist, and send them events as nexmark's generator models them (of every 50: "
+            "1 person, 3 auctions, 46 bids; hot auctions, bidders and sellers), out of order by up to "
+            "--disorder-ms, each batch followed by the punctuation honest after it; at the end the "
+            "sources close, so every window completes. Event time starts now and advances at --rate "
+            "events per second; the events are sent as their time comes, unless --no-pace. Register "
+            "Nexmark's queries (Flink SQL as the nexmark project writes them) before, or after with "
+            "tail --from-oldest."
+        ),
+    )
+    nexmark.add_argument(
+        "--events", type=_positive, default=1_000_000, help="events to send (default 1000000)"
+    )
+    nexmark.add_argument(
+        "--rate", type=_positive, default=10_000, help="events per second of event time (default 10000)"
+    )
+    nexmark.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    nexmark.add_argument(
+        "--disorder-ms", type=int, default=2_000, help="how late an event may arrive, in ms (default 2000)"
+    )
+    nexmark.add_argument(
+        "--batch-rows", type=_positive, default=10_000, help="arrivals per round of batches (default 10000)"
+    )
+    nexmark.add_argument(
+        "--base-ms", type=int, help="the first event's time, ms since the epoch (default: now)"
+    )
+    nexmark.add_argument("--no-pace", action="store_true", help="send as fast as the server takes them")
+    nexmark.add_argument("--keep-open", action="store_true", help="do not close the sources at the end")
+
     tail = commands.add_parser("tail", help="print a query's results as they come")
     tail.add_argument("query", help="a query name, or <query>.late for its late tuples")
     tail.add_argument("--format", choices=("table", "jsonl", "csv"), default="table")

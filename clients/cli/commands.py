@@ -2,7 +2,7 @@
 
 Commands raise :class:`~lowtide.errors.LowtideError` for every failure; ``cli.main`` prints it as
 one line. Listings go to stdout (a table, or JSON with ``--format json``); so do query names,
-plans and results. Progress and summaries of ``send`` go to stderr.
+plans and results. Progress and summaries of ``send`` and ``nexmark`` go to stderr.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lowtide.errors import SchemaMismatch
+from lowtide.errors import InvalidArgument, SchemaMismatch
 from lowtide.names import unknown
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -287,6 +288,53 @@ def _time_unit(client: Any, query: str) -> str:
     return next((q["time_unit"] for q in client.list_queries() if q["name"] == query), "")
 
 
+def _nexmark(client: Any, args: argparse.Namespace) -> None:
+    """``lowtide nexmark``: see its --help."""
+    from lowtide.clients import nexmark
+    from lowtide.clients.cli.io import LazyProgress
+
+    if args.disorder_ms < 0:
+        raise InvalidArgument(f"--disorder-ms must be 0 or more, got {args.disorder_ms}")
+    existing = {s["name"]: s for s in client.list_streams()}
+    for name in nexmark.STREAMS:
+        columns = {field.name: str(field.type) for field in nexmark.SCHEMAS[name]}
+        if name not in existing:
+            client.create_stream(name, columns, progressing="dateTime")
+        elif dict(existing[name]["schema"]) != columns:
+            raise InvalidArgument(
+                f"stream {name!r} exists with other columns than nexmark's {columns}: drop it, or send "
+                "to another server"
+            )
+    began = time.time()
+    base_ms = int(began * 1000) if args.base_ms is None else args.base_ms
+    events = nexmark.generate(
+        args.events, seed=args.seed, rate=args.rate, disorder_ms=args.disorder_ms, base_ms=base_ms
+    )
+    lag = began - base_ms / 1000  # pace by event time as if the first event were now
+    producers = {name: client.producer(name) for name in nexmark.STREAMS}
+    sent = 0
+    with LazyProgress("sending nexmark's events", args.events, "events") as progress:
+        for stream, table, punctuation in nexmark.batches(events, args.batch_rows):
+            if not args.no_pace:  # a batch goes once its events' time has come
+                time.sleep(max(0.0, (punctuation + args.disorder_ms) / 1000 + lag - time.time()))
+            producers[stream].send(table)
+            for producer in producers.values():
+                producer.punctuate(punctuation)
+            sent += table.num_rows
+            progress.update(sent)
+    for producer in producers.values():
+        if args.keep_open:
+            producer.flush()
+        else:
+            producer.close()
+    counts = ", ".join(f"{events.tables[name].num_rows} {name}s" for name in nexmark.STREAMS)
+    elapsed = time.time() - began
+    print(
+        f"sent {sent} events ({counts}) in {elapsed:.1f} s, {sent / max(elapsed, 1e-9):,.0f} events/s",
+        file=sys.stderr,
+    )
+
+
 _HANDLERS = {
     ("stream", "create"): _stream_create,
     ("stream", "drop"): _stream_drop,
@@ -298,4 +346,5 @@ _HANDLERS = {
     ("workers", None): _workers,
     ("send", None): _send,
     ("tail", None): _tail,
+    ("nexmark", None): _nexmark,
 }

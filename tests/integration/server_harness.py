@@ -236,6 +236,21 @@ def kill9(server: Server) -> None:
     server.exit_code = 0  # killed on purpose: the harness's clean-stop check does not apply
 
 
+def rows_until_end(client: Any, query: str) -> list[dict[str, Any]]:
+    """Every row a subscription to ``query`` gives, from its oldest, until its end of stream."""
+    from lowtide import END_OF_STREAM, Punctuation
+
+    rows: list[dict[str, Any]] = []
+    with client.subscribe(query) as subscription:
+        for item in subscription:
+            if isinstance(item, Punctuation):
+                if item.value >= END_OF_STREAM:
+                    break
+            else:
+                rows += item.to_pylist()
+    return rows
+
+
 def _warm_up(target: str) -> None:
     """Wait until every worker answers: a query on all of them, fed and closed, then dropped.
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import nexmark as nx
 import pytest
-from server_harness import kill9, running_server, start_server
+from server_harness import kill9, rows_until_end, running_server, start_server
 
-from lowtide import END_OF_STREAM, InvalidArgument, Punctuation
+from lowtide import InvalidArgument
 from lowtide.clients.client import Client
 
 pytestmark = pytest.mark.integration
@@ -41,14 +40,7 @@ def _send(client: Client, deliveries: Sequence[tuple[str, list[nx.Row], int]], c
 
 def _check(client: Client, events: nx.Events) -> None:
     for n, columns in nx.COLUMNS.items():
-        rows: list[dict[str, Any]] = []
-        with client.subscribe(f"q{n}") as subscription:
-            for item in subscription:
-                if isinstance(item, Punctuation):
-                    if item.value >= END_OF_STREAM:
-                        break
-                else:
-                    rows += item.to_pylist()
+        rows = rows_until_end(client, f"q{n}")
         assert nx.multiset(rows, columns) == getattr(nx, f"q{n}")(events), n
 
 

@@ -18,9 +18,9 @@ from typing import Any
 import nexmark as nx
 import pyarrow as pa
 import pytest
-from server_harness import kill9, running_server, start_server
+from server_harness import kill9, rows_until_end, running_server, start_server
 
-from lowtide import END_OF_STREAM, Engine, Punctuation, UnsupportedQuery
+from lowtide import Engine, UnsupportedQuery
 from lowtide.clients.client import Client
 
 pytestmark = pytest.mark.integration
@@ -81,15 +81,7 @@ def _send(client: Client, deliveries: Deliveries, close: bool) -> None:
 def _server_rows(client: Client) -> dict[str, Counter[tuple[Any, ...]]]:
     got = {}
     for name in QUERIES:
-        rows: list[dict[str, Any]] = []
-        with client.subscribe(name) as subscription:
-            for item in subscription:
-                if isinstance(item, Punctuation):
-                    if item.value >= END_OF_STREAM:
-                        break
-                else:
-                    rows += item.to_pylist()
-        got[name] = _multiset(rows)
+        got[name] = _multiset(rows_until_end(client, name))
     return got
 
 
