@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
 SOURCES := lowtide operators punctuation clients server tests bench deploy setup.py
 
-.PHONY: setup test lint unit test-explore faults demo bench clean
+.PHONY: setup pyflink test lint unit nexmark test-explore faults demo bench clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,18 @@ $(STAMP): pyproject.toml setup.py proto/lowtide.proto
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench,ray]'
 	touch $(STAMP)
+
+# PyFlink, the oracle of tests/nexmark and a peer in bench/: its own interpreter, since apache-flink
+# pins pyarrow, protobuf and apache-beam below what lowtide needs. Never a dependency of lowtide.
+FLINK_VENV := .venv-pyflink
+FLINK_STAMP := $(FLINK_VENV)/.installed
+pyflink: $(FLINK_STAMP)
+
+$(FLINK_STAMP):
+	test -x $(FLINK_VENV)/bin/python || $(PY) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLINK_VENV)/bin/python -m pip install --quiet 'apache-flink>=2.1'
+	touch $(FLINK_STAMP)
 
 # mypy cannot follow setuptools' package-dir mapping through the editable finder,
 # so it checks a tree of links laid out as the installed `lowtide` namespace.
@@ -29,8 +41,12 @@ lint: setup $(TYPECHECK)
 	$(BIN)/ruff format --check $(SOURCES)
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy -p lowtide
 
-unit: setup
+unit: setup pyflink
 	$(BIN)/pytest -q -rs -n 2 --dist loadgroup tests
+
+# Every Nexmark query lowtide and Flink both run, on more events (make test runs a few).
+nexmark: setup pyflink
+	NEXMARK_ALL=1 $(BIN)/pytest -q -rs -n 2 --dist loadgroup tests/nexmark
 
 test: lint unit
 
@@ -66,6 +82,6 @@ bench: setup
 	$(BIN)/python bench/peers.py
 
 clean:
-	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build $(VENV) $(FLINK_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 FORCE:

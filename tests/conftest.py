@@ -2,9 +2,9 @@
 
 Invariants: a plain run draws the same hypothesis examples every time (profile ``derandomized``;
 ``make test-explore`` loads ``explore``, which draws new ones from ``--hypothesis-seed``), and
-every test under ``tests/integration``, ``tests/fuzz`` and ``tests/property`` carries the marker
-of its folder's tier (collection fails otherwise). Test helpers (reference.py, strategies.py,
-harness.py) import by name from this folder.
+every test under ``tests/integration``, ``tests/fuzz``, ``tests/property`` and ``tests/nexmark``
+carries the marker of its folder's tier (collection fails otherwise). Test helpers (reference.py,
+strategies.py, harness.py; server_harness.py in tests/integration) import by name.
 """
 
 import os
@@ -17,6 +17,7 @@ from hypothesis import settings
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
+sys.path.insert(1, str(TESTS / "integration"))  # server_harness, for tests/nexmark's servers too
 
 # Every socket on loopback: Ray reads this when it is imported (a test imports it before any Ray
 # test runs) and then puts a cluster started here, and every driver, on 127.0.0.1 rather than on
@@ -25,7 +26,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 # The folders whose tests carry the marker of that name (pyproject.toml declares them); unit
 # tests need none.
-TIERS = ("integration", "fuzz", "property")
+TIERS = ("integration", "fuzz", "property", "nexmark")
 
 # A property's failure is shown with the blob that replays it (@reproduce_failure); the
 # examples do not depend on the machine's speed (no deadline).
