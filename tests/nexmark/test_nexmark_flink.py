@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +154,62 @@ def test_lowtide_gives_flinks_rows(
     flink = _flink(data[0], number, tmp_path / f"q{number}.jsonl", columns)
     assert sum(flink.values()) > 0, "the events make the query answer something"
     assert ours == flink
+
+
+# ---- Flink listens on loopback only ---------------------------------------------------------------
+def _tree(pid: int) -> set[int]:
+    """``pid`` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo += children.get(p, [])
+    return found
+
+
+def _listening(pids: set[int]) -> set[str]:
+    """The addresses the TCP sockets of ``pids`` listen on (/proc/net/tcp, tcp6: state 0A)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue  # gone, or not ours to read
+    addresses = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                raw = bytes.fromhex(fields[1].split(":")[0])
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # host order
+                addresses.add(socket.inet_ntop(family, words))
+    return addresses
+
+
+def test_flink_listens_on_loopback_only(data: tuple[Path, generator.Events], tmp_path: Path) -> None:
+    """Every socket the oracle's processes (Python, the JVM it starts) listen on, polled while a
+    query runs, is on 127.0.0.1 (or ::1, or 127.0.0.1 mapped into IPv6)."""
+    command = [str(FLINK_PYTHON), str(ORACLE), "--data", str(data[0]), "--query", str(nx.QUERIES / "q8.sql")]
+    process = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "q8.jsonl"), "--watermark-ms", str(EVENTS["disorder_ms"])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    seen: set[str] = set()
+    while process.poll() is None:
+        seen |= _listening(_tree(process.pid))
+        time.sleep(0.2)
+    assert process.returncode == 0
+    assert seen, "no listener seen: the poll must find the JVM's"
+    assert seen <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, seen
