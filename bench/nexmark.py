@@ -9,9 +9,9 @@ event time, out of order by up to ``--disorder-ms``, written once to Parquet. Pe
   by the punctuation honest after it) until the subscriber has received the end of the query's
   results. events/s = events / that time.
 * Flink: bench/nexmark/flink_oracle.py in .venv-pyflink (``make pyflink``) at parallelism 2 over
-  the Parquet files, the watermark at the disorder bound; its time is the job's, from submitting
-  the query to its last row (planning and the local MiniCluster's start included, reading the
-  files included; the oracle collects every row into Python, which the figure includes too).
+  the same events (rewritten as JSON lines first, off the clock), the watermark at the disorder
+  bound; its time is from submitting the query to the job's end: planning and the local
+  MiniCluster's start included, its changelog written by a sink in the JVM.
 * Both rows, as multisets (tests/nexmark/test_nexmark_flink.py compares them the same way): a
   figure is printed only beside "exact" or the first difference.
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLINK_PYTHON = ROOT / ".venv-pyflink" / "bin" / "python"
 ORACLE = ROOT / "bench" / "nexmark" / "flink_oracle.py"
 EVERY = os.environ.get("NEXMARK_ALL") == "1"
-QUICK = (5, 7, 8)  # windowed: a HOP join, an interval join with a TUMBLE max, a window join
+QUICK = (5, 8)  # windowed: a HOP join, a window join (each a JVM beside the other tests: few)
 BOTH = (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22)  # what lowtide runs
 QUERIES = BOTH if EVERY else QUICK
 EVENTS = {
@@ -197,6 +197,7 @@ def _listening(pids: set[int]) -> set[str]:
     return addresses
 
 
+@pytest.mark.skipif(not EVERY, reason="runs in make nexmark (NEXMARK_ALL=1): one more JVM")
 def test_flink_listens_on_loopback_only(data: tuple[Path, generator.Events], tmp_path: Path) -> None:
     """Every socket the oracle's processes (Python, the JVM it starts) listen on, polled while a
     query runs, is on 127.0.0.1 (or ::1, or 127.0.0.1 mapped into IPv6)."""
@@ -212,4 +213,4 @@ def test_flink_listens_on_loopback_only(data: tuple[Path, generator.Events], tmp
         time.sleep(0.2)
     assert process.returncode == 0
     assert seen, "no listener seen: the poll must find the JVM's"
-    assert seen <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, seen
+    assert seen <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, f"listening off loopback: {seen}"
