@@ -180,7 +180,7 @@ def _unpacked(saved: Mapping[str, State]) -> list[str]:
         raise CorruptState("strings: offsets do not cut the bytes")
     try:
         return [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(offsets)]
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError as exc:  # refused as damaged state, never skipped: no string is lost
         raise CorruptState(f"strings: not UTF-8: {exc}") from None
 
 

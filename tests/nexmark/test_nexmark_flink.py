@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,9 +207,13 @@ def test_flink_listens_on_loopback_only(data: tuple[Path, generator.Events], tmp
         stderr=subprocess.DEVNULL,
     )
     seen: set[str] = set()
-    while process.poll() is None:
+    while True:  # a look at the listeners, then up to 0.2 s for the oracle to end
         seen |= _listening(_tree(process.pid))
-        time.sleep(0.2)
+        try:
+            process.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            continue
     assert process.returncode == 0
     assert seen, "no listener seen: the poll must find the JVM's"
     assert seen <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, f"listening off loopback: {seen}"

@@ -272,6 +272,20 @@ def replay(window: Band | Tumbling, arrivals: list[Arrival]) -> tuple[list[tuple
     return sorted(pairs), late
 
 
+def wired(
+    window: Band | Tumbling | Until, columns: tuple[str, ...], keys: tuple[str, ...]
+) -> tuple[OAJoin, Checker, tuple[list[int], list[int]]]:
+    """An OA-Join of two inputs carrying ``columns`` and ``keys``, its output into a Checker, and
+    the ids of the tuples each input's late sink received."""
+    late: tuple[list[int], list[int]] = ([], [])
+    sinks = (lambda b: late[0].extend(b["id"].tolist()), lambda b: late[1].extend(b["id"].tolist()))
+    sides = [JoinSide(COLUMNS[p], (*columns, *keys), "t", keys) for p in (0, 1)]
+    join = OAJoin(sides[0], sides[1], window, sinks)
+    checker = Checker()
+    join.connect(checker)
+    return join, checker, late
+
+
 def check_nothing_lost(
     window: Band | Tumbling, arrivals: list[Arrival], pairs: list[tuple[int, int]], late: list[int]
 ) -> None:
@@ -293,13 +307,7 @@ def check_nothing_lost(
 def test_oa_join_behind_punctuation_equals_replay_of_the_rule(
     left: list[Tup], right: list[Tup], window: Band | Tumbling, n_keys: int, data: st.DataObject
 ) -> None:
-    keys = ("a", "b")[:n_keys]
-    late: tuple[list[int], list[int]] = ([], [])
-    sinks = (lambda b: late[0].extend(b["id"].tolist()), lambda b: late[1].extend(b["id"].tolist()))
-    sides = [JoinSide(COLUMNS[p], ("id", "t", *keys), "t", keys) for p in (0, 1)]
-    join = OAJoin(sides[0], sides[1], window, sinks)
-    checker = Checker()
-    join.connect(checker)
+    join, checker, late = wired(window, ("id", "t"), ("a", "b")[:n_keys])
     inputs = (left, right)
     pos = [0, 0]
     bound = [NO_PROGRESS, NO_PROGRESS]
@@ -559,13 +567,7 @@ def test_until_join_equals_nested_loop_and_replay_of_its_rule(
     """Random batches, interleaving and punctuation: honest (every pair of the nested loop), or
     ahead of the tuples by random amounts, inputs even ending before their last tuples (the pairs
     and late tuples of the rule); the punctuation published is the rule's, exactly."""
-    keys = ("a", "b")[:n_keys]
-    late: tuple[list[int], list[int]] = ([], [])
-    sinks = (lambda b: late[0].extend(b["id"].tolist()), lambda b: late[1].extend(b["id"].tolist()))
-    sides = [JoinSide(COLUMNS[p], ("id", "t", "e", *keys), "t", keys) for p in (0, 1)]
-    join = OAJoin(sides[0], sides[1], window, sinks)
-    checker = Checker()
-    join.connect(checker)
+    join, checker, late = wired(window, ("id", "t", "e"), ("a", "b")[:n_keys])
     inputs = (left, right)
     pos = [0, 0]
     bound = [NO_PROGRESS, NO_PROGRESS]
