@@ -509,6 +509,9 @@ class Door(Generic[R]):
                 running.sink,
                 self._late_sink(running),
                 partial(self._fail, running),
+                None
+                if running.reads is None
+                else running.reads | {self._streams[s].attribute for s in running.streams},
             )
         )
         if description.early is not None:

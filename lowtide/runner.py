@@ -42,6 +42,9 @@ class PlannedQuery:
     sink: Sink  # result rows and output punctuation
     on_late: Callable[[pa.Table, int], None]  # late tuples into the late side stream
     fail: Callable[[ResourceExhausted], None]  # a limit failed it while it ran, in this process
+    # The columns its on-time tuples need, by name in any input (None: all): the columns it names
+    # and each input stream's progressing one. A runner may leave the others out of what it moves.
+    reads: frozenset[str] | None = None
 
 
 class Runner(Protocol):

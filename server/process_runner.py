@@ -85,9 +85,16 @@ class Dispatch(Input):
         self.remote = remote
         self.index = index
         self.derived = stream in remote.query.results_read  # fed by another query's output
+        # What its on-time tuples carry to the workers: the columns the query reads. Late ones go
+        # whole (the late side stream shows every column); so do a result stream's and what feeds
+        # shared slices (other queries may read more of them).
+        reads = remote.query.reads
+        self.reads = None if reads is None or self.derived or remote.query.description.share else reads
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
+        if self.reads is not None:
+            batch = Batch({k: v for k, v in batch.columns.items() if k in self.reads}, batch.n)
         self._send(batch, late=False)
 
     def process_late(self, batch: Batch) -> None:

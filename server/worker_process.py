@@ -38,7 +38,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.punctuation.model import Punctuation
 from lowtide.query.build import BuildContext, build
-from lowtide.query.description import PlanDescription
+from lowtide.query.description import Fields, InputNode, PlanDescription
 from lowtide.query.plan import Plan
 from lowtide.query.plan_state import restore_plan, restore_share, snapshot_plan, snapshot_share
 from lowtide.query.sharing import Shares, share_key
@@ -48,7 +48,7 @@ from lowtide.server.channel import ChannelReader, ChannelWriter
 from lowtide.server.snapshot_writer import Written, write_in_child
 from lowtide.server.transport import Arrays, encode_columns
 from lowtide.snapshot import State, as_dict, fields, unpack
-from lowtide.strings import StringPool
+from lowtide.strings import NULL_CODE, StringPool
 
 
 class Outbound(Protocol):
@@ -86,6 +86,24 @@ class _Hosted:
     operators: list[Operator] = field(default_factory=list)
 
 
+def _layout(description: PlanDescription, node: int) -> Fields:
+    kind = description.nodes[node].kind
+    assert isinstance(kind, InputNode)
+    return kind.layout
+
+
+def _whole(batch: Batch, layout: Fields) -> Batch:
+    """``batch`` with every column of its input: the front leaves out of on-time tuples the
+    columns their query never names (``PlannedQuery.reads``), and the operators that carry whole
+    tuples (a join's payload) get a constant in their place, which no result shows."""
+    missing = {
+        name: np.full(batch.n, NULL_CODE if kind.is_string else 0, dtype=kind.dtype)
+        for name, kind in layout
+        if name not in batch.columns
+    }
+    return batch.with_columns(missing) if missing else batch
+
+
 class Worker:
     def __init__(self, out: Outbound) -> None:
         self.out = out
@@ -100,6 +118,7 @@ class Worker:
         # maps a name to the inputs its messages go to, kept while any query reads through them.
         self.shares = Shares()
         self.feeds: dict[str, list[Input]] = {}
+        self.layouts: dict[str, list[Fields]] = {}  # feed -> each input's columns (see _whole)
         self.readers: dict[str, list[str]] = {}  # feed -> the queries whose output its input moves
 
     def snapshot(self) -> State:
@@ -156,6 +175,7 @@ class Worker:
         self.queries[name] = _Hosted(plan, inputs, forward, description.flushes_slowly, plan.operators)
         if not self.shares.enter(plan):
             self.feeds[name] = inputs
+            self.layouts[name] = [_layout(description, about.node) for about in description.inputs]
             self.readers[name] = [name]
         else:
             assert plan.share is not None
@@ -173,6 +193,7 @@ class Worker:
             for query, inputs in self.feeds.items()
             if query in self.queries or any(id(op) in feeding for op in inputs)
         }
+        self.layouts = {feed: layout for feed, layout in self.layouts.items() if feed in self.feeds}
         self.readers = {
             feed: [reader for reader in readers if reader != name]
             for feed, readers in self.readers.items()
@@ -235,7 +256,7 @@ class Worker:
             if message.late:
                 target.process_late(batch)
             else:
-                target.process(batch)
+                target.process(_whole(batch, self.layouts[message.query][message.input_index]))
 
     def _punctuate(self, message: msg.Punctuate) -> None:
         inputs = self.feeds.get(message.query)

@@ -224,3 +224,53 @@ def test_workers_hold_the_strings_of_literals_unless_a_query_decodes_strings() -
     assert [set(pool.strings()) for pool in pools] == [{"lit"}] * 2
     door.push("S", rows([12], ["d"]))
     assert [len(pool) for pool in pools] == [1, 1] and "d" in door.pool.strings()
+
+
+class RecordingWorkers(ObjectWorkers):
+    """ObjectWorkers that keep the columns of every batch posted: (input index, late, names)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.posted: list[tuple[int, bool, frozenset[str]]] = []
+
+    def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
+        if isinstance(message, msg.Batch) and arrays:
+            self.posted.append((message.input_index, message.late, frozenset(arrays)))
+        super().post(worker, message, arrays)
+
+
+def test_workers_get_the_columns_a_query_names_and_late_tuples_whole() -> None:
+    """The front leaves out of on-time tuples the columns their query never names; a join, which
+    keeps whole tuples, still answers as the engine, and late tuples reach the late side stream
+    with every column."""
+    schema = {"key": "string", "value": "int64", "pad": "string", "other": "int64", "ts": "int64"}
+    join = "SELECT A.key, A.ts, B.value FROM A [RANGE 10, WA ts], B [RANGE 10, WA ts] WHERE A.key = B.key"
+    transport = RecordingWorkers(2)
+    runner = ProcessRunner(transport, StringPool(mirrored=True))
+    transport.runner = runner
+    door = Door(runner, runner.pool, ManualClock(), collapses_late_markers=False)
+    engine = Engine(clock=ManualClock())
+
+    def batch(ts: list[int]) -> pa.Table:
+        n = len(ts)
+        return pa.table(
+            {"key": [f"k{t % 2}" for t in ts], "value": ts, "pad": ["x" * 20] * n, "other": [7] * n, "ts": ts}
+        )
+
+    for target in (door, engine):
+        for stream in ("A", "B"):
+            target.create_stream(stream, schema)
+        target.register_query(join, name="q")
+        target.push("A", batch([1, 2, 3, 12]))
+        target.push("B", batch([2, 5, 11]))
+        target.punctuate("A", 15)
+        target.punctuate("B", 15)
+        target.push("A", batch([4]))  # late
+        target.close_source("A", "default")
+        target.close_source("B", "default")
+    assert result_rows(door.poll("q")) == result_rows(engine.poll("q"))
+    on_time = {names for _, late, names in transport.posted if not late}
+    assert on_time == {frozenset({"key", "value", "ts"})}, on_time
+    assert {names for _, late, names in transport.posted if late} == {frozenset(schema)}
+    late = [row for item in door.poll("q.late") if isinstance(item, pa.Table) for row in item.to_pylist()]
+    assert [(row["ts"], row["pad"], row["other"]) for row in late] == [(4, "x" * 20, 7)]
