@@ -1,4 +1,5 @@
-"""Nexmark end to end, lowtide beside PyFlink on the same events, their rows checked equal.
+"""Nexmark end to end: lowtide beside PyFlink and Spark Structured Streaming on the same events,
+every engine's rows checked equal to lowtide's before its figure is printed.
 
 Events: nexmark's generator model (lowtide.clients.nexmark) at ``--rate`` events per second of
 event time, out of order by up to ``--disorder-ms``, written once to Parquet. Per query:
@@ -6,30 +7,39 @@ event time, out of order by up to ``--disorder-ms``, written once to Parquet. Pe
 * lowtide: a fresh ``lowtide serve --workers 2`` (warmed by the same query on a few events in a
   server before it, so numba's cache is filled); the streams made, the query registered, then the
   clock runs from the first batch sent (runs of 10,000 arrivals, a batch per stream, each followed
-  by the punctuation honest after it) until the subscriber has received the end of the query's
-  results. events/s = events / that time.
+  by the punctuation honest after it; the Arrow tables made before the clock, as the other
+  engines' files are) until the subscriber has received the end of the query's results.
+  events/s = events / that time.
+* latency: the same query in another fresh server, its batches (1,000 arrivals) paced so that
+  event time keeps to the wall clock at ``--rate``, for ``--paced-seconds``; p50 and p99 of the
+  server's own ``lowtide_punctuation_to_result_seconds`` (from a punctuation's arrival at the
+  front to the results it completes leaving it: bucket bounds, so "<= x ms").
 * Flink: bench/nexmark/flink_oracle.py in .venv-pyflink (``make pyflink``) at parallelism 2 over
   the same events (rewritten as JSON lines first, off the clock), the watermark at the disorder
-  bound; its time is from submitting the query to the job's end: planning and the local
-  MiniCluster's start included, its changelog written by a sink in the JVM.
-* Both rows, as multisets (tests/nexmark/test_nexmark_flink.py compares them the same way): a
-  figure is printed only beside "exact" or the first difference.
+  bound; its time is from submitting the query to the job's end, its start included: planning,
+  the local MiniCluster, deploying the job.
+* running: each engine's events/s without the time the same query takes over the first 1,000
+  events (mostly its start: lowtide's workers loading numba's compiled kernels, Flink's planning
+  and MiniCluster), and their ratio: how fast each runs once started.
+* Spark: bench/nexmark/spark_runner.py (local[2], file stream source in arrival order, micro-
+  batches, a watermark at the disorder bound), where Spark Structured Streaming can express the
+  query (``spark_runner.CANNOT`` says why not for the others); its session's start is off the clock.
+* Rows: as multisets, by bench/nexmark/nexmark_compare.py's rules (the test tier's): a figure is
+  printed only beside "exact", else the first difference.
 
-    python bench/nexmark.py [--events 1000000] [--queries 5,7,8] [--quick]
+    python bench/nexmark.py [--events 2000000] [--queries 5,7,8] [--all] [--no-spark] [--quick]
 
-``--quick``: q5, q7, q8 and q11 on 100,000 events (a few minutes here).
+``--quick``: q5, q7, q8 and q11 on 100,000 events, no latency, no Spark (a few minutes here).
+``--all``: every query lowtide and Flink both run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,130 +48,194 @@ from e2e import Server
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import Client, nexmark
 
-ROOT = Path(__file__).resolve().parent.parent
-QUERIES = ROOT / "tests" / "data" / "nexmark"
-FLINK_PYTHON = ROOT / ".venv-pyflink" / "bin" / "python"
-ORACLE = ROOT / "bench" / "nexmark" / "flink_oracle.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "nexmark"))
+import nexmark_compare as compare  # bench/nexmark/: the rules rows compare by
+
 BASE_MS = 1_600_000_000_000
 BATCH = 10_000
-ADDED = ("window_start", "window_end")
-
-
-def _value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return int(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
-    return float(f"{value:.9g}") if isinstance(value, float) else value
-
-
+PACED_BATCH = 1_000
+START_EVENTS = 1_000  # Flink's start: the same query over this many events
+WINDOWED = (5, 7, 8, 11, 16, 17, 19)
+BOTH = (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22)
 Batches = list[tuple[str, Any, int]]
 
 
-def _lowtide(batches: Batches, number: int) -> tuple[float, Counter[tuple[Any, ...]]]:
+def _serve(client: Client, number: int) -> list[str]:
+    """The streams made and query ``number`` registered as ``q``: its compared columns."""
+    for name in nexmark.STREAMS:
+        columns = {f.name: str(f.type) for f in nexmark.SCHEMAS[name]}
+        client.create_stream(name, columns, progressing="dateTime")
+    client.register_query((compare.QUERIES / f"q{number}.sql").read_text(), name="q")
+    return compare.lowtide_columns(next(q["columns"] for q in client.list_queries() if q["name"] == "q"))
+
+
+def _send(client: Client, batches: Batches, pace: float | None = None) -> None:
+    """Every batch, each followed by its punctuation on all streams, then the sources closed;
+    ``pace``: seconds between batches (None: as fast as the server takes them)."""
+    producers = {name: client.producer(name) for name in nexmark.STREAMS}
+    began = time.perf_counter()
+    for i, (stream, table, punctuation) in enumerate(batches):
+        if pace is not None and (wait := began + i * pace - time.perf_counter()) > 0:
+            time.sleep(wait)
+        producers[stream].send(table)
+        for producer in producers.values():
+            producer.punctuate(punctuation)
+    for producer in producers.values():
+        producer.close()
+
+
+def _results(client: Client, number: int, columns: list[str]) -> compare.Rows:
+    rows: list[dict[str, Any]] = []
+    with client.subscribe("q") as subscription:
+        for item in subscription:
+            if isinstance(item, Punctuation):
+                if item.value >= END_OF_STREAM:
+                    break
+            else:
+                rows += item.to_pylist()
+    return compare.lowtide_rows(number, columns, rows)
+
+
+def _lowtide(batches: Batches, number: int) -> tuple[float, list[str], compare.Rows]:
+    """Seconds from the first batch sent to the end of the results, the compared columns, the rows."""
     server = Server.start(workers=2)
     try:
-        with Client(server.target, timeout=300) as client:
-            for name in nexmark.STREAMS:
-                columns = {f.name: str(f.type) for f in nexmark.SCHEMAS[name]}
-                client.create_stream(name, columns, progressing="dateTime")
-            client.register_query((QUERIES / f"q{number}.sql").read_text(), name="q")
-            columns = next(q["columns"] for q in client.list_queries() if q["name"] == "q")
-            if columns[:2] == list(ADDED) and columns[-1] == "revision":
-                columns = columns[2:-1]
+        with Client(server.target, timeout=600) as client:
+            columns = _serve(client, number)
             began = time.perf_counter()
-            producers = {name: client.producer(name) for name in nexmark.STREAMS}
-            for stream, table, punctuation in batches:
-                producers[stream].send(table)
-                for producer in producers.values():
-                    producer.punctuate(punctuation)
-            for producer in producers.values():
-                producer.close()
-            rows: Counter[tuple[Any, ...]] = Counter()
-            with client.subscribe("q") as subscription:
-                for item in subscription:
-                    if isinstance(item, Punctuation):
-                        if item.value >= END_OF_STREAM:
-                            break
-                    else:
-                        rows.update(tuple(_value(r[c]) for c in columns) for r in item.to_pylist())
-            return time.perf_counter() - began, rows
+            _send(client, batches)
+            rows = _results(client, number, columns)
+            return time.perf_counter() - began, columns, rows
     finally:
         server.process.terminate()
         server.process.wait(60)
 
 
-def _flink(folder: Path, number: int, disorder_ms: int) -> tuple[float, Counter[tuple[Any, ...]]]:
-    out = folder / f"q{number}.flink.jsonl"
-    done = subprocess.run(
-        [
-            *(
-                str(FLINK_PYTHON),
-                str(ORACLE),
-                "--data",
-                str(folder),
-                "--query",
-                str(QUERIES / f"q{number}.sql"),
-            ),
-            *("--out", str(out), "--parallelism", "2", "--watermark-ms", str(disorder_ms)),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"Flink failed on q{number}: {done.stderr.strip().splitlines()[-1:]}")
-    seconds = float(next(w for w in done.stderr.split() if w.startswith("seconds=")).split("=")[1])
-    rows = Counter(
-        tuple(_value(v) for v in json.loads(line).values())
-        for line in out.read_text(encoding="utf-8").splitlines()
-        if line
-    )
-    return seconds, rows
+def _latency(batches: Batches, number: int, pace: float) -> tuple[float, float]:
+    """p50 and p99 (ms, bucket bounds) of the server's punctuation-to-result latency, paced."""
+    server = Server.start(workers=2)
+    try:
+        with Client(server.target, timeout=600) as client:
+            columns = _serve(client, number)
+            _send(client, batches, pace)
+            _results(client, number, columns)
+        p50, p99 = server.latency_quantiles_ms(0.5, 0.99)
+        return p50, p99
+    finally:
+        server.process.terminate()
+        server.process.wait(60)
 
 
-def _difference(ours: Counter[tuple[Any, ...]], theirs: Counter[tuple[Any, ...]]) -> str:
-    if ours == theirs:
-        return "exact"
-    extra, missing = ours - theirs, theirs - ours
-    first = next(iter(extra or missing))
-    only = f"{sum(extra.values())} rows only in lowtide, {sum(missing.values())} only in Flink"
-    return f"DIFFERENT: {only}, e.g. {first}"
+def _spark(folder: Path, number: int, disorder_ms: int) -> tuple[float, compare.Rows] | None:
+    import spark_runner  # bench/nexmark/: pyspark is imported only when Spark runs
+
+    return spark_runner.run(folder, number, disorder_ms)
+
+
+@dataclass
+class Workload:
+    """The events of one run: as files for Flink and Spark, as batches for lowtide."""
+
+    folder: Path  # every event, as Parquet
+    start_folder: Path  # the first START_EVENTS
+    batches: Batches
+    first: Batches  # the first START_EVENTS
+    warm: Batches  # other events: numba's cache, off the clock
+    paced: Batches  # --paced-seconds of events in PACED_BATCH batches
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--disorder-ms", type=int, default=2_000)
-    parser.add_argument("--queries", default="5,7,8,11,16,17,19")
+    parser.add_argument("--queries", default=",".join(map(str, WINDOWED)))
+    parser.add_argument("--all", action="store_true", help="every query both run")
+    parser.add_argument("--paced-seconds", type=float, default=20.0, help="0: no latency run")
+    parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.events, args.queries = 100_000, "5,7,8,11"
-    if not FLINK_PYTHON.exists():
-        raise SystemExit(f"{FLINK_PYTHON} is missing: make pyflink")
-    numbers = [int(q) for q in args.queries.split(",")]
-    events = nexmark.generate(
-        args.events, seed=1, rate=args.rate, disorder_ms=args.disorder_ms, base_ms=BASE_MS
-    )
-    warm = nexmark.generate(5_000, seed=2, rate=args.rate, disorder_ms=args.disorder_ms, base_ms=BASE_MS)
+        args.events, args.queries, args.paced_seconds, args.no_spark = 100_000, "5,7,8,11", 0, True
+    if not compare.FLINK_PYTHON.exists():
+        raise SystemExit(f"{compare.FLINK_PYTHON} is missing: make pyflink")
+    numbers = list(BOTH) if args.all else [int(q) for q in args.queries.split(",")]
+    shape = {"rate": args.rate, "disorder_ms": args.disorder_ms, "base_ms": BASE_MS}
+    events = nexmark.generate(args.events, seed=1, **shape)
+    first = nexmark.generate(START_EVENTS, seed=1, **shape)
     print(f"{args.events:,} events, {args.rate:,}/s of event time, up to {args.disorder_ms} ms out of order")
-    print(f"{'query':<6} {'lowtide ev/s':>13} {'Flink ev/s':>11} {'ratio':>6}  rows")
+    print(
+        f"{'query':<6} {'p50/p99 ms':>11} {'lowtide ev/s':>13} {'Flink ev/s':>11} {'ratio':>6} "
+        f"{'running: lt':>11} {'Flink':>11} {'ratio':>6} {'Spark ev/s':>11} {'ratio':>6}  rows"
+    )
     with tempfile.TemporaryDirectory(prefix="nexmark-") as tmp:
-        folder = Path(tmp)
-        nexmark.write_parquet(events, folder)
-        # Made before the clock, as Flink's input files are: the clock runs from the first send.
-        batches, warm_batches = list(nexmark.batches(events, BATCH)), list(nexmark.batches(warm, BATCH))
+        work = Workload(
+            Path(tmp) / "events",
+            Path(tmp) / "first",
+            list(nexmark.batches(events, BATCH)),
+            list(nexmark.batches(first, BATCH)),
+            list(nexmark.batches(nexmark.generate(5_000, seed=2, **shape), BATCH)),
+            list(
+                nexmark.batches(
+                    nexmark.generate(int(args.rate * args.paced_seconds), seed=3, **shape), PACED_BATCH
+                )
+            ),
+        )
+        nexmark.write_parquet(events, work.folder)
+        nexmark.write_parquet(first, work.start_folder)
         for number in numbers:
-            _lowtide(warm_batches, number)  # numba's cache, off the clock
-            ours_s, ours = _lowtide(batches, number)
-            theirs_s, theirs = _flink(folder, number, args.disorder_ms)
-            verdict = _difference(ours, theirs)
-            figures = (
-                f"{args.events / ours_s:>13,.0f} {args.events / theirs_s:>11,.0f} {theirs_s / ours_s:>6.1f}"
-                if verdict == "exact"
-                else f"{'-':>13} {'-':>11} {'-':>6}"
-            )
-            print(f"q{number:<5} {figures}  {sum(ours.values()):,} {verdict}", flush=True)
-    sys.stdout.flush()
+            print(_line(number, work, args), flush=True)
+
+
+def _line(number: int, work: Workload, args: argparse.Namespace) -> str:
+    """Query ``number``'s figures: each engine's events/s once its rows equal lowtide's."""
+    _lowtide(work.warm, number)
+    ours_s, columns, ours = _lowtide(work.batches, number)
+    ours_start_s = _lowtide(work.first, number)[0]
+    out = work.folder.parent / f"q{number}.flink.jsonl"
+    theirs_s, theirs = compare.flink_rows(work.folder, number, args.disorder_ms, out, columns)
+    theirs_start_s = compare.flink_rows(work.start_folder, number, args.disorder_ms, out, columns)[0]
+    verdict = compare.difference(ours, theirs)
+    latency = "-"
+    if args.paced_seconds > 0:
+        p50, p99 = _latency(work.paced, number, PACED_BATCH / args.rate)
+        latency = f"{p50:.0f}/{p99:.0f}"
+    spark = "" if args.no_spark else _spark_figures(work.folder, number, args, columns, ours, ours_s)
+    figures = f"{'-':>13} {'-':>11} {'-':>6} {'-':>11} {'-':>11} {'-':>6}"
+    if verdict == "exact":
+        running = [
+            _per_second(args.events, ours_s, ours_start_s),
+            _per_second(args.events, theirs_s, theirs_start_s),
+        ]
+        ratio = f"{running[0] / running[1]:.1f}" if all(running) else "-"
+        figures = " ".join(
+            [
+                f"{args.events / ours_s:>13,.0f} {args.events / theirs_s:>11,.0f} {theirs_s / ours_s:>6.1f}",
+                *(f"{r:>11,.0f}" if r else f"{'-':>11}" for r in running),
+                f"{ratio:>6}",
+            ]
+        )
+    return f"q{number:<5} {latency:>11} {figures} {spark:>18}  {sum(ours.values()):,} {verdict}"
+
+
+def _per_second(events: int, seconds: float, start: float) -> float:
+    """Events per second of running: without the time the same query takes on START_EVENTS (its
+    start, mostly); 0 where that is not a tenth of the time less (too few events to tell)."""
+    running = seconds - start
+    return (events - START_EVENTS) / running if running > 0.1 * seconds else 0.0
+
+
+def _spark_figures(
+    folder: Path, number: int, args: argparse.Namespace, columns: list[str], ours: compare.Rows, ours_s: float
+) -> str:
+    """Spark's events/s and ratio, "cannot" (spark_runner.CANNOT) or "DIFFERENT" (its rows)."""
+    ran = _spark(folder, number, args.disorder_ms)
+    if ran is None:
+        return f"{'cannot':>11} {'-':>6}"
+    seconds, rows = ran
+    if compare.difference(ours, compare.in_order(number, columns, rows.elements()), "Spark") != "exact":
+        return f"{'DIFFERENT':>11} {'-':>6}"
+    return f"{args.events / seconds:>11,.0f} {seconds / ours_s:>6.1f}"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from hypothesis import settings
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(1, str(TESTS / "integration"))  # server_harness, for tests/nexmark's servers too
+sys.path.append(str(TESTS.parent / "bench" / "nexmark"))  # nexmark_compare, shared with the bench
 
 # Every socket on loopback: Ray reads this when it is imported (a test imports it before any Ray
 # test runs) and then puts a cluster started here, and every driver, on 127.0.0.1 rather than on

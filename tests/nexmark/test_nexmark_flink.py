@@ -4,16 +4,12 @@ run by lowtide through a real server with two workers and by PyFlink (bench/nexm
 flink_oracle.py, in its own interpreter, .venv-pyflink); their rows compared as multisets.
 
 ``make test`` runs the QUICK queries on a small event count; ``make nexmark`` (NEXMARK_ALL=1)
-runs every query both can, on more events (NEXMARK_EVENTS=n: on n). lowtide's rows are compared
-in the select list's columns, by position (Flink names an unnamed expression ``EXPR$1``, lowtide
-by its text), without the window bounds and revision lowtide gives every aggregate row; times as
-epoch ms, floats at 9 significant digits; where the two differ by definition (TRUNCATED,
-DECIDING below) as the definitions allow.
+runs every query both can, on more events (NEXMARK_EVENTS=n: on n). The rows compare by the
+rules of bench/nexmark/nexmark_compare.py, which bench/nexmark.py follows too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -23,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import nexmark as nx
+import nexmark_compare as compare
 import pytest
 from server_harness import rows_until_end, running_server
 
@@ -31,9 +28,7 @@ from lowtide.clients.client import Client
 
 pytestmark = [pytest.mark.nexmark, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
-FLINK_PYTHON = ROOT / ".venv-pyflink" / "bin" / "python"
-ORACLE = ROOT / "bench" / "nexmark" / "flink_oracle.py"
+FLINK_PYTHON, ORACLE = compare.FLINK_PYTHON, compare.ORACLE
 EVERY = os.environ.get("NEXMARK_ALL") == "1"
 QUICK = (5, 8)  # windowed: a HOP join, a window join (each a JVM beside the other tests: few)
 BOTH = (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22)  # what lowtide runs
@@ -45,35 +40,6 @@ EVENTS = {
     "disorder_ms": 1_500,
     "base_ms": nx.BASE,
 }
-ADDED = ("window_start", "window_end")  # lowtide's bounds of an aggregate's row, and its revision
-# Flink's AVG of a BIGINT is a BIGINT, the mean truncated (Java's long division); lowtide's avg is
-# the mean (docs/queries.md): compared truncated, so the rest of the row must still be equal.
-TRUNCATED = {4: ("AVG(Q.final)",), 17: ("avg_price",)}
-# ROW_NUMBER's ties are each side's to break: compared by what decides the rank (the partition,
-# the ORDER BY values) and the rank, which whatever row wins a tie are the same.
-DECIDING = {
-    9: ("id", "price", "bid_dateTime"),
-    18: ("bidder", "auction", "dateTime"),
-    19: ("auction", "price", "rank_number"),
-}
-
-
-def _value(value: Any) -> Any:
-    return nx.settled(nx.ms(value))
-
-
-def _lowtide_columns(columns: list[str]) -> list[str]:
-    if columns[:2] == list(ADDED) and columns[-1] == "revision":
-        return columns[2:-1]
-    return columns
-
-
-def _compared(number: int, columns: list[str], values: list[Any]) -> tuple[Any, ...]:
-    """A row's values (in the select list's order, ``columns`` lowtide's names for them) as the
-    query's comparison reads them."""
-    if number in DECIDING:
-        return tuple(values[columns.index(c)] for c in DECIDING[number])
-    return tuple(values)
 
 
 @pytest.fixture(scope="module")
@@ -105,41 +71,9 @@ def lowtide(data: tuple[Path, generator.Events]) -> dict[int, tuple[list[str], C
             producer.close()
         columns = {q["name"]: q["columns"] for q in client.list_queries()}
         for n in QUERIES:
-            selected = _lowtide_columns(columns[f"q{n}"])
-            truncated = TRUNCATED.get(n, ())
-            rows = Counter(
-                _compared(
-                    n, selected, [int(_value(r[c])) if c in truncated else _value(r[c]) for c in selected]
-                )
-                for r in rows_until_end(client, f"q{n}")
-            )
-            got[n] = selected, rows
+            selected = compare.lowtide_columns(columns[f"q{n}"])
+            got[n] = selected, compare.lowtide_rows(n, selected, rows_until_end(client, f"q{n}"))
     return got
-
-
-def _flink(folder: Path, number: int, out: Path, columns: list[str]) -> Counter[tuple[Any, ...]]:
-    done = subprocess.run(
-        [
-            str(FLINK_PYTHON),
-            str(ORACLE),
-            "--data",
-            str(folder),
-            "--query",
-            str(nx.QUERIES / f"q{number}.sql"),
-            "--out",
-            str(out),
-            "--parallelism",
-            "2",
-            "--watermark-ms",
-            str(EVENTS["disorder_ms"]),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line]
-    return Counter(_compared(number, columns, [_value(v) for v in row.values()]) for row in rows)
 
 
 @pytest.mark.parametrize("number", QUERIES)
@@ -150,7 +84,8 @@ def test_lowtide_gives_flinks_rows(
     tmp_path: Path,
 ) -> None:
     columns, ours = lowtide[number]
-    flink = _flink(data[0], number, tmp_path / f"q{number}.jsonl", columns)
+    out = tmp_path / f"q{number}.jsonl"
+    _, flink = compare.flink_rows(data[0], number, EVENTS["disorder_ms"], out, columns, timeout=900)
     assert sum(flink.values()) > 0, "the events make the query answer something"
     assert ours == flink
 
