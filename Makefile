@@ -68,7 +68,7 @@ faults: setup
 demo: setup
 	$(BIN)/lowtide demo
 
-bench: setup
+bench: setup pyflink
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/windows.py
@@ -80,6 +80,7 @@ bench: setup
 	$(BIN)/python bench/adapt.py
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/nexmark.py
 
 clean:
 	rm -rf build $(VENV) $(FLINK_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,9 @@ START_EVENTS = 1_000  # Flink's start: the same query over this many events
 WINDOWED = (5, 7, 8, 11, 16, 17, 19)
 BOTH = (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22)
 Batches = list[tuple[str, Any, int]]
+# Room for every string of the events: a stream's strings stay in the pool while it lives, and
+# q0, q1, q7 and q19 read the bids' `extra` (unique, about 100 bytes each: docs/nexmark.md).
+CONFIG = "max_strings = 100000000\nmax_string_bytes = 17179869184\n"
 
 
 def _serve(client: Client, number: int) -> list[str]:
@@ -84,8 +88,8 @@ def _send(client: Client, batches: Batches, pace: float | None = None) -> None:
         producer.close()
 
 
-def _results(client: Client, number: int, columns: list[str]) -> compare.Rows:
-    rows: list[dict[str, Any]] = []
+def _results(client: Client, rows: list[dict[str, Any]]) -> None:
+    """Every result row of ``q`` into ``rows``, until its end of stream."""
     with client.subscribe("q") as subscription:
         for item in subscription:
             if isinstance(item, Punctuation):
@@ -93,34 +97,31 @@ def _results(client: Client, number: int, columns: list[str]) -> compare.Rows:
                     break
             else:
                 rows += item.to_pylist()
-    return compare.lowtide_rows(number, columns, rows)
 
 
-def _lowtide(batches: Batches, number: int) -> tuple[float, list[str], compare.Rows]:
-    """Seconds from the first batch sent to the end of the results, the compared columns, the rows."""
-    server = Server.start(workers=2)
+def _run(
+    batches: Batches, number: int, pace: float | None = None
+) -> tuple[float, list[str], compare.Rows, list[float]]:
+    """A fresh server runs query ``number`` over ``batches`` (see :func:`_send`), a subscriber
+    reading its results as they come: the seconds from the first batch sent to the end of the
+    results, the compared columns, the rows, and the p50 and p99 (ms, bucket bounds) of the
+    server's punctuation-to-result latency."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as config:
+        config.write(CONFIG)
+        config.flush()
+        server = Server.start(workers=2, serve=("--config", config.name))
     try:
         with Client(server.target, timeout=600) as client:
             columns = _serve(client, number)
+            rows: list[dict[str, Any]] = []
+            reader = threading.Thread(target=_results, args=(client, rows))
             began = time.perf_counter()
-            _send(client, batches)
-            rows = _results(client, number, columns)
-            return time.perf_counter() - began, columns, rows
-    finally:
-        server.process.terminate()
-        server.process.wait(60)
-
-
-def _latency(batches: Batches, number: int, pace: float) -> tuple[float, float]:
-    """p50 and p99 (ms, bucket bounds) of the server's punctuation-to-result latency, paced."""
-    server = Server.start(workers=2)
-    try:
-        with Client(server.target, timeout=600) as client:
-            columns = _serve(client, number)
+            reader.start()
             _send(client, batches, pace)
-            _results(client, number, columns)
-        p50, p99 = server.latency_quantiles_ms(0.5, 0.99)
-        return p50, p99
+            reader.join()
+            seconds = time.perf_counter() - began
+        latency = server.latency_quantiles_ms(0.5, 0.99)
+        return seconds, columns, compare.lowtide_rows(number, columns, rows), latency
     finally:
         server.process.terminate()
         server.process.wait(60)
@@ -185,20 +186,24 @@ def main() -> None:
         nexmark.write_parquet(first, work.start_folder)
         for number in numbers:
             print(_line(number, work, args), flush=True)
+    if not args.no_spark:
+        import spark_runner
+
+        spark_runner.stop()
 
 
 def _line(number: int, work: Workload, args: argparse.Namespace) -> str:
     """Query ``number``'s figures: each engine's events/s once its rows equal lowtide's."""
-    _lowtide(work.warm, number)
-    ours_s, columns, ours = _lowtide(work.batches, number)
-    ours_start_s = _lowtide(work.first, number)[0]
+    _run(work.warm, number)
+    ours_s, columns, ours, _ = _run(work.batches, number)
+    ours_start_s = _run(work.first, number)[0]
     out = work.folder.parent / f"q{number}.flink.jsonl"
     theirs_s, theirs = compare.flink_rows(work.folder, number, args.disorder_ms, out, columns)
     theirs_start_s = compare.flink_rows(work.start_folder, number, args.disorder_ms, out, columns)[0]
     verdict = compare.difference(ours, theirs)
     latency = "-"
     if args.paced_seconds > 0:
-        p50, p99 = _latency(work.paced, number, PACED_BATCH / args.rate)
+        p50, p99 = _run(work.paced, number, PACED_BATCH / args.rate)[3]
         latency = f"{p50:.0f}/{p99:.0f}"
     spark = "" if args.no_spark else _spark_figures(work.folder, number, args, columns, ours, ours_s)
     figures = f"{'-':>13} {'-':>11} {'-':>6} {'-':>11} {'-':>11} {'-':>6}"
