@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,6 +76,10 @@ class CheckpointCoordinator:
         self._log_mark = 0
         self._covered = 0  # the log position of the last one taken
         self._tokens = itertools.count()
+        # What workers sent after passing the barrier under way, while others have not: held
+        # until the output side is taken, then handed to ``deliver`` (the front's) in order.
+        self._held: list[tuple[int, Any, Any]] = []
+        self.deliver: Callable[[int, Any, Any], None] = lambda worker, message, arrays: None
 
     def load(self) -> Checkpoint | None:
         checkpoint = self.store.load(self.workers.size)
@@ -110,6 +115,22 @@ class CheckpointCoordinator:
         for worker in range(self.workers.size):
             self.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
 
+    def holds(self, worker: int, message: Any, arrays: Any) -> bool:
+        """Keep ``worker``'s message for later if the barrier under way has passed it but not
+        every worker: the output side a checkpoint saves is the output of the records before its
+        log position, so nothing a worker made of what followed its barrier may reach the melds
+        and hubs before that side is taken (a restore would replay it and emit it twice)."""
+        pending = self.pending
+        if pending is None or pending.output is not None or worker in pending.waiting:
+            return False
+        self._held.append((worker, message, arrays))
+        return True
+
+    def _release(self) -> None:
+        held, self._held = self._held, []
+        for worker, message, arrays in held:
+            self.deliver(worker, message, arrays)
+
     def answered(self, worker: int, answer: msg.Checkpointed | msg.Persisted | msg.Restored) -> None:
         if isinstance(answer, msg.Restored):
             if answer.error is not None:
@@ -132,6 +153,7 @@ class CheckpointCoordinator:
                 self.front.engine.runner.recording = None
                 self.front.engine.pool.recording = None
                 pending.output = output_state(self.front, pending.channel, pending.pinned)
+                self._release()
         else:
             pending.written[worker] = (answer.size, answer.crc32)
         if pending.output is not None and len(pending.written) == self.workers.size:
@@ -168,3 +190,4 @@ class CheckpointCoordinator:
             self.front.engine.runner.recording = None
             self.front.engine.pool.recording = None
             self.store.abandon(pending.seq)
+            self._release()

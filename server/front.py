@@ -87,6 +87,8 @@ class Front:
             if self.state is not None
             else None
         )
+        if self.checkpoints is not None:
+            self.checkpoints.deliver = self._deliver
         self._resetting: set[int] = set()  # workers whose messages are moot until they reset
         self._recovered = asyncio.Event()  # clear while recoveries are due or running
         self._recoveries_due = 1 if self.state is not None else 0  # the start's own, see recover()
@@ -478,6 +480,17 @@ class Front:
                     # A recovery's restore failed (a file its worker cannot read: with --ray, a
                     # state directory not every node reaches): going on would lose state unseen.
                     self._give_up(f"cannot restore worker {worker} from the checkpoint: {message.error}")
+            case _:
+                if self.checkpoints is None or not self.checkpoints.holds(worker, message, arrays):
+                    self._deliver(worker, message, arrays)
+
+    def _deliver(
+        self, worker: int, message: msg.QueryOutput | msg.Stats | msg.Synced, arrays: dict[str, Any]
+    ) -> None:
+        """A worker's answer to what it was sent: outputs, stats, a sync."""
+        if worker in self._resetting:  # held across a recovery's start: about a world that is gone
+            return
+        match message:
             case msg.Synced():
                 self._synced(message.token, worker)
             case _:

@@ -6,6 +6,7 @@ every node reaches comes to."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from lowtide.server import messages as msg
@@ -31,3 +32,40 @@ def test_a_restore_failing_at_the_start_is_left_to_the_start(tmp_path: Path) -> 
     assert not starting.stopping.is_set()
     assert starting.checkpoints is not None
     assert starting.checkpoints.restore_errors == ["worker 0: FileNotFoundError: worker-0.state"]
+
+
+def test_what_a_worker_sends_after_its_barrier_waits_for_the_output_side(tmp_path: Path) -> None:
+    """A checkpoint's output side is the output of the records before its log position: what a
+    worker made of later records reaches the melds and hubs only once that side is taken (else
+    a restore replays it and a subscriber gets it twice); an abandoned checkpoint lets it through."""
+
+    async def run() -> None:
+        serving = Front(ServerConfig(workers=2, state_dir=str(tmp_path), metrics_port=-1))
+        checkpoints = serving.checkpoints
+        assert checkpoints is not None
+        for abandoned in (False, True):
+            checkpoints.workers = _Silent()  # type: ignore[assignment]  # the barriers go nowhere
+            checkpoints.begin()
+            pending = checkpoints.pending
+            assert pending is not None
+            serving._on_message(0, msg.Checkpointed(pending.token, 0.0, None), {})  # worker 0 passed it
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            serving._syncs[7] = ({0}, done)
+            serving._on_message(0, msg.Synced(7), {})  # what worker 0 did after its barrier
+            assert not done.done() and pending.output is None
+            if abandoned:
+                checkpoints.abandon()
+            else:
+                serving._on_message(1, msg.Checkpointed(pending.token, 0.0, None), {})
+                assert pending.output is not None
+            assert done.done()  # handed on in order once the side is taken, or the checkpoint gone
+            checkpoints.abandon()
+
+    asyncio.run(run())
+
+
+class _Silent:
+    size = 2
+
+    def post(self, worker: int, message: object, arrays: object = None) -> None:
+        pass
