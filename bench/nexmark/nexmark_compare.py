@@ -76,10 +76,17 @@ def in_order(number: int, columns: list[str], rows: Iterable[Sequence[Any]]) -> 
         compared(
             number,
             columns,
-            [int(value(v)) if c in truncated else value(v) for c, v in zip(columns, row, strict=True)],
+            [_truncated(v) if c in truncated else value(v) for c, v in zip(columns, row, strict=True)],
         )
         for row in rows
     )
+
+
+def _truncated(mean: float) -> int:
+    """A mean of integers as Java's long division gives it: toward zero. Rounded to 7 places
+    first: a mean that is a whole number may come out of float arithmetic a hair below it, and a
+    mean of up to 10^6 integers is a whole number or at least 10^-6 away from one."""
+    return int(round(mean, 7))
 
 
 def flink_rows(
