@@ -94,7 +94,7 @@ class Dispatch(Input):
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
         if self.reads is not None:
-            batch = Batch({k: v for k, v in batch.columns.items() if k in self.reads}, batch.n)
+            batch = Batch({k: v for k, v in batch.columns.items() if k in self.reads}, batch.n, batch.late)
         self._send(batch, late=False)
 
     def process_late(self, batch: Batch) -> None:
