@@ -56,9 +56,8 @@ import nexmark_compare as compare  # bench/nexmark/: the rules rows compare by
 BASE_MS = 1_600_000_000_000
 BATCH = 10_000
 PACED_BATCH = 1_000
-START_EVENTS = 1_000  # Flink's start: the same query over this many events
+START_EVENTS = 1_000  # each engine's start: the same query over this many events
 WINDOWED = (5, 7, 8, 11, 16, 17, 19)
-BOTH = (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22)
 Batches = list[tuple[str, Any, int]]
 # Room for every string of the events: a stream's strings stay in the pool while it lives, and
 # q0, q1, q7, q9, q10, q14, q18 and q19 read the bids' `extra` (unique, about 100 bytes each:
@@ -163,7 +162,7 @@ def main() -> None:
         args.events, args.queries, args.paced_seconds, args.no_spark = 100_000, "5,7,8,11", 0, True
     if not compare.FLINK_PYTHON.exists():
         raise SystemExit(f"{compare.FLINK_PYTHON} is missing: make pyflink")
-    numbers = list(BOTH) if args.all else [int(q) for q in args.queries.split(",")]
+    numbers = list(compare.BOTH) if args.all else [int(q) for q in args.queries.split(",")]
     shape = {"rate": args.rate, "disorder_ms": args.disorder_ms, "base_ms": BASE_MS}
     events = nexmark.generate(args.events, seed=1, **shape)
     first = nexmark.generate(START_EVENTS, seed=1, **shape)

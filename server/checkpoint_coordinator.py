@@ -61,7 +61,10 @@ class CheckpointCoordinator:
         state: StateDirectory,
         config: ServerConfig,
         metrics: ServerMetrics,
+        deliver: Callable[[int, Any, Any], None],
     ) -> None:
+        """``deliver``: the front's handling of a worker's message (outputs, stats, a sync),
+        which :meth:`holds` defers while a barrier is part way through the workers."""
         self.front = front
         self.workers = workers
         self.journal = journal
@@ -77,9 +80,9 @@ class CheckpointCoordinator:
         self._covered = 0  # the log position of the last one taken
         self._tokens = itertools.count()
         # What workers sent after passing the barrier under way, while others have not: held
-        # until the output side is taken, then handed to ``deliver`` (the front's) in order.
+        # until the output side is taken, then handed to ``deliver`` in order.
         self._held: list[tuple[int, Any, Any]] = []
-        self.deliver: Callable[[int, Any, Any], None] = lambda worker, message, arrays: None
+        self.deliver = deliver
 
     def load(self) -> Checkpoint | None:
         checkpoint = self.store.load(self.workers.size)

@@ -83,12 +83,12 @@ class Front:
         self.catalog_queries: dict[str, records.RegisterQuery] = {}
         self.generation = 0  # recoveries so far: work begun against an older engine is redone
         self.checkpoints = (
-            CheckpointCoordinator(self, self.workers, self.journal, self.state, config, self.metrics)
+            CheckpointCoordinator(
+                self, self.workers, self.journal, self.state, config, self.metrics, self._deliver
+            )
             if self.state is not None
             else None
         )
-        if self.checkpoints is not None:
-            self.checkpoints.deliver = self._deliver
         self._resetting: set[int] = set()  # workers whose messages are moot until they reset
         self._recovered = asyncio.Event()  # clear while recoveries are due or running
         self._recoveries_due = 1 if self.state is not None else 0  # the start's own, see recover()

@@ -31,8 +31,7 @@ pytestmark = [pytest.mark.nexmark, pytest.mark.integration]
 FLINK_PYTHON, ORACLE = compare.FLINK_PYTHON, compare.ORACLE
 EVERY = os.environ.get("NEXMARK_ALL") == "1"
 QUICK = (5, 8)  # windowed: a HOP join, a window join (each a JVM beside the other tests: few)
-BOTH = (0, 1, 2, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22)  # what lowtide runs
-QUERIES = BOTH if EVERY else QUICK
+QUERIES = compare.BOTH if EVERY else QUICK
 EVENTS = {
     "events": int(os.environ.get("NEXMARK_EVENTS", 200_000 if EVERY else 20_000)),
     "rate": 2_000,
