@@ -10,17 +10,19 @@
    handed to gRPC -> the output punctuation it releases reaches the subscriber).
 2. Recovery after a node loss, for each ``--state-mb`` size: a server with ``--ray`` and a
    ``--state-dir`` gets bench/checkpoints.py's query holding N groups open (filled until a
-   checkpoint holds about that many MB), then a ticker producer on another stream sends a
-   small batch and its punctuation every :data:`TICK_S`, each closing a one-second window of
-   two subscribed queries (one grouped, spread over both workers; one global). Once a
-   checkpoint has been taken while ticking, the node holding worker 1 is removed
-   (``Cluster.remove_node``). Recovery time, per subscribed query: from that call to the end
-   of the longest silence of its output after it (the run goes on until each query has output
-   of input sent after the server's log said the worker was placed again: then the recovery
-   is over); the longest silence any subscriber saw beside it. Every
-   worker starts over from the last checkpoint and the log (docs/ray.md), so the held state is
-   restored before either ticker query moves again; the held query itself closes nothing
-   within the hour its window spans.
+   checkpoint holds about that many MB), then a ticker producer on another stream sends a small
+   batch and its punctuation every :data:`TICK_S`, each closing a one-second window of two
+   subscribed queries (one grouped, spread over both workers; one global). Once a checkpoint has
+   been taken while ticking, the node holding worker 1 is removed (``Cluster.remove_node``).
+   Recovery time, per subscribed query: from that call to the end of the last silence of its
+   output after it longer than :data:`OUTAGE_S` (the run goes on until each query has output of
+   input sent after the server's log said the worker was placed again: then the recovery is
+   over); the longest silence any subscriber saw beside it. With ``--two-losses`` (the smallest
+   size): :data:`SECOND_LOSS_S` after the first removal a node joins and the node of worker 0 is
+   removed too (a rack, a wave of spot reclaims), and recovery runs to the output of input sent
+   after the last placement. Every worker starts over from the last checkpoint and the log
+   (docs/ray.md), so the held state is restored before either ticker query moves again; the held
+   query itself closes nothing within the hour its window spans.
 
 The Ray side is a ``ray.cluster_utils.Cluster`` on 127.0.0.1: a head without CPUs (the GCS and
 the front's driver) and two nodes of 2 CPUs (each worker reserves 1), like
@@ -31,13 +33,14 @@ loss needs a cluster).
 
     python bench/cluster.py [--rows 10000000] [--rounds 3] [--producers 2] [--keys 1000]
                             [--paced-rate 1000000] [--state-mb 10,1000] [--ray cluster|local]
-                            [--skip throughput|recovery] [--quick]
+                            [--skip throughput|recovery] [--two-losses] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import statistics
 import sys
@@ -54,6 +57,8 @@ from typing import Any
 # Every socket on loopback: Ray reads this as it is imported (tests/conftest.py does the same),
 # and the servers started here inherit it.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# Ray's token authentication takes this token, rather than one it would write to ~/.ray.
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 import numpy as np
 import pyarrow as pa
@@ -72,6 +77,8 @@ TICK_QUERIES = {
     "tick_all": "SELECT count(*) AS n [RANGE 1 second, SLIDE 1 second, WA ts] FROM T",
 }
 CHECKPOINT_S = 5.0  # checkpoint_interval_s of the recovery runs
+OUTAGE_S = 0.5  # a silence of a ticker query this long is an outage's (it has output every TICK_S)
+SECOND_LOSS_S = 3.0  # with --two-losses: the second node removed this long after the first
 TARGET_RATIO, TARGET_P99_MS = 0.7, 20.0
 
 
@@ -155,11 +162,13 @@ def throughput_table(sides: list[Side], paced_rate: float) -> list[str]:
 @dataclass
 class Recovered:
     megabytes: int
+    losses: int
     groups: int
     checkpoint_bytes: int
     resumed_s: dict[str, float]  # per subscribed query: node removed -> the end of its longest silence
     silence_s: float  # the longest gap between two outputs of any subscribed query around it
     remove_s: float  # how long Cluster.remove_node itself took
+    second_s: float  # with two losses: the second node's removal, from the first's (0: one loss)
 
 
 class Ticker:
@@ -206,9 +215,15 @@ class Listener:
                     self.received.append((item.value, time.monotonic()))
 
 
-def recovery(cluster: Any, megabytes: int, scratch: Path) -> Recovered:
+def node_of(cluster: Any, worker: int) -> Any:
     import ray
 
+    actor = ray.get_actor(f"lowtide-worker-{worker}", namespace="lowtide")
+    node_id = ray.get(actor.where.remote(), timeout=60)[0]
+    return next(n for n in cluster.worker_nodes if n.node_id == node_id)
+
+
+def recovery(cluster: Any, megabytes: int, scratch: Path, losses: int = 1) -> Recovered:
     from lowtide.clients import Client
 
     state = Path(tempfile.mkdtemp(prefix=f"cluster-{megabytes}-", dir=scratch))
@@ -231,15 +246,20 @@ def recovery(cluster: Any, megabytes: int, scratch: Path) -> Recovered:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no checkpoint while ticking: {running.status()}")
             time.sleep(0.05)
-        actor = ray.get_actor("lowtide-worker-1", namespace="lowtide")
-        node_id = ray.get(actor.where.remote(), timeout=60)[0]
-        node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+        first, second = node_of(cluster, 1), node_of(cluster, 0)
         killed = time.monotonic()
-        cluster.remove_node(node)
+        cluster.remove_node(first)
         removed = time.monotonic()
-        while not any("placed again on" in line for line in list(running.stderr)):
+        second_s = 0.0
+        if losses == 2:  # a node joins, and the node of worker 0 goes (with worker 1 if it went there)
+            time.sleep(max(0.0, killed + SECOND_LOSS_S - time.monotonic()))
+            cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=LOOPBACK)
+            second_s = time.monotonic() - killed
+            cluster.remove_node(second)
+        placements = 2 if losses == 2 else 1  # worker 0 and 1 each at least once
+        while sum("placed again on" in line for line in list(running.stderr)) < placements:
             if time.monotonic() > killed + 600:
-                raise RuntimeError(f"worker 1 not placed again in 600 s: {running.status()}")
+                raise RuntimeError(f"workers not placed again in 600 s: {running.status()}")
             time.sleep(0.01)
         placed = ticker.sent[-1][0]  # output past its window end comes of input sent after the placement
         while not all(any(value > placed + 1000 for value, _ in list(r.received)) for r in listeners):
@@ -249,28 +269,34 @@ def recovery(cluster: Any, megabytes: int, scratch: Path) -> Recovered:
         ticker.stop.set()
         ticker.thread.join(60)
         resumed: dict[str, float] = {}
-        for listener in listeners:  # the end of the longest silence from the kill on
+        for listener in listeners:  # the end of the last outage's silence, from the kill on
             times = [killed] + [at for _, at in listener.received if at > killed]
-            resumed[listener.query] = max(pairwise(times), key=lambda g: g[1] - g[0])[1] - killed
+            gaps = [(a, b) for a, b in pairwise(times) if b - a >= OUTAGE_S] or [(killed, times[1])]
+            resumed[listener.query] = gaps[-1][1] - killed
         silence = max(max(b - a for (_, a), (_, b) in pairwise(r.received)) for r in listeners)
-        return Recovered(megabytes, groups, whole.bytes, resumed, silence, removed - killed)
+        for line in list(running.stderr):  # the server's own account: each placement and recovery
+            if "placed again" in line or "recovered" in line or "is gone" in line:
+                print(f"    {line.strip()}", file=sys.stderr, flush=True)
+        return Recovered(megabytes, losses, groups, whole.bytes, resumed, silence, removed - killed, second_s)
     finally:
         running.stop()
         shutil.rmtree(state, ignore_errors=True)
-        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=LOOPBACK)  # for the next size
+        if losses == 1:  # two nodes again for the next size (two losses added one already)
+            cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=LOOPBACK)
         cluster.wait_for_nodes()
 
 
 def recovery_table(found: list[Recovered]) -> list[str]:
     lines = [
-        "| held groups | checkpoint | node removed -> output moving again, per query | longest silence "
-        "| remove_node took |",
-        "|---|---|---|---|---|",
+        "| nodes lost | held groups | checkpoint | first node removed -> output moving again, per query "
+        "| longest silence | remove_node took |",
+        "|---|---|---|---|---|---|",
     ]
     for r in found:
         each = ", ".join(f"{name} {s:.2f} s" for name, s in r.resumed_s.items())
+        lost = "1" if r.losses == 1 else f"2, {r.second_s:.1f} s apart (a node joining between)"
         lines.append(
-            f"| {r.groups:,} | {r.checkpoint_bytes / 1e6:,.0f} MB | {each} | {r.silence_s:.2f} s | "
+            f"| {lost} | {r.groups:,} | {r.checkpoint_bytes / 1e6:,.0f} MB | {each} | {r.silence_s:.2f} s | "
             f"{r.remove_s:.2f} s |"
         )
     return lines
@@ -291,6 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state-mb", default="10,1000", help="held state of the recovery runs, MB")
     parser.add_argument("--ray", choices=("cluster", "local"), default="cluster")
     parser.add_argument("--skip", choices=("throughput", "recovery"), action="append", default=[])
+    parser.add_argument(
+        "--two-losses",
+        action="store_true",
+        help=f"also two node losses {SECOND_LOSS_S:g} s apart, a node joining between (smallest size)",
+    )
     parser.add_argument("--quick", action="store_true", help="1 round of 2M rows, 10 MB: about a minute")
     parser.add_argument("--scratch", default=tempfile.gettempdir())
     args = parser.parse_args(argv)
@@ -315,8 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("\n".join(throughput_table(sides, args.paced_rate)), flush=True)
             if "recovery" not in args.skip:
                 found = []
-                for megabytes in (int(m) for m in args.state_mb.split(",") if m):
-                    found.append(recovery(cluster, megabytes, scratch))
+                sizes = [int(m) for m in args.state_mb.split(",") if m]
+                runs = [(m, 1) for m in sizes] + ([(min(sizes), 2)] if args.two_losses else [])
+                for megabytes, losses in runs:
+                    found.append(recovery(cluster, megabytes, scratch, losses))
                     print(f"  recovery {megabytes} MB: {found[-1]}", file=sys.stderr, flush=True)
                 print("\n".join(recovery_table(found)), flush=True)
     finally:

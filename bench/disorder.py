@@ -9,8 +9,9 @@ order). The orders:
 * ``block-sorted``: each 100k-row batch is sorted, but its times are spread over the last 2 s
   (whole blocks arrive late, as from a buffering upstream);
 * ``20% behind``: 20% delayed, but each batch is followed by punctuation at its last arrival time,
-  so the delayed tuples of the next batches are behind punctuation (DESIGN.md §2): they count in
-  their windows still open and go to ``q.late`` for the emitted ones.
+  so the delayed tuples of the next batches are behind punctuation
+  (docs/design.md, "Punctuation and lateness"): they count in their windows still open and go to
+  ``q.late`` for the emitted ones.
 
 OOP operators never sort and never buffer for order, so the order should not matter: the target
 is 50% delayed within 10% of in order. Medians of ``--runs``. Writes ``bench/results/disorder.md``

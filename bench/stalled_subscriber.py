@@ -1,4 +1,5 @@
-"""Front RSS with and without a subscriber that never reads (issue 21, item 4; DESIGN.md §8).
+"""Front RSS with and without a subscriber that never reads (issue 21, item 4;
+docs/design.md, "Bounded memory").
 
 One ``lowtide serve`` per run (``--workers``, the bounds from ``--max-subscriber-mib`` and
 ``--retained-mib``), warmed up by ``bench/e2e.py``'s small run so that no compile holds results

@@ -1,4 +1,4 @@
-"""What a producer checks before anything leaves it (DESIGN §10). No I/O here.
+"""What a producer checks before anything leaves it (docs/design.md, "Producers"). No I/O here.
 
 A producer fetches its stream when it opens (``ListStreams``) and keeps a :class:`Contract`: the
 schema, the progressing attribute, the sources declared on the stream and the punctuation the

@@ -20,7 +20,7 @@ were, and they are not sent again.
 A call is ended and a new one begun every CALL_MAX_BYTES or CALL_MAX_MESSAGES (never inside a
 batch in parts), so what a producer keeps stays bounded.
 
-How a shell drives the core (DESIGN §10):
+How a shell drives the core (docs/design.md, "Producers"):
 
 * the caller's operations (``send``, ``punctuate``, ``flush``, ``close``, ``leave``) check what
   the client can know, raising at once with nothing queued, and queue their messages;
@@ -109,8 +109,17 @@ class IngestCall:
 class ProducerCore:
     """One producer's state apart from its I/O (see the module docstring)."""
 
-    def __init__(self, target: str, stream: str, source: str, max_batch_rows: int, linger_s: float) -> None:
+    def __init__(
+        self,
+        target: str,
+        stream: str,
+        source: str,
+        max_batch_rows: int,
+        linger_s: float,
+        timeout: float | None = None,
+    ) -> None:
         self.target = target
+        self.timeout = timeout  # of each Ingest call, in seconds: for the reason of a deadline passed
         self.batcher = Batcher(stream, source, max_batch_rows, linger_s)
         self.contract: Contract | None = None
         self.sends = 0  # sends accepted so far: "send #n" in error messages
@@ -209,7 +218,7 @@ class ProducerCore:
     def raise_pending(self) -> None:
         """Raise the oldest rejection not raised yet (the others wait for the next calls)."""
         if self.pending:
-            raise self.pending.popleft()
+            raise self.pending.popleft() from None  # its gRPC error is its grpc_error
 
     def final_result(self) -> IngestResult:
         """What ``close()`` returns: the server's answers over all this producer's calls."""
@@ -324,7 +333,7 @@ class ProducerCore:
 
     def failed(self, log: CallLog, exc: Exception) -> list[Outgoing]:
         """A call failed: keep its error for the next call to raise; returns what to send again."""
-        error = translate(exc, self.target)
+        error = translate(exc, self.target, self.timeout)
         index, applied = _failure_metadata(exc)
         entries = log.entries
         self.answered = True
@@ -410,13 +419,18 @@ def _describe(entries: list[Outgoing]) -> str:
 
 
 def _renamed(error: LowtideError, reason: str) -> LowtideError:
-    """``error``'s class with another reason (a gRPC status class keeps its status)."""
+    """``error``'s class with another reason (a gRPC status class keeps its status), holding the
+    same ``grpc_error``."""
+    renamed: LowtideError
     if isinstance(error, ServerError):
-        return ServerError(reason, error.status)
-    try:
-        return type(error)(reason)
-    except TypeError:  # a class with another constructor (QuerySyntaxError): never for Ingest
-        return InvalidArgument(reason)
+        renamed = ServerError(reason, error.status)
+    else:
+        try:
+            renamed = type(error)(reason)
+        except TypeError:  # a class with another constructor (QuerySyntaxError): never for Ingest
+            renamed = InvalidArgument(reason)
+    renamed.grpc_error = error.grpc_error
+    return renamed
 
 
 __all__ = ["CALL_MAX_BYTES", "CALL_MAX_MESSAGES", "CallLog", "IngestCall", "ProducerCore", "Step"]

@@ -1,10 +1,10 @@
 """The producers: :class:`Producer` (blocking, thread-safe) and :class:`AsyncProducer` (asyncio).
 
 Each is a thin shell over :class:`lowtide.clients._producer_core.ProducerCore`, which decides
-everything (DESIGN §10: checks, batching, which call carries what, what an answer means, what
-goes again, what the caller is told); a shell only opens Ingest calls, moves the messages the
-core gives it, waits, and hands the core each call's answer. Invariant: a shell touches its core
-only under its lock (the blocking shell's condition, the asyncio shell's lock).
+everything (docs/design.md, "Producers": checks, batching, which call carries what, what an answer
+means, what goes again, what the caller is told); a shell only opens Ingest calls, moves the
+messages the core gives it, waits, and hands the core each call's answer. Invariant: a shell touches
+its core only under its lock (the blocking shell's condition, the asyncio shell's lock).
 
 * opening one fetches its stream (``ListStreams``): an unknown stream raises ``NotFound``;
 * ``send`` and ``punctuate`` check what the client can know (the schema, the source's last
@@ -59,7 +59,7 @@ class _Shell(ABC, Generic[StreamsT]):
     ) -> None:
         self._stub = stub
         self._timeout = timeout
-        self._core = ProducerCore(target, stream, source, max_batch_rows, linger_ms / 1000)
+        self._core = ProducerCore(target, stream, source, max_batch_rows, linger_ms / 1000, timeout)
         self._set_up(streams)
 
     @abstractmethod

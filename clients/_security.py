@@ -1,4 +1,5 @@
-"""Channels of the clients: plaintext or TLS, with or without a bearer token (DESIGN.md §9).
+"""Channels of the clients: plaintext or TLS, with or without a bearer token
+(docs/design.md, "Security").
 
 ``root_certificates`` (PEM bytes, or the path of a PEM file) makes the channel TLS, checking the
 server against those roots. ``token`` puts ``authorization: Bearer <token>`` on every call -

@@ -3,8 +3,8 @@
 Each control call is a :class:`Call` - the stub method, the request message and how to read the
 response - so the two clients differ only in how they run it (blocking or awaited).
 
-Errors come back as the exception the server raised (DESIGN.md §6): the class named by the
-``lowtide-error`` trailing metadata, else the class of the gRPC status code. Transport failures
+Errors come back as the exception the server raised (docs/design.md, "Errors"): the class named by
+the ``lowtide-error`` trailing metadata, else the class of the gRPC status code. Transport failures
 become the client-side classes of :mod:`lowtide.errors`, so one ``except LowtideError`` catches
 everything a call can raise::
 
@@ -13,6 +13,9 @@ everything a call can raise::
     ├── ServerUnavailable      UNAVAILABLE: no server at the target, or it went away
     ├── DeadlineExceeded       DEADLINE_EXCEEDED: the client's timeout passed
     └── ServerError            any other status (INTERNAL, ABORTED, CANCELLED, UNKNOWN, ...)
+
+The gRPC error stays on the lowtide one as ``grpc_error``; the clients raise the lowtide error
+``from None``, so an uncaught one prints lowtide's traceback alone, not gRPC's above it.
 """
 
 from __future__ import annotations
@@ -57,10 +60,31 @@ _BY_STATUS: dict[str, type[LowtideError]] = {
 _SYNTAX = re.compile(r"^line (\d+), column (\d+): (.*)$")
 
 
-def translate(exc: Exception, target: str) -> LowtideError:
-    """The lowtide exception for a failed gRPC call (``raise translate(exc, t) from exc``)."""
+def translate(exc: Exception, target: str, timeout: float | None = None) -> LowtideError:
+    """The lowtide exception for a failed gRPC call, holding that call's error as ``grpc_error``:
+    ``raise translate(exc, target, timeout) from None``. ``timeout`` (seconds) is the call's, for
+    the reason of a deadline that passed."""
     if isinstance(exc, LowtideError):
         return exc
+    error = _translated(exc, target, timeout)
+    error.grpc_error = exc
+    return error
+
+
+def deadline_reason(target: str, timeout: float | None, setting: str = "timeout") -> str:
+    """The reason of a call whose deadline passed: the server did not answer within ``timeout``
+    seconds, given by ``setting`` (the client's ``timeout``, the command's ``--timeout``)."""
+    if timeout is None:
+        return (
+            f"the server at {target} did not answer before the call's deadline: is it overloaded or stopped?"
+        )
+    return (
+        f"the server at {target} did not answer within {timeout:g} s ({setting}): is it overloaded or "
+        f"stopped? A larger {setting} waits longer"
+    )
+
+
+def _translated(exc: Exception, target: str, timeout: float | None) -> LowtideError:
     rpc: Any = exc
     try:
         status = rpc.code().name
@@ -77,6 +101,8 @@ def translate(exc: Exception, target: str) -> LowtideError:
         kind = errors.InvalidArgument
     if kind is ServerUnavailable:
         return ServerUnavailable(f"no lowtide server is reachable at {target}: {_unreachable(details)}")
+    if kind is DeadlineExceeded and details == "Deadline Exceeded":  # gRPC's words for the client's
+        return DeadlineExceeded(deadline_reason(target, timeout))
     if kind is None:
         return ServerError(details, status)
     return kind(details)
@@ -262,6 +288,7 @@ def _worker_info(w: Any) -> dict[str, Any]:
         "node": w.node,
         "pid": int(w.pid),
         "restarts": int(w.restarts),
+        "status": w.status,
         "queries": [q.name for q in w.queries],
         "state_bytes": sum(int(q.state_bytes) for q in w.queries),  # of the queries listed
     }

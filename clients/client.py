@@ -1,15 +1,18 @@
 """Python clients of a lowtide server: :class:`Client` (blocking) and :class:`AsyncClient` (asyncio).
 
-Both make the calls of :class:`lowtide.Engine` over gRPC (DESIGN.md §6) and give the same items:
-a subscription yields ``pyarrow.Table`` result batches and :class:`lowtide.Punctuation` markers.
+Both make the calls of :class:`lowtide.Engine` over gRPC (docs/design.md, "Interfaces") and give the
+same items: a subscription yields ``pyarrow.Table`` result batches and :class:`lowtide.Punctuation`
+markers.
 Every failure raises a :class:`lowtide.LowtideError` subclass - the very class the server raised
 (``SchemaMismatch``, ``NotFound``, ...) or, for transport failures, ``ServerUnavailable``,
-``DeadlineExceeded`` or ``ServerError`` - with the server's one-line reason.
+``DeadlineExceeded`` or ``ServerError`` - with the server's one-line reason. The gRPC error
+behind it is its ``grpc_error``; it is raised ``from None``, so an uncaught one prints lowtide's
+traceback alone.
 
 A producer (:mod:`lowtide.clients._producers`) feeds one source of a stream over Ingest calls
 and batches for the caller: sends are coalesced into Arrow batches of up to ``max_batch_rows``
 rows, held at most ``linger_ms``; punctuation and close go after the rows sent before them.
-Producer errors follow DESIGN §10:
+Producer errors follow docs/design.md, "Producers":
 
 * opening a producer fetches its stream (an unknown stream raises ``NotFound`` there); ``send``
   checks each batch or row against the stream's schema (missing or unknown columns, the
@@ -91,7 +94,7 @@ class Subscription:
         except grpc.RpcError as exc:
             if self._cancelled:
                 raise StopIteration from None
-            raise translate(exc, self._target) from exc
+            raise translate(exc, self._target) from None
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -110,7 +113,7 @@ class Client:
     ``timeout`` (seconds) bounds each control call; producers and subscriptions run unbounded.
     ``root_certificates`` (PEM bytes, or a PEM file's path) connects over TLS, trusting those
     roots; ``token`` is sent as ``authorization: Bearer <token>`` on every call, producers' and
-    subscriptions' included (DESIGN.md §9).
+    subscriptions' included (docs/design.md, "Security").
     """
 
     def __init__(
@@ -138,7 +141,7 @@ class Client:
         try:
             response = getattr(self._stub, call.method)(call.request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise translate(exc, self.target) from exc
+            raise translate(exc, self.target, self.timeout) from None
         return call.parse(response)
 
     def create_stream(
@@ -183,7 +186,9 @@ class Client:
     def list_workers(self) -> list[dict[str, Any]]:
         """Each worker: index, node (the address of its machine: ``localhost`` for the server's own,
         a Ray node's IP address with ``--ray``), pid, restarts, queries (the names of those with
-        operators on it) and state_bytes (their window state there, as of its last statistics)."""
+        operators on it), state_bytes (their window state there, as of its last statistics) and
+        status (``running``; ``placing`` while it is started again, ``pending`` while a Ray worker
+        waits out a back-off before its next placement attempt)."""
         return self._run(wire.list_workers())
 
     def health(self) -> dict[str, Any]:
@@ -307,7 +312,7 @@ class AsyncSubscription:
         except grpc.RpcError as exc:
             if self._cancelled:
                 raise StopAsyncIteration from None
-            raise translate(exc, self._target) from exc
+            raise translate(exc, self._target) from None
         except asyncio.CancelledError:
             if self._cancelled:
                 raise StopAsyncIteration from None
@@ -355,7 +360,7 @@ class AsyncClient:
         try:
             response = await getattr(self._stub, call.method)(call.request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise translate(exc, self.target) from exc
+            raise translate(exc, self.target, self.timeout) from None
         return call.parse(response)
 
     async def create_stream(

@@ -1,4 +1,5 @@
-"""The options ``format("lowtide")`` shares between its reader and its writer (DESIGN.md §12).
+"""The options ``format("lowtide")`` shares between its reader and its writer
+(docs/design.md, "Spark data source").
 
 ``server`` (required, ``host:port``), ``token``, ``root_certificates`` (PEM text, or a path read
 on the driver: executors need no copy), ``timeout`` (seconds a call may take, 60 by default) and

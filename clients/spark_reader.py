@@ -1,4 +1,5 @@
-"""``format("lowtide")`` read by Spark: a query's results, its output offsets Spark's (DESIGN.md §12).
+"""``format("lowtide")`` read by Spark: a query's results, its output offsets Spark's
+(docs/design.md, "Spark data source").
 
     spark.readStream.format("lowtide").option("server", "db1:50051").option("query", "q1")
         .option("startingOffsets", "earliest").load()       # streaming: results as they come

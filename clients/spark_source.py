@@ -1,4 +1,5 @@
-"""The data source ``format("lowtide")``: Spark reads a query's results and writes streams (DESIGN.md §12).
+"""The data source ``format("lowtide")``: Spark reads a query's results and writes streams
+(docs/design.md, "Spark data source").
 
     from lowtide.clients.spark import LowtideDataSource
     spark.dataSource.register(LowtideDataSource)     # the short name "lowtide"

@@ -1,4 +1,5 @@
-"""``format("lowtide")`` written by Spark: micro-batches into a stream, exactly once (DESIGN.md §12).
+"""``format("lowtide")`` written by Spark: micro-batches into a stream, exactly once
+(docs/design.md, "Spark data source").
 
     (df.writeStream.format("lowtide").option("server", "db1:50051").option("stream", "Packets")
        .option("punctuation", "watermark:10 seconds").option("checkpointLocation", path).start())

@@ -17,8 +17,8 @@ class Batch:
     """Columns by name, all of length ``n``.
 
     ``late`` marks tuples behind their stream's published progress: the query's window operator
-    counts them in its windows not yet emitted (DESIGN.md §2) or, under ``update``, revises its
-    windows.
+    counts them in its windows not yet emitted (docs/design.md, "Punctuation and lateness") or,
+    under ``update``, revises its windows.
     """
 
     columns: dict[str, Column]

@@ -3,11 +3,11 @@
 Everything a query's input passes before it reaches an operator graph, and everything that must
 be decided once for all queries, lives here; the graphs themselves belong to a
 :class:`~lowtide.runner.Runner` (in this process, or the server's workers). The same calls and
-items as the network client, minus the network (DESIGN.md §6). Every call either applies whole or
-raises a :class:`~lowtide.errors.LowtideError` and changes nothing. Time-driven work (heartbeat
-punctuation, idle sources, the early results of ``EMIT EVERY`` queries) runs on the door's clock
-whenever the door is called, or when :meth:`Door.tick` is. A query that passes a limit while it
-runs (:class:`Limits`: windows per step) fails alone: the call that drove it applies to the
+items as the network client, minus the network (docs/design.md, "Interfaces"). Every call either
+applies whole or raises a :class:`~lowtide.errors.LowtideError` and changes nothing. Time-driven
+work (heartbeat punctuation, idle sources, the early results of ``EMIT EVERY`` queries) runs on the
+door's clock whenever the door is called, or when :meth:`Door.tick` is. A query that passes a limit
+while it runs (:class:`Limits`: windows per step) fails alone: the call that drove it applies to the
 streams and every other query; the failed query takes no more input, and polling it raises the
 :class:`~lowtide.errors.ResourceExhausted` naming it once the results it made before are drained.
 
@@ -747,8 +747,9 @@ class Door(Generic[R]):
         strict = [q for q in self._queries.values() if q.policy is LatePolicy.ERROR and stream in q.streams]
         n_late = 0
         if strict and any(mask.any() for mask in behind):
-            # Behind punctuation is late only where a query can no longer count it (§2), judged on
-            # provisional codes: the pool takes the batch's new strings only as it applies.
+            # Behind punctuation is late only where a query can no longer count it
+            # (docs/design.md, "Punctuation and lateness"), judged on provisional codes: the pool
+            # takes the batch's new strings only as it applies.
             schema = target.schema
             rows = [
                 select_rows(with_codes(part, schema, codes), mask)

@@ -1,8 +1,8 @@
 """The in-process engine: the door (:mod:`lowtide.door`) with every graph run in this process.
 
-The same calls and items as the network client, minus the network (DESIGN.md §6): streams,
-queries, ``push``, ``punctuate``, ``poll`` and the rest are the door's (see :class:`~lowtide.door.Door`
-for what each guarantees); the queries' operator graphs run in a
+The same calls and items as the network client, minus the network (docs/design.md, "Interfaces"):
+streams, queries, ``push``, ``punctuate``, ``poll`` and the rest are the door's (see
+:class:`~lowtide.door.Door` for what each guarantees); the queries' operator graphs run in a
 :class:`~lowtide.local_runner.LocalRunner`.
 """
 

@@ -37,6 +37,9 @@ class LowtideError(Exception):
     """Base of every lowtide rejection."""
 
     status: str = "UNKNOWN"
+    # In a client: the failed gRPC call's own error (the lowtide error is raised from None, so
+    # an uncaught one prints lowtide's traceback alone); None elsewhere.
+    grpc_error: Exception | None = None
 
     def __init__(self, reason: str) -> None:
         # A reason is one line of at most MAX_REASON characters: the server sends it as the

@@ -5,8 +5,8 @@ minimum over its live sources - declared sources count from the start (so the st
 each of them), undeclared ones from the moment they first speak, closed ones as +inf, idle ones
 (silent for ``idle_timeout``) not at all until they speak again. Published progress never
 regresses; a tuple below it is *behind* punctuation (counted here), passed to the queries as
-such: each query decides where it is late (DESIGN.md §2). Every change is checked before it is
-applied, so a rejected call changes nothing.
+such: each query decides where it is late (docs/design.md, "Punctuation and lateness"). Every change
+is checked before it is applied, so a rejected call changes nothing.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ every window ``< q`` is complete: its non-empty groups - eager, lazy or in trans
 emitted once, at ``revision`` 0, in one batch per punctuation, then
 ``Punctuation(end(q), "window_end")``. State is bounded by the open windows: partials of eager
 groups, tuples of lazy ones, and per-group statistics of the groups with active tuples.
-Tuples behind punctuation (DESIGN.md §2) count in their windows from ``first_open`` on, as WID
-Aggregate counts them; those that missed an emitted window go to the late side stream once.
+Tuples behind punctuation (docs/design.md, "Punctuation and lateness") count in their windows from
+``first_open`` on, as WID Aggregate counts them; those that missed an emitted window go to the late
+side stream once.
 Early results (``EMIT EVERY``, :meth:`AdaptWIDAggregate.emit_partials`): every open window's
 current rows - exactly what punctuation would emit for them now - with ``final = false``: the
 windows are those ``first_open`` and above, which the output punctuation does not cover. Only the

@@ -1,4 +1,5 @@
-"""Fused WID Aggregate (Grizzly, seed 002): Select, Bucket and WID Aggregate in one kernel per batch.
+"""Fused WID Aggregate: Select, Bucket and WID Aggregate in one kernel per batch, fused as in
+"Grizzly: Efficient Stream Processing Through Adaptive Query Compilation" (Grulich et al., 2020).
 
 For the commonest filtered window query - a time window counting and summing integer columns, grouped by
 one non-float column, behind a WHERE of any conjuncts - the WHERE becomes a mask over the batch
@@ -12,9 +13,9 @@ Punctuation contract: WID Aggregate's (this is one, fed directly). Stream punctu
 the window attribute completes the windows ``< first_open(p)``: their non-empty groups are
 emitted once at ``revision`` 0, then ``Punctuation(end(first open window), "window_end")`` -
 exactly what Select -> Bucket -> WID Aggregate promise together. Tuples behind punctuation
-(``batch.late``, DESIGN.md §2) take Bucket's path and count in their windows not yet emitted, as
-WID Aggregate counts them; those that missed an emitted window go to the late side stream once
-(:func:`~lowtide.operators.window_ids.admit_behind`). Early results (``EMIT
+(``batch.late``, docs/design.md, "Punctuation and lateness") take Bucket's path and count in their
+windows not yet emitted, as WID Aggregate counts them; those that missed an emitted window go to the
+late side stream once (:func:`~lowtide.operators.window_ids.admit_behind`). Early results (``EMIT
 EVERY``) are WID Aggregate's too: the open windows' rows, ``final = false``, above that
 punctuation, no state changed.
 

@@ -5,14 +5,15 @@ bools are 0/1). Group ids are dense and assigned in first-seen order, so aggrega
 plain arrays indexed by group id. ``compact`` drops groups the caller no longer needs and
 renumbers the rest, which keeps the table bounded by the groups of open windows.
 
-Specialisation (Grizzly, seed 002): a single integer key whose values all fall in a small range
-(at most ``DENSE_SPAN`` wide, as ports, protocols, small ids and dictionary codes do) is looked up
-in a direct array ``index[key - base]`` instead of being hashed and probed. The guard is the
-range, and the memory it takes for the groups it holds: the first batch with a key outside any
-range that small, or that leaves the index more than ``DENSE_SLOTS_PER_GROUP`` slots a group
-(beyond the ``DENSE_FREE_SLOTS`` any table may take), turns the table into the hash table for
-good, with the same group ids. So a few keys spread wide (a thousand ports out of 65,536) cost
-what their groups do, not a 512 KiB index each query.
+Specialisation (as in Grulich et al., "Grizzly: Efficient Stream Processing Through Adaptive Query
+Compilation" (SIGMOD 2020)): a single integer key whose values all fall in a small range (at most
+``DENSE_SPAN`` wide, as ports, protocols, small ids and dictionary codes do) is looked up in a
+direct array ``index[key - base]`` instead of being hashed and probed. The guard is the range, and
+the memory it takes for the groups it holds: the first batch with a key outside any range that
+small, or that leaves the index more than ``DENSE_SLOTS_PER_GROUP`` slots a group (beyond the
+``DENSE_FREE_SLOTS`` any table may take), turns the table into the hash table for good, with the
+same group ids. So a few keys spread wide (a thousand ports out of 65,536) cost what their groups
+do, not a 512 KiB index each query.
 """
 
 from __future__ import annotations

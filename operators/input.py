@@ -1,10 +1,10 @@
 """Input: where a stream enters one query; applies the query's late policy.
 
 Tuples at or above the stream's published progress pass on unchanged. Tuples *behind* it
-(DESIGN.md §2) pass on marked ``late`` when the query's window operator counts them (it has a
-``late_rule``, compiled from the query's description by :mod:`lowtide.query.late_rules`; always
-under ``update``): that operator counts each in every window of it not yet emitted and treats
-only the rest as late for the query. Otherwise they are
+(docs/design.md, "Punctuation and lateness") pass on marked ``late`` when the query's window
+operator counts them (it has a ``late_rule``, compiled from the query's description by
+:mod:`lowtide.query.late_rules`; always under ``update``): that operator counts each in every window
+of it not yet emitted and treats only the rest as late for the query. Otherwise they are
 late here and follow the policy: ``drop`` hands them to the late side stream, ``error`` never
 gets here (the door rejects the whole batch first, by the same rule compiled from the query's
 description: it tells from the punctuation alone which tuples the window operator could no longer

@@ -71,20 +71,20 @@ value published is the current one) - but for ``out_x`` of an until join, which 
 stored tuples; for a tuple behind punctuation the join takes ``mute_x = b_x`` in its place (below),
 elsewhere ``mute_i = out_i``.
 
-Behind punctuation (DESIGN.md §2). A tuple ``x`` of input i with ``x.ts < b_i`` (``batch.late``
-from the query's Input; any tuple below ``b_i`` is taken alike) may no longer meet partners whose
-end is below ``T_j`` (j the other input): they may be purged already, or were never stored. So it
-meets only stored partners with end ``>= T_j`` (purgeable ones not yet compacted must not match:
-results do not depend on when compaction ran), and only if ``x.ts >= mute_i`` (else a pair would
-fall below the punctuation published on its column). It is *late for the query* iff its partner
-floor - the smallest end a partner of it can have: band ``x.ts - r1`` (left) or ``x.ts - r0``
-(right), tumbling its bucket start, until ``x.ts + low`` (bounded input) or ``y.ts`` (the other) -
-is below ``T_j``, which holds for every behind tuple of a band or until join (tumbling: its bucket
-is no longer open); or if ``x.ts < mute_i``, which implies the former (band: ``out_i <= b_i``;
-tumbling: ``out_i <= floor(b_i/d)*d = T_j``; until: ``mute_i <= b_i``). A late tuple goes to its
-input's late sink (the query's ``<query>.late``, in its stream's columns) once; if ``x.ts >=
-mute_i`` it still forms its pairs with the partners held (a tuple may so be split, like one a
-sliding window counts in its open windows). It is stored by the usual rule (end ``>= T_i``, a
+Behind punctuation (docs/design.md, "Punctuation and lateness"). A tuple ``x`` of input i with
+``x.ts < b_i`` (``batch.late`` from the query's Input; any tuple below ``b_i`` is taken alike) may
+no longer meet partners whose end is below ``T_j`` (j the other input): they may be purged already,
+or were never stored. So it meets only stored partners with end ``>= T_j`` (purgeable ones not yet
+compacted must not match: results do not depend on when compaction ran), and only if ``x.ts >=
+mute_i`` (else a pair would fall below the punctuation published on its column). It is *late for the
+query* iff its partner floor - the smallest end a partner of it can have: band ``x.ts - r1`` (left)
+or ``x.ts - r0`` (right), tumbling its bucket start, until ``x.ts + low`` (bounded input) or
+``y.ts`` (the other) - is below ``T_j``, which holds for every behind tuple of a band or until join
+(tumbling: its bucket is no longer open); or if ``x.ts < mute_i``, which implies the former (band:
+``out_i <= b_i``; tumbling: ``out_i <= floor(b_i/d)*d = T_j``; until: ``mute_i <= b_i``). A late
+tuple goes to its input's late sink (the query's ``<query>.late``, in its stream's columns) once; if
+``x.ts >= mute_i`` it still forms its pairs with the partners held (a tuple may so be split, like
+one a sliding window counts in its open windows). It is stored by the usual rule (end ``>= T_i``, a
 partner range not emptied by the mute). :meth:`OAJoin.late_mask` is this test as a function of
 ``(b0, b1)``: the door's late rule for ``late='error'`` (:func:`late_mask_of`).
 

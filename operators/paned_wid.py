@@ -29,15 +29,15 @@ the running window holds the sum of its slices' current contents, so whatever a 
 before its last window is emitted counts exactly; queued results of emitted windows are in
 scratch rows of their own and never change.
 
-Behind punctuation (DESIGN.md §2). A tuple below its stream's punctuation (``batch.late``)
-reaches the slices like any other; :meth:`PanedWIDAggregate.judge_behind` tells them whether it
-counts here - it does in each of its windows from the first not emitted on, as if it had come in
-time - and sends it once to this query's late side stream if it missed an emitted window (a
-sliding window may do both). The slice takes it when some reader counts it, and this reader's
-running window takes it too if it has summed the slice already
-(:meth:`PanedWIDAggregate.absorb`), so the windows emitted later are exact and no row of revision
-0 ever comes below an output punctuation already published. Its windows end on slice edges, so
-under ``error`` :meth:`PanedWIDAggregate.late_mask` tells the same from the punctuation alone.
+Behind punctuation (docs/design.md, "Punctuation and lateness"). A tuple below its stream's
+punctuation (``batch.late``) reaches the slices like any other;
+:meth:`PanedWIDAggregate.judge_behind` tells them whether it counts here - it does in each of its
+windows from the first not emitted on, as if it had come in time - and sends it once to this query's
+late side stream if it missed an emitted window (a sliding window may do both). The slice takes it
+when some reader counts it, and this reader's running window takes it too if it has summed the slice
+already (:meth:`PanedWIDAggregate.absorb`), so the windows emitted later are exact and no row of
+revision 0 ever comes below an output punctuation already published. Its windows end on slice edges,
+so under ``error`` :meth:`PanedWIDAggregate.late_mask` tells the same from the punctuation alone.
 
 It reads the slices' group table and accumulators; its own are a
 :class:`~lowtide.operators.result_queue.ResultQueue` of the results of complete windows, each
@@ -171,7 +171,7 @@ class PanedWIDAggregate(WindowOperator):
     def process(self, batch: Batch, port: int = 0) -> None:
         raise TypeError("Paned-WID reads its shared slices: tuples go to them")
 
-    # -- tuples behind punctuation (DESIGN.md §2) -----------------------------------------------
+    # -- tuples behind punctuation (docs/design.md, "Punctuation and lateness") -----------------
     def late_mask(self, batch: Batch, punctuation: int) -> Mask:
         """Which tuples (behind punctuation, as they enter the query) belong to a window this
         query has emitted once its input punctuation is ``punctuation`` (for ``error``): those

@@ -31,12 +31,12 @@ current end, at least ``p - L + 1 - r`` (else it was purged); a session a counte
 every session is emitted and ``q`` is END_OF_STREAM. Batches emit nothing, except under
 ``update`` (below): output punctuation moves with input punctuation only.
 
-Behind punctuation (DESIGN.md §2). A tuple ``t`` of group ``g`` counts iff (a) its own session
-``[t, t + gap)`` is not complete at the horizon (``t >= floor``) and (b) ``t - r >= gone[g]``. A
-purged session ``[s, e)`` has ``e + r <= p - L`` and ``s <= e - gap < t``, so ``t`` would join it
-iff ``t < e + r``: (b) says exactly that ``t`` joins no purged session, so the sessions stay
-those of every tuple counted, in any order. A counted tuple is placed as if it had come in
-time: it joins, starts or merges held sessions (under ``drop`` those are all open at ``p``:
+Behind punctuation (docs/design.md, "Punctuation and lateness"). A tuple ``t`` of group ``g`` counts
+iff (a) its own session ``[t, t + gap)`` is not complete at the horizon (``t >= floor``) and (b)
+``t - r >= gone[g]``. A purged session ``[s, e)`` has ``e + r <= p - L`` and ``s <= e - gap < t``,
+so ``t`` would join it iff ``t < e + r``: (b) says exactly that ``t`` joins no purged session, so
+the sessions stay those of every tuple counted, in any order. A counted tuple is placed as if it had
+come in time: it joins, starts or merges held sessions (under ``drop`` those are all open at ``p``:
 nothing emitted changes). Every other tuple is late for the query and goes to the late side
 stream, once. Under ``error`` the query's Inputs reject every batch holding a tuple behind
 punctuation: whether one is late depends on ``gone``, which a rule of punctuation alone

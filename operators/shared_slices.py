@@ -1,13 +1,14 @@
 """Shared Slices: the pane-level tumbling aggregate of Paned-WID (§6.2), shared across queries.
 
-Stream slicing (seed 001, §4) generalises panes: every sliding-window query on a stream reads
-one set of slices whose edges include all of their window edges, so a tuple updates exactly one
-slice cell ``(slice, group)`` however many queries and overlapping windows read it - and, for
-holistic aggregates, one entry of its slice's value log (the slice's exact summary). Here a slice
-is a tumbling window of ``width`` (the Bucket before this operator tags each tuple with it), and
-``width`` divides every reader's pane ``gcd(RANGE, SLIDE)``, so each reader's windows are unions
-of whole slices. The readers, one :class:`~lowtide.operators.paned_wid.PanedWIDAggregate` per
-query, combine slices into windows when punctuation completes them.
+Stream slicing (Traub et al., "Efficient Window Aggregation with General Stream Slicing"
+(EDBT 2019), section 4) generalises panes: every sliding-window query on a stream reads one set of
+slices whose edges include all of their window edges, so a tuple updates exactly one slice cell
+``(slice, group)`` however many queries and overlapping windows read it - and, for holistic
+aggregates, one entry of its slice's value log (the slice's exact summary). Here a slice is a
+tumbling window of ``width`` (the Bucket before this operator tags each tuple with it), and
+``width`` divides every reader's pane ``gcd(RANGE, SLIDE)``, so each reader's windows are unions of
+whole slices. The readers, one :class:`~lowtide.operators.paned_wid.PanedWIDAggregate` per query,
+combine slices into windows when punctuation completes them.
 
 A query registered while the stream runs must not count tuples that arrived before it. So the
 slices are kept per *generation*: a reader that joins after tuples arrived starts a new
@@ -19,13 +20,13 @@ first and emits its complete windows; then the slices no reader needs any more -
 reader's first open window and running window - are dropped. State is bounded by the slices of
 the open windows of the widest reader, plus one slide. Placement: by the group columns.
 
-Behind punctuation (DESIGN.md §2). A tuple below its stream's punctuation (``batch.late``) is
-late or not per query, not for the slices: each reader judges it in its own windows - it counts
-in those not yet emitted, and goes to that reader's late side stream once if it missed an
-emitted one. Its slice takes it when some reader counts it - then some reader still needs the
-slice: the slice is held, or made again in the newest generation, which every reader reads - and
-every reader's running window that has summed the slice takes it too. A tuple no reader counts
-is counted nowhere. The Input of shared slices forwards tuples behind punctuation for that
+Behind punctuation (docs/design.md, "Punctuation and lateness"). A tuple below its stream's
+punctuation (``batch.late``) is late or not per query, not for the slices: each reader judges it in
+its own windows - it counts in those not yet emitted, and goes to that reader's late side stream
+once if it missed an emitted one. Its slice takes it when some reader counts it - then some reader
+still needs the slice: the slice is held, or made again in the newest generation, which every reader
+reads - and every reader's running window that has summed the slice takes it too. A tuple no reader
+counts is counted nowhere. The Input of shared slices forwards tuples behind punctuation for that
 (its late rule is any reader's: slices are shared only under ``drop``).
 
 A snapshot holds the group table, the accumulators (slices, readers' running windows and

@@ -12,12 +12,13 @@ emitted, so state is bounded by the open windows. Under the late policy ``update
 state stays until ``"wid_retain"`` passes it; late tuples landing in such a window re-emit the
 corrected row with ``revision`` + 1 (a group new to an emitted window comes out late, at
 ``revision`` 0); tuples later than that go to the late side stream.
-Behind punctuation (DESIGN.md §2): a tuple below its stream's punctuation (``batch.late``) counts
-in every window of it from the first not emitted on, as if it had come in time; only the windows
-already emitted see it late (:func:`~lowtide.operators.window_ids.admit_behind`: once in the
-late side stream; a landmark counts it in its first open slide, which every later prefix holds),
-so no row of revision 0 ever comes below an output punctuation already published. Under
-``update`` the windows retained take it as revisions; only forgotten ones see it late.
+Behind punctuation (docs/design.md, "Punctuation and lateness"): a tuple below its stream's
+punctuation (``batch.late``) counts in every window of it from the first not emitted on, as if it
+had come in time; only the windows already emitted see it late
+(:func:`~lowtide.operators.window_ids.admit_behind`: once in the late side stream; a landmark counts
+it in its first open slide, which every later prefix holds), so no row of revision 0 ever comes
+below an output punctuation already published. Under ``update`` the windows retained take it as
+revisions; only forgotten ones see it late.
 Early results (``EMIT EVERY``): :meth:`WIDAggregate.emit_partials` emits the current rows of
 the open windows - ``first_open`` and above, which the output punctuation ``end(first_open)`` does
 not cover - with ``final = false`` and changes no state; the row punctuation releases (and each

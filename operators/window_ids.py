@@ -5,7 +5,7 @@ A tuple tagged by :class:`~lowtide.operators.bucket.Bucket` belongs to the windo
 the rows of state a batch needs with :func:`touched_windows` and address them with
 :func:`window_rows`, and revisions of late tuples walk every pair with :func:`expand_ranges`.
 They take int64 arrays of one length and never loop over tuples in Python. Tuples behind
-punctuation enter through :func:`admit_behind` (DESIGN.md §2).
+punctuation enter through :func:`admit_behind` (docs/design.md, "Punctuation and lateness").
 """
 
 from __future__ import annotations

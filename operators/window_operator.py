@@ -4,11 +4,12 @@
 A window operator (WID, fused WID, AdaptWID, Paned-WID and the Shared Slices it reads, sessions)
 counts tuples in windows and emits a window's rows once punctuation completes it. Each declares:
 
-* :meth:`WindowOperator.late_mask`: which tuples behind punctuation (DESIGN.md §2) it can no longer
-  count once its input punctuation is ``p``. It is a function of its window and ``p`` alone,
-  :func:`late_at` - a tuple in a window ``p`` completed (emitted); for sessions, every one, since
-  whether a session is gone is state - so the door answers ``late = error`` from a query's
-  description without the operator (:mod:`lowtide.query.late_rules`), as the operator would.
+* :meth:`WindowOperator.late_mask`: which tuples behind punctuation
+  (docs/design.md, "Punctuation and lateness") it can no longer count once its input punctuation is
+  ``p``. It is a function of its window and ``p`` alone, :func:`late_at` - a tuple in a window ``p``
+  completed (emitted); for sessions, every one, since whether a session is gone is state - so the
+  door answers ``late = error`` from a query's description without the operator
+  (:mod:`lowtide.query.late_rules`), as the operator would.
   Shared Slices answer for all their readers (the OR of theirs).
 * :meth:`WindowOperator.emit_partials`: early results (``EMIT EVERY``,
   :mod:`lowtide.query.early`): emit the current rows of every open, non-empty window with

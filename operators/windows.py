@@ -1,7 +1,7 @@
 """Window semantics of chapter 5: ``wids()``, ``extent()`` bounds and completion by punctuation.
 
-Windows are aligned to 0 of the windowing attribute's domain (DESIGN.md §3), identified by
-integer window ids ``w`` (negative ids are windows that start before 0, and are real windows).
+Windows are aligned to 0 of the windowing attribute's domain (docs/design.md, "Windows"), identified
+by integer window ids ``w`` (negative ids are windows that start before 0, and are real windows).
 
 * :class:`Sliding` (tumbling when RANGE == SLIDE): ``extent(w) = [w*SLIDE, w*SLIDE + RANGE)``,
   so ``wids(t) = [floor((t - RANGE) / SLIDE) + 1, floor(t / SLIDE) + 1)``. RANGE need not be a
@@ -221,7 +221,8 @@ class WindowLimits:
 
 def in_completed_window(window: Window, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
     """Which tuples of ``batch`` belong to some window that ``punctuation`` already completed: a
-    window operator has emitted it, so a tuple behind punctuation is late for it (DESIGN.md §2).
+    window operator has emitted it, so a tuple behind punctuation is late for it
+    (docs/design.md, "Punctuation and lateness").
     Tuple windows number rows as they arrive: no row is behind them until the end of the stream."""
     if isinstance(window, Rows):
         return np.full(batch.n, punctuation >= END_OF_STREAM, np.bool_)

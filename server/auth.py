@@ -1,4 +1,5 @@
-"""Who may reach the server and what each caller may do: TLS and bearer tokens (DESIGN.md §9).
+"""Who may reach the server and what each caller may do: TLS and bearer tokens
+(docs/design.md, "Security").
 
 Invariant: with ``--tokens F`` on, no call reaches a servicer unless its metadata carries
 ``authorization: Bearer <token>`` with a token of ``F`` whose role allows the method. Every other

@@ -6,6 +6,16 @@ workers = 2               # worker processes (default: the number of cores)
 ray = ""                  # "": workers are local processes; auto | local | host:port | ray://host:port:
                           # workers are actors of that Ray cluster (the ray extra, docs/ray.md)
 worker_cpus = 1.0         # with ray: the CPUs each worker actor reserves
+ray_node_ip = ""          # with ray = "local": the address its private cluster listens on;
+                          # "": 127.0.0.1 (nothing of it reachable from another machine)
+restart_strategy = "exponential-delay"  # placing a lost Ray worker again (Flink's strategies):
+                          # exponential-delay | fixed-delay
+restart_initial_backoff_s = 1.0   # the wait after the first failed attempt (fixed-delay: every wait)
+restart_max_backoff_s = 60.0      # the longest wait between attempts
+restart_backoff_multiplier = 2.0  # each wait this many times the one before
+restart_reset_backoff_threshold_s = 300.0  # a worker up this long without dying: waits start over
+restart_attempt_timeout_s = 60.0  # an actor not answering by then is killed and created again
+restart_max_attempts = 0  # failed attempts in a row before the server stops; 0: never gives up
 metrics_port = 9464       # Prometheus exposition; 0: a free port; -1: off
 metrics_host = "127.0.0.1"  # the exposition's bind address (not host's: metrics stay on loopback)
 state_dir = ""            # durable state (input log and checkpoints) here; "": memory only
@@ -45,6 +55,7 @@ tokens = ""               # TOML file whose [tokens] table maps each token to ad
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -54,6 +65,7 @@ from typing import Any
 
 from lowtide.errors import InvalidArgument
 from lowtide.server.input_log import FSYNC_POLICIES
+from lowtide.server.restart_strategy import RestartStrategy
 
 # What --ray takes: Ray's own forms of a cluster address, and auto / local (see docs/ray.md).
 RAY_ADDRESS = re.compile(r"auto|local|(ray://)?[\w.\-]+:\d+")
@@ -66,6 +78,14 @@ class ServerConfig:
     workers: int = max(1, os.cpu_count() or 1)
     ray: str = ""
     worker_cpus: float = 1.0
+    ray_node_ip: str = ""
+    restart_strategy: str = "exponential-delay"
+    restart_initial_backoff_s: float = 1.0
+    restart_max_backoff_s: float = 60.0
+    restart_backoff_multiplier: float = 2.0
+    restart_reset_backoff_threshold_s: float = 300.0
+    restart_attempt_timeout_s: float = 60.0
+    restart_max_attempts: int = 0
     metrics_port: int = 9464
     metrics_host: str = "127.0.0.1"
     state_dir: str = ""
@@ -119,6 +139,16 @@ class ServerConfig:
             )
         if not config.worker_cpus > 0:
             raise InvalidArgument("worker_cpus must be more than 0")
+        if config.ray_node_ip:
+            if config.ray != "local":
+                raise InvalidArgument("ray_node_ip (--ray-node-ip) is for ray = local: a cluster has its own")
+            try:
+                ipaddress.ip_address(config.ray_node_ip)
+            except ValueError:
+                raise InvalidArgument(f"ray_node_ip must be an IP address: {config.ray_node_ip!r}") from None
+        problem = config.restart().problem()
+        if problem:
+            raise InvalidArgument(problem)
         if config.fsync not in FSYNC_POLICIES:
             raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {config.fsync!r}")
         if bool(config.tls_cert) != bool(config.tls_key):
@@ -143,3 +173,15 @@ class ServerConfig:
         if config.flush_every < 0 or config.flush_max_windows < 0:
             raise InvalidArgument("flush_every and flush_max_windows must not be negative")
         return config
+
+    def restart(self) -> RestartStrategy:
+        """How a lost Ray worker is placed again (see :mod:`lowtide.server.restart_strategy`)."""
+        return RestartStrategy(
+            self.restart_strategy,
+            self.restart_initial_backoff_s,
+            self.restart_max_backoff_s,
+            self.restart_backoff_multiplier,
+            self.restart_reset_backoff_threshold_s,
+            self.restart_attempt_timeout_s,
+            self.restart_max_attempts,
+        )

@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import itertools
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -107,6 +109,13 @@ class Front:
         """Local worker processes, or with ``ray`` actors of that Ray cluster (the ray extra)."""
         if not config.ray:
             return LocalWorkers(config.workers, self._on_message, self._on_death, self._give_up)
+        node_ip = config.ray_node_ip
+        if config.ray == "local" and (not node_ip or ipaddress.ip_address(node_ip).is_loopback):
+            # Ray reads this as it is imported, and the private cluster's processes inherit it:
+            # Ray's one-machine mode, where every node address is 127.0.0.1 and listens there only
+            # (an address given as loopback, Ray would turn into the machine's own).
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            node_ip = ""
         try:
             from lowtide.server.ray_workers import RayWorkers
         except ModuleNotFoundError as exc:
@@ -120,6 +129,8 @@ class Front:
             self._on_message,
             self._on_death,
             self._give_up,
+            config.restart(),
+            node_ip,
         )
 
     def _new_engine(self) -> Door[ProcessRunner]:
@@ -377,6 +388,12 @@ class Front:
         await self._recovery.acquire()
         began = time.monotonic()
         try:
+            if self.checkpoints.pending is not None:  # the lost worker never wrote its part
+                print(
+                    f"lowtide: checkpoint {self.checkpoints.pending.seq} abandoned: worker {worker} "
+                    "is restored from the one before",
+                    file=sys.stderr,
+                )
             self.checkpoints.abandon()
             self.generation += 1
             self._resetting = set(range(self.workers.size))

@@ -12,8 +12,9 @@ last item a hub takes: the query's output has *ended* at the offset after it. A 
 that has read it, or that starts at or past that offset (``from_offset``, or from now), ends at
 once, cleanly (gRPC status OK), as one does on a closed hub; nothing published later is kept.
 
-Memory is bounded in bytes (DESIGN.md §8). An item weighs the Arrow buffers it keeps alive
-(:func:`item_bytes`), so a slice is charged for its whole buffers: what it pins, not what it shows.
+Memory is bounded in bytes (docs/design.md, "Bounded memory"). An item weighs the Arrow buffers it
+keeps alive (:func:`item_bytes`), so a slice is charged for its whole buffers: what it pins, not
+what it shows.
 
 * **Retention**: the newest items, at most ``retained_items`` of them and at most
   ``retained_bytes`` together; older ones are evicted at once (an item bigger than

@@ -19,13 +19,13 @@ segment that a newer one follows ends with a *seal*, a frame that is no record: 
 is made before the seal is written, so a log whose last segment ends sealed has lost the
 segments after it.
 
-Recovery tells apart (DESIGN §8): a frame cut short or failing its CRC at the end of the last
-segment, with no whole frame after it, is a write torn by a crash: it was never acknowledged, and
-is cut off once recovery has succeeded (the start says how many bytes). A bad frame anywhere else
-(a damaged length field included: the whole frames after it prove it), a gap between segments,
-a missing directory or segment (a sealed last segment included), or a log with fewer records
-than a checkpoint's manifest says it held (:class:`Extent`) is damage to acknowledged records:
-the start stops naming the file, having changed nothing.
+Recovery tells apart (docs/design.md, "Durability"): a frame cut short or failing its CRC at the end
+of the last segment, with no whole frame after it, is a write torn by a crash: it was never
+acknowledged, and is cut off once recovery has succeeded (the start says how many bytes). A bad
+frame anywhere else (a damaged length field included: the whole frames after it prove it), a gap
+between segments, a missing directory or segment (a sealed last segment included), or a log with
+fewer records than a checkpoint's manifest says it held (:class:`Extent`) is damage to acknowledged
+records: the start stops naming the file, having changed nothing.
 """
 
 from __future__ import annotations

@@ -216,7 +216,10 @@ class LocalWorkers:
         self.on_death(index)
 
     def places(self) -> list[WorkerPlace]:
-        return [WorkerPlace(NODE, h.process.pid, self.restarts[h.index]) for h in self.handles]
+        return [
+            WorkerPlace(NODE, h.process.pid, self.restarts[h.index], "placing" if h.closed else "running")
+            for h in self.handles
+        ]
 
     def _close(self, handle: WorkerHandle) -> None:
         handle.closed = True

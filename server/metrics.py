@@ -1,4 +1,4 @@
-"""The server's Prometheus metrics (DESIGN.md §6), exposed as text on ``--metrics-port``.
+"""Prometheus metrics of the server, as text on ``--metrics-port`` (docs/design.md, "Metrics").
 
 The front process owns every metric: workers report their counters to the front, which hands them
 to :class:`ServerMetrics` as a *snapshot* read at scrape time. There is no multiprocess mode and no
@@ -29,7 +29,8 @@ Read from the snapshot at scrape time:
 ``lowtide_ingested_tuples_total{stream}``             counter: tuples accepted on the stream
 ``lowtide_behind_punctuation_tuples_total{stream}``   counter: tuples that arrived below the
                                                       stream's published progress (behind
-                                                      punctuation: DESIGN.md §2; not all late)
+                                                      punctuation, not all late:
+                                                      docs/design.md, "Punctuation and lateness")
 ``lowtide_late_tuples_total{stream}``                 counter: the same count, under its name
                                                       from before behind and late were told apart
 ``lowtide_low_watermark{stream}``                     gauge: the stream's progress (punctuation),

@@ -1,7 +1,8 @@
 """Ports the server listens on: taken by this server alone, or the start fails in one line.
 
 gRPC and Python's HTTP server would both share a port another process holds (``SO_REUSEPORT``)
-or fail with a traceback; lowtide checks each port before it starts anything (DESIGN.md §9).
+or fail with a traceback; lowtide checks each port before it starts anything
+(docs/design.md, "Security").
 """
 
 from __future__ import annotations

@@ -23,13 +23,19 @@ answers oldest first. What a worker sends outside a call (a checkpoint's file wr
 by a thread) comes back through a standing call (:meth:`RayWorker.later`), which also tells the
 front at once that an actor is gone.
 
-An actor that dies (its node lost, killed, out of memory) is killed for good and created again
-under its name (Ray places it on a live node with room); once it answers, ``on_death`` reports
-it and the front restores it as it does a local worker, counted in its restarts
-(:meth:`RayWorkers.places`: each worker's node address, pid and restarts, as its actor's
-``where()`` answered). One that cannot be placed within :data:`PLACE_TIMEOUT_S` goes to
-``on_give_up``: the server stops, saying why; so does a cluster whose address has not answered
-for :data:`CLUSTER_GONE_S` (probed once a second), before Ray would end the driver itself.
+An actor that dies (its node lost, killed, out of memory) is killed for good and placed again
+under its name by attempts (Ray places it on a live node with room): each attempt waits
+``attempt_timeout_s`` for the new actor to answer, else kills it (a creation Ray leaves pending,
+or places on a node being removed) and tries again after a back-off, as Flink's exponential-delay
+restart strategy does (:mod:`~lowtide.server.restart_strategy`); only ``max_attempts`` failed in a
+row go to ``on_give_up``. Once it answers, ``on_death`` reports it and the front restores it as it
+does a local worker, counted in its restarts (:meth:`RayWorkers.places`: each worker's node
+address, pid, restarts and status, as its actor's ``where()`` answered). A cluster whose address
+has not answered for :data:`CLUSTER_GONE_S` (probed once a second) goes to ``on_give_up`` too,
+before Ray would end the driver itself.
+
+``local`` starts a private one-machine cluster inside the server, every listener of it on
+127.0.0.1 unless told another address (``ray_node_ip``), under a token of its own.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -53,6 +60,7 @@ from ray.util import get_node_ip_address
 
 from lowtide.errors import StartupFailure
 from lowtide.server import messages as msg
+from lowtide.server.restart_strategy import Backoff, RestartStrategy
 from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import Worker
 
@@ -64,9 +72,10 @@ INLINE_BYTES = 2 * CALL_BYTES  # a call this large still travels inline (Ray's d
 MAX_QUEUED_BYTES = 32 << 20  # columns posted to one worker and not answered: ingestion waits past it
 # A call's failure: its actor died (Ray), or Ray Client lost the cluster (ray:// addresses).
 CallFailed = (RayError, ConnectionError)
-PLACE_TIMEOUT_S = 120.0  # for an actor to be placed and answer (a cold node imports and compiles)
+PLACE_TIMEOUT_S = 120.0  # at the start, for every actor to be placed and answer (a cold node imports)
 PROBE_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray's own, much longer, retries
 CLUSTER_GONE_S = 5.0  # the cluster's address unanswered this long: it is gone (Ray ends its driver at 60 s)
+LOOPBACK = "127.0.0.1"  # where a private cluster (``local``) listens, unless told otherwise
 NAMES_TIMEOUT_S = 10.0  # for the names of a front killed a moment ago to be free (Ray ends its actors)
 
 Wire = tuple[tuple[int, tuple[Any, ...]], Arrays | None]  # a message as its codec's code and fields
@@ -170,10 +179,16 @@ class RayWorkers:
         on_message: OnMessage,
         on_death: OnDeath,
         on_give_up: OnGiveUp,
+        restart: RestartStrategy | None = None,
+        node_ip: str = "",
     ) -> None:
         self.size = workers
         self.address = address
         self.cpus = cpus
+        self.node_ip = node_ip
+        self.restart = restart or RestartStrategy()
+        self.backoffs = [Backoff(self.restart) for _ in range(workers)]
+        self.status = ["placing"] * workers  # placing | pending (a back-off) | running
         self.on_message = on_message
         self.on_death = on_death
         self.on_give_up = on_give_up
@@ -189,7 +204,7 @@ class RayWorkers:
         """Join the cluster and place every worker; blocks until they answer (before serving)."""
         # Read by Ray's core worker of this process as ray.init starts it (an existing setting wins).
         os.environ.setdefault("RAY_max_direct_call_object_size", str(INLINE_BYTES))
-        watched = connect(self.address, math.ceil(self.size * self.cpus))
+        watched = connect(self.address, math.ceil(self.size * self.cpus), self.node_ip)
         try:
             self.handles = [_Actor(i, self._create_named(i)) for i in range(self.size)]
             places = ray.get([h.actor.where.remote() for h in self.handles], timeout=PLACE_TIMEOUT_S)
@@ -211,6 +226,7 @@ class RayWorkers:
             raise StartupFailure(f"cannot start the workers on the Ray cluster: {_first_line(exc)}") from None
         for handle, place in zip(self.handles, places, strict=True):
             self._placed(handle, place, "on")
+            self.backoffs[handle.index].placed(time.monotonic())
         self._watch = asyncio.get_running_loop().create_task(self._watch_cluster(watched))
 
     def _create_named(self, index: int) -> Any:
@@ -238,12 +254,13 @@ class RayWorkers:
         }
         return RemoteWorker.options(**options).remote(index)
 
-    def _placed(self, handle: _Actor, place: tuple[str, str, int], how: str) -> None:
+    def _placed(self, handle: _Actor, place: tuple[str, str, int], how: str, after: str = "") -> None:
         node_id, address, pid = place
         handle.where = f"Ray node {address} ({node_id[:8]}), pid {pid}"
         handle.node, handle.pid = address, pid
+        self.status[handle.index] = "running"
         print(
-            f"lowtide: worker {handle.index} ({actor_name(handle.index)}) {how} {handle.where}",
+            f"lowtide: worker {handle.index} ({actor_name(handle.index)}) {how} {handle.where}{after}",
             file=sys.stderr,
         )
         loop = asyncio.get_running_loop()
@@ -255,7 +272,9 @@ class RayWorkers:
 
     # -- the front's side of the protocol ------------------------------------------------------
     def places(self) -> list[WorkerPlace]:
-        return [WorkerPlace(h.node, h.pid, self.restarts[h.index]) for h in self.handles]
+        return [
+            WorkerPlace(h.node, h.pid, self.restarts[h.index], self.status[h.index]) for h in self.handles
+        ]
 
     def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
         """Queue a message for a worker (in order); never blocks. A gone worker takes nothing."""
@@ -403,6 +422,8 @@ class RayWorkers:
         self._room.set()
         if self._stopping:  # the pool is ending: nothing to place again
             return
+        self.status[handle.index] = "placing"
+        self.backoffs[handle.index].died(time.monotonic())
         print(
             f"lowtide: worker {handle.index} on {handle.where} is gone ({_first_line(cause)}); "
             "placing it again",
@@ -415,32 +436,62 @@ class RayWorkers:
         task.add_done_callback(self._replacing.discard)
 
     async def _replace(self, index: int) -> None:
-        deadline = time.monotonic() + PLACE_TIMEOUT_S
-        last = "no node with room"
-        while time.monotonic() < deadline:
+        """Place the worker again, attempt after attempt (see the module), until one answers or
+        ``max_attempts`` failed in a row."""
+        backoff, lost = self.backoffs[index], time.monotonic()
+        attempts = 0
+        while not self._stopping:
+            self.status[index] = "placing"
+            attempts += 1
             try:
-                actor = self._create(index)
-                place = await asyncio.wait_for(_answer(actor.where.remote()), deadline - time.monotonic())
-            except ActorAlreadyExistsError:  # the name is the dead actor's a moment longer
-                await asyncio.sleep(0.1)
+                actor, place = await self._attempt(index)
+            except (TimeoutError, *CallFailed) as exc:
+                why = (
+                    f"no answer within {self.restart.attempt_timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else _first_line(exc)
+                )
+                wait = backoff.attempt_failed()
+                if wait is None:
+                    self._stopping = True
+                    self.on_give_up(
+                        f"worker {index} cannot be placed on the Ray cluster: {backoff.failed} attempts "
+                        f"failed in a row (restart_max_attempts), the last: {why}"
+                    )
+                    return
+                print(
+                    f"lowtide: worker {index}: placing it failed ({why}); next attempt in {wait:g} s",
+                    file=sys.stderr,
+                )
+                self.status[index] = "pending"
+                await asyncio.sleep(wait)
                 continue
-            except CallFailed as exc:  # it died again before it answered (or the cluster is gone)
-                last = _first_line(exc)
-                await asyncio.sleep(0.5)
-                continue
-            except TimeoutError:
-                break
             if self._stopping:
                 return
             handle = self.handles[index] = _Actor(index, actor)
             self.restarts[index] += 1
-            self._placed(handle, place, "placed again on")
+            took = f"; {time.monotonic() - lost:.1f} s after it was lost, attempt {attempts}"
+            self._placed(handle, place, "placed again on", took)
+            backoff.placed(time.monotonic())
             self.on_death(index)
             return
-        self._stopping = True
-        self.on_give_up(
-            f"worker {index} cannot be placed on the Ray cluster within {PLACE_TIMEOUT_S:.0f} s ({last})"
-        )
+
+    async def _attempt(self, index: int) -> tuple[Any, tuple[str, str, int]]:
+        """Create the worker's actor and wait for it to answer, within the attempt's timeout;
+        an actor that did not answer is killed (Ray may hold its creation pending forever)."""
+        async with asyncio.timeout(self.restart.attempt_timeout_s):
+            while True:
+                try:
+                    actor = self._create(index)
+                    break
+                except ActorAlreadyExistsError:  # the name is the dead actor's a moment longer
+                    await asyncio.sleep(0.1)
+            try:
+                return actor, await actor.where.remote()
+            except BaseException:
+                with contextlib.suppress(*CallFailed):
+                    ray.kill(actor, no_restart=True)
+                raise
 
 
 def _first_line(exc: BaseException) -> str:
@@ -448,23 +499,21 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
 
 
-async def _answer(ref: Any) -> Any:
-    return await ref
-
-
-def connect(address: str, cpus: int) -> tuple[str, int]:
+def connect(address: str, cpus: int, node_ip: str = "") -> tuple[str, int]:
     """Join the Ray cluster at ``address`` as a driver in :data:`NAMESPACE` (``local``: start a
-    private one-machine cluster on loopback with room for ``cpus`` CPUs of workers); the
-    address to watch it by. An address that does not answer stops the start at once, rather
-    than after Ray's retries (minutes)."""
+    private one-machine cluster with room for ``cpus`` CPUs of workers, on ``node_ip`` or
+    loopback); the address to watch it by. An address that does not answer stops the start at
+    once, rather than after Ray's retries (minutes)."""
     if address == "local":
-        options: dict[str, Any] = {
-            "num_cpus": max(cpus, os.cpu_count() or 1),
-            "include_dashboard": False,
-            "_node_ip_address": "127.0.0.1",  # a private cluster: nothing listens off loopback
-        }
+        options: dict[str, Any] = {"num_cpus": max(cpus, os.cpu_count() or 1), "include_dashboard": False}
+        if node_ip:
+            options["_node_ip_address"] = node_ip
         # Ray gives its control service 30 s to start; a loaded machine may need longer.
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+        # A token of its own (Ray's token authentication), in the environment its processes
+        # inherit, rather than one Ray would write to the user's ~/.ray.
+        if "RAY_AUTH_TOKEN" not in os.environ and "RAY_AUTH_TOKEN_PATH" not in os.environ:
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         watched = None
     else:
         watched = _probe(address)
@@ -478,6 +527,12 @@ def connect(address: str, cpus: int) -> tuple[str, int]:
         raise StartupFailure(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
     if watched is None:  # the private cluster's own control service (GCS)
         host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        if host != (node_ip or LOOPBACK):  # fail closed: never a private cluster open to the network
+            ray.shutdown()
+            raise StartupFailure(
+                f"the private Ray cluster came up on {host}, not {node_ip or LOOPBACK} "
+                "(Ray was imported before the server could keep it on loopback)"
+            )
         watched = (host, int(port))
     return watched
 

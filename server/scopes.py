@@ -1,4 +1,4 @@
-"""What names a token may reach: the scope of a ``--tokens`` entry (DESIGN.md §9).
+"""What names a token may reach: the scope of a ``--tokens`` entry (docs/design.md, "Security").
 
 A token's role says which methods it may call (:mod:`lowtide.server.auth`); its scope says on
 which names. A token written as a table may limit them with glob patterns (``fnmatchcase``:

@@ -339,6 +339,7 @@ class Service(pb_grpc.LowtideServicer):
                     node=place.node,
                     pid=place.pid,
                     restarts=place.restarts,
+                    status=place.status,
                     queries=[
                         pb.WorkerQuery(name=name, state_bytes=state)
                         for name, state in runner.hosted(index).items()

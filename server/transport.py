@@ -35,11 +35,14 @@ OnGiveUp = Callable[[str], None]
 @dataclass(frozen=True)
 class WorkerPlace:
     """Where one worker runs: its node's address (``localhost`` for a process on the server's own
-    machine), its process id, and how often it was started again since the server started."""
+    machine), its process id, how often it was started again since the server started, and its
+    status: ``running``, ``placing`` (being started again: where it ran last) or ``pending``
+    (waiting out a back-off before its next placement attempt)."""
 
     node: str
     pid: int
     restarts: int
+    status: str
 
 
 class WorkerTransport(Protocol):

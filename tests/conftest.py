@@ -24,6 +24,9 @@ sys.path.append(str(TESTS.parent / "bench" / "nexmark"))  # nexmark_compare, sha
 # test runs) and then puts a cluster started here, and every driver, on 127.0.0.1 rather than on
 # the machine's interface address. The servers the tests start inherit it.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# Ray's token authentication finds its token here, for every cluster, driver and server the
+# tests start, rather than making one in the user's ~/.ray (tests never change the machine).
+os.environ.setdefault("RAY_AUTH_TOKEN", "lowtide-tests-" + "0" * 32)
 
 # The folders whose tests carry the marker of that name (pyproject.toml declares them); unit
 # tests need none.
@@ -58,6 +61,22 @@ def pytest_make_collect_report(
         report.longrepr = f"tests without @pytest.mark.{tier} (pytestmark): {', '.join(unmarked)}"
         report.result = []
     return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (make test), a test of an ``xdist_group`` must carry its group in
+    its id, which is how xdist keeps the group on one worker: without it the Ray tests, say, run
+    on both workers at once, two clusters side by side (pytest 9.2 broke this; pyproject pins
+    below it). Fail the run at once rather than let such tests race."""
+    if not config.getoption("loadgroup", default=False):  # set in each xdist worker
+        return
+    lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup does not group {len(lost)} tests (e.g. {lost[0]}): this pytest "
+            f"({pytest.__version__}) and pytest-xdist do not work together; see pyproject.toml"
+        )
 
 
 def tier_of(path: Path) -> str | None:

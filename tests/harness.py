@@ -63,7 +63,7 @@ def columns(rows: Sequence[Row], schema: dict[str, str] = SCHEMA) -> dict[str, A
 
 @dataclass
 class Model:
-    """Progress as DESIGN.md §2 defines it, computed without the engine."""
+    """Progress as docs/design.md, "Data model" defines it, computed without the engine."""
 
     sources: Sources
     declared: bool = True  # else a source joins the minimum when it first speaks
@@ -131,7 +131,8 @@ def run(
             is_late = [r["ts"] < progress for r in event.rows]
             rejected = False
             if late == "error" and any(is_late):
-                # Behind punctuation, yet late only where the query cannot count them (§2).
+                # Behind punctuation, yet late only where the query cannot count them
+                # (docs/design.md, "Punctuation and lateness").
                 try:
                     engine.push(event.stream, columns(event.rows), source=event.source)
                 except LateTuple as exc:
@@ -147,7 +148,8 @@ def run(
                     obs.arrivals.append((row, progress))
                     obs.arrival_query_progress.append(min(model.progress.values()))
                     obs.arrival_call.append(call)
-                    # Tuple windows number every row they get: none is behind them (§2).
+                    # Tuple windows number every row they get: none is behind them
+                    # (docs/design.md, "Punctuation and lateness").
                     part = tuple(row[p] for p in partition)
                     seen[part] = seen.get(part, 0) + 1
         elif isinstance(event, Punct):
@@ -308,7 +310,8 @@ def check_delivery(
     if len(on_time) == len(obs.arrivals):
         expected = evaluate(spec, on_time, progress=max_finite(obs.progress))
         late: list[Row] = []
-    else:  # an undeclared source joined behind punctuation: late only for emitted windows (§2)
+    else:  # an undeclared source joined behind punctuation: late only for emitted windows
+        # (docs/design.md, "Punctuation and lateness")
         expected, late = behind_expectation(spec, obs, counts_behind(sql, sources))
     assert_rows_equal(obs.rows, expected, spec)
     check_emission(obs, spec, expected)
@@ -323,8 +326,9 @@ def ident(row: Row) -> tuple[Any, ...]:
 
 def counts_behind(sql: str, sources: Sources) -> bool:
     """Whether the query's plan counts tuples behind punctuation in its open windows
-    (DESIGN.md §2): its Inputs pass them on to the window operator, which decides where they
-    are late; the other plans (no window, slide-by-tuple) take each of them as late."""
+    (docs/design.md, "Punctuation and lateness"): its Inputs pass them on to the window operator,
+    which decides where they are late; the other plans (no window, slide-by-tuple) take each of them
+    as late."""
     engine = make_engine(sources)
     name = engine.register_query(sql, name="probe")
     return all(op.late_rule is not None for _, op in engine.runner.plan(name).inputs)

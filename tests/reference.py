@@ -1,4 +1,5 @@
-"""A brute-force evaluator of window aggregates, written from DESIGN.md §3/§5, not from the engine.
+"""A brute-force evaluator of window aggregates, written from docs/design.md ("Windows" and
+"Results and offsets"), not from the engine.
 
 Every window is enumerated from its ``extent()`` and every tuple is tested against it, with plain
 Python loops: slow, and obviously right. Inputs are the tuples a query sees, in arrival order
@@ -192,11 +193,11 @@ def sessions_of(gap: int, ts: Sequence[int]) -> list[tuple[int, int, list[int]]]
 
 def session_counts(spec: Spec, arrivals: Sequence[tuple[Row, int]], lateness: int = 0) -> list[bool]:
     """Whether a session aggregate counts each tuple, given in arrival order with its query's
-    progress ``p`` then (DESIGN.md §2; ``lateness``: L under ``update``, else 0). Sessions
-    ending at or below ``p - L`` are gone (emitted and dropped, or out of retention): those of
-    the tuples counted before it. A tuple ``t`` counts iff its own session ``[t, t + gap)`` ends
-    above ``p - L`` and it is at or above the end of every gone session of its group (one it
-    would have joined). Before any progress every tuple counts."""
+    progress ``p`` then (docs/design.md, "Punctuation and lateness"; ``lateness``: L under
+    ``update``, else 0). Sessions ending at or below ``p - L`` are gone (emitted and dropped, or out
+    of retention): those of the tuples counted before it. A tuple ``t`` counts iff its own session
+    ``[t, t + gap)`` ends above ``p - L`` and it is at or above the end of every gone session of its
+    group (one it would have joined). Before any progress every tuple counts."""
     window = spec.window
     counted: list[Row] = []
     out: list[bool] = []

@@ -1,5 +1,5 @@
-"""The dissertation's queries (tests/data/thesis.sql, a copy of shared/queries/thesis.sql), by label,
-and the packet schema of the streams they read."""
+"""The dissertation's queries (tests/data/thesis.sql), by label, and the packet schema of the
+streams they read."""
 
 from __future__ import annotations
 

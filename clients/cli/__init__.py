@@ -2,14 +2,15 @@
 
     lowtide serve [--host H] [--port P] [--workers N] [--metrics-port P] [--state-dir D] [--config F]
                   [--metrics-host H] [--tls-cert F --tls-key F] [--tokens F]
-                  [--ray ADDRESS|auto|local [--worker-cpus C]]
+                  [--ray ADDRESS|auto|local [--worker-cpus C] [--ray-node-ip IP]]
     lowtide stream create NAME --schema 'srcIP:string,len:int32,ts:timestamp[ms]' [--progressing ts]
                                 [--punctuation explicit] [--sources a,b] [--idle-timeout S]
     lowtide stream drop NAME | stream list [--format table|json]
     lowtide query register SQL [--name N] [--late drop|update|error] [--allowed-lateness L]
-    lowtide query explain SQL | query drop NAME | query list [--format table|json]
+                                (--allowed-lateness only with --late update)
+    lowtide query explain SQL|NAME | query drop NAME | query list [--format table|json]
     lowtide workers [--format table|json]
-    lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE] [--batch-rows N]
+    lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE|TIME] [--batch-rows N]
                        [--no-header] [--batch-id-base N]
     lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now | --from-offset N]
                        [--time-format raw|iso]
@@ -20,8 +21,9 @@
 Every command but ``serve`` and ``demo`` talks to the server named by ``--server`` (default
 ``$LOWTIDE_SERVER``, else ``127.0.0.1:50051``), over TLS with ``--tls-ca F`` (the PEM roots to
 trust) and with a bearer token ``--token T`` (default ``$LOWTIDE_TOKEN``; the variable keeps the
-token out of the process list). Exit codes: 0 success, 1 any error (one line
-``lowtide: <reason>`` on stderr), 2 a usage error (argparse), 130 interrupted.
+token out of the process list), waiting ``--timeout`` seconds (above 0) for each control call.
+Exit codes: 0 success, 1 any error (one line ``lowtide: <reason>`` on stderr), 2 a usage error
+(argparse), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -46,7 +48,20 @@ A timestamp[unit] column holds integers (counts of the unit since 1970-01-01 UTC
 times (2023-11-14T22:13:20.5, 2023-11-14 22:13:20Z, 2023-11-14; without a zone offset, UTC),
 to the unit at most, every row as the first. The whole file is read and checked before any
 row is sent: a file with a bad row sends nothing, and the error names the first bad row (rows
-count from 1, the header not counted) or the rows of the batch that holds it.
+count from 1, the header not counted) and, for a value that is not of its column's type, the
+column by name.
+
+--punctuation after the file: none, end (close the source), an integer, or an ISO 8601 time
+read as the stream's progressing attribute reads one in the file (a timestamp[unit] attribute:
+its unit since 1970-01-01 UTC).
+
+A stream whose sources have all closed has ended (stream list: low watermark "end"): a closed
+source takes no more rows, and every row of another is behind. Rows below the stream's low
+watermark are behind its punctuation: the server takes them, but a query counts
+one only in its windows not emitted yet; where a window holding it was emitted, it is late
+(--late drop: dropped, into <query>.late; --late update: the windows still kept are revised;
+--late error: the batch is refused). A send whose rows are all behind exits 1 after sending,
+saying so; one with some behind warns.
 
 A repeated send is applied once: each batch carries an id made from the file's content and
 its position in it, and the server applies a (stream, source, batch id) once. Sending a file
@@ -54,7 +69,8 @@ again (after a send that failed midway, say) applies only the batches not applie
 whose bytes changed is new data, and so is one sent with another --batch-rows, --format or
 --no-header. --batch-id-base N numbers the batches N, N+1, ... instead. The punctuation after
 the file is safe to repeat too: a source's punctuation may be sent again, and closing a
-closed source does nothing.
+closed source does nothing (a repeat whose batches were all applied exits 0, even once the
+stream has ended).
 """
 
 
@@ -76,12 +92,27 @@ def _names(text: str) -> list[str]:
 
 
 def _punctuation(text: str) -> str | int:
-    if text in ("none", "end"):
+    """none, end, an integer, or an ISO 8601 time (kept as text: converted in the stream's unit)."""
+    from lowtide.clients.cli.timestamps import looks_like_time
+
+    if text in ("none", "end") or looks_like_time(text):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("expected none, end or an integer value") from None
+        raise argparse.ArgumentTypeError(
+            f"expected none, end, an integer or an ISO 8601 time (2023-11-14T22:14:30), got {text!r}"
+        ) from None
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
 
 
 def _batch_id(text: str) -> int:
@@ -115,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("LOWTIDE_SERVER", DEFAULT_SERVER),
         help=f"server address host:port (default $LOWTIDE_SERVER or {DEFAULT_SERVER})",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per control call (default 30)")
+    parser.add_argument(
+        "--timeout", type=_timeout, default=30.0, help="seconds per control call, above 0 (default 30)"
+    )
     parser.add_argument("--tls-ca", metavar="F", help="connect over TLS, trusting the PEM certificates in F")
     parser.add_argument(
         "--token",
@@ -151,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--worker-cpus", type=float, help="with --ray: CPUs each worker actor reserves (default 1)"
     )
     serve.add_argument(
+        "--ray-node-ip",
+        metavar="IP",
+        help="with --ray local: the address its private cluster listens on (default 127.0.0.1: "
+        "no other machine reaches it)",
+    )
+    serve.add_argument(
         "--truncate-log-tail",
         action="store_true",
         help="with --state-dir: give up acknowledged records at the end of a damaged or cut input log "
@@ -182,16 +221,20 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("sql", help="the query text ('-' reads it from stdin)")
     register.add_argument("--name", help="the query's name (default: the server picks one)")
     register.add_argument("--late", choices=("drop", "update", "error"), default="drop")
-    register.add_argument("--allowed-lateness", help="with --late update: a duration (2s) or a number")
+    register.add_argument(
+        "--allowed-lateness",
+        help="only with --late update: how long windows are kept past their punctuation, a duration (2s) "
+        "or a number of the window attribute's units",
+    )
     query_commands.add_parser("explain", help="print a query's operator graph").add_argument(
-        "sql", help="the query text ('-' reads it from stdin)"
+        "sql", help="the query text ('-' reads it from stdin), or a registered query's name"
     )
     query_commands.add_parser("drop", help="drop a query").add_argument("name")
     query_list = query_commands.add_parser("list", help="list queries")
     query_list.add_argument("--format", choices=("table", "json"), default="table")
 
     workers = commands.add_parser(
-        "workers", help="list the workers: node, pid, restarts, state bytes and queries of each"
+        "workers", help="list the workers: node, pid, restarts, state bytes, queries and status of each"
     )
     workers.add_argument("--format", choices=("table", "json"), default="table")
 
@@ -210,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--punctuation",
         type=_punctuation,
         default="none",
-        help="after the file: none (default), end (close the source) or a punctuation value",
+        help="after the file: none (default), end (close the source), or a punctuation value: an "
+        "integer, or an ISO 8601 time (2023-11-14T22:14:30) in a timestamp attribute's unit",
     )
     send.add_argument("--batch-rows", type=_positive, default=100_000, help="rows per batch (default 100000)")
     send.add_argument(

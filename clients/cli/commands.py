@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lowtide.errors import InvalidArgument, SchemaMismatch
+from lowtide.errors import DeadlineExceeded, InvalidArgument, SchemaMismatch
 from lowtide.names import unknown
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
@@ -30,10 +31,17 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return _serve(args)
     from lowtide.clients import Client
+    from lowtide.clients._wire import deadline_reason
 
     with Client(args.server, timeout=args.timeout, root_certificates=args.tls_ca, token=args.token) as client:
         handler = _HANDLERS[(args.command, getattr(args, "action", None))]
-        handler(client, args)
+        try:
+            handler(client, args)
+        except DeadlineExceeded as exc:
+            # Only control calls have a deadline here (producers and subscriptions have none).
+            if str(exc) != deadline_reason(client.target, args.timeout):
+                raise  # the server's own DEADLINE_EXCEEDED, with its reason
+            raise DeadlineExceeded(deadline_reason(client.target, args.timeout, "--timeout")) from None
     return 0
 
 
@@ -54,6 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         ray=args.ray,
         worker_cpus=args.worker_cpus,
+        ray_node_ip=args.ray_node_ip,
     )
     return serve(config, truncate_log_tail=args.truncate_log_tail)
 
@@ -106,11 +115,32 @@ def _stream_list(client: Any, args: argparse.Namespace) -> None:
 
 def _query_register(client: Any, args: argparse.Namespace) -> None:
     lateness: str | int | None = args.allowed_lateness
+    if lateness is not None and args.late != "update":
+        # The server plans allowed lateness under late='update' only, and ignores it otherwise.
+        fate = "dropped (into <query>.late)" if args.late == "drop" else "refused with their batch"
+        raise InvalidArgument(
+            f"--allowed-lateness needs --late update (under --late {args.late} no window is kept past "
+            f"its punctuation: late tuples are {fate}); add --late update, or leave --allowed-lateness out"
+        )
     print(client.register_query(_sql(args.sql), name=args.name, late=args.late, allowed_lateness=lateness))
 
 
+# A query or stream name (lowtide.names): one word, never a query's text.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+
+
 def _query_explain(client: Any, args: argparse.Namespace) -> None:
-    print(client.explain(_sql(args.sql)))
+    """The plan of a query's text, or of a registered query's text given its name."""
+    text = _sql(args.sql)
+    name = text.strip()
+    if _NAME.fullmatch(name):
+        queries = client.list_queries()
+        query = next((q for q in queries if q["name"] == name), None)
+        if query is None:
+            missing = unknown("query", name, (q["name"] for q in queries))
+            raise type(missing)(f"{missing}; explain takes a query's text, or a registered query's name")
+        text = query["sql"]
+    print(client.explain(text))
 
 
 def _query_drop(client: Any, args: argparse.Namespace) -> None:
@@ -138,7 +168,7 @@ def _workers(client: Any, args: argparse.Namespace) -> None:
     _print_listing(
         args,
         client.list_workers(),
-        ["index", "node", "pid", "restarts", "state_bytes", "queries"],
+        ["index", "node", "pid", "restarts", "state_bytes", "queries", "status"],
         lambda w: [
             str(w["index"]),
             w["node"],
@@ -146,6 +176,7 @@ def _workers(client: Any, args: argparse.Namespace) -> None:
             str(w["restarts"]),
             str(w["state_bytes"]),
             ",".join(w["queries"]),
+            w["status"],
         ],
     )
 
@@ -175,6 +206,7 @@ def _send(client: Any, args: argparse.Namespace) -> None:
     if info is None:
         raise unknown("stream", args.stream, (s["name"] for s in streams))
     schema = info["schema"]
+    punctuation = _punctuation_value(args, info)  # a bad one stops the send before any row goes
     declared = info.get("declared", [])
     if declared and args.source not in declared:
         # The engine adds an undeclared source to the stream's minimum when it first speaks.
@@ -186,7 +218,7 @@ def _send(client: Any, args: argparse.Namespace) -> None:
         )
     batches = read_batches(args.file, schema, args.batch_rows, args.format, header=not args.no_header)
     ids = _batch_ids(args, batches)
-    _check_file(batches, Schema.of(schema, info["progressing"]))
+    behind = _check_file(batches, Schema.of(schema, info["progressing"]), info["low_watermark"])
     with (
         LazyProgress(f"sending {args.file}", batches.total, batches.unit) as progress,
         client.producer(args.stream, source=args.source, max_batch_rows=args.batch_rows) as producer,
@@ -194,10 +226,10 @@ def _send(client: Any, args: argparse.Namespace) -> None:
         for index, batch in enumerate(batches):
             producer.send(batch, batch_id=ids(index))
             progress.update(batches.done)
-        if args.punctuation == "end":
+        if punctuation == "end":
             producer.close()
-        elif isinstance(args.punctuation, int):
-            producer.punctuate(args.punctuation)
+        elif isinstance(punctuation, int):
+            producer.punctuate(punctuation)
     result = producer.result
     if result is None:  # nothing went to the server: a file of no rows, sent without punctuation
         print(f"sent 0 tuples to {args.stream}: {args.file} has no rows", file=sys.stderr)
@@ -208,15 +240,64 @@ def _send(client: Any, args: argparse.Namespace) -> None:
         f"(source {args.source}; low watermark {_watermark(result.low_watermark) or 'none'}{skipped})",
         file=sys.stderr,
     )
+    if behind and not result.duplicates:  # with batches skipped, which rows went is not known
+        _behind(args, info, behind, result.tuples)
 
 
-def _check_file(batches: Batches, schema: Schema) -> None:
+def _punctuation_value(args: argparse.Namespace, info: dict[str, Any]) -> str | int:
+    """``--punctuation`` as the send uses it: none, end, or a value of the progressing attribute
+    (an ISO 8601 time converted to its unit as the file's rows are)."""
+    from lowtide.clients.cli.timestamps import time_value, timestamp_unit
+
+    value: str | int = args.punctuation
+    if not isinstance(value, str) or value in ("none", "end"):
+        return value
+    attribute = info["progressing"]
+    kind = info["schema"][attribute]
+    unit = timestamp_unit(kind)
+    if unit is None:
+        raise InvalidArgument(
+            f"--punctuation {value!r} is a time, but stream {args.stream!r} progresses on {attribute!r} "
+            f"({kind}): give an integer"
+        )
+    try:
+        return time_value(value, unit)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"--punctuation on {attribute!r} ({kind}): {exc}") from None
+
+
+def _behind(args: argparse.Namespace, info: dict[str, Any], behind: int, sent: int) -> None:
+    """Say that ``behind`` of the ``sent`` tuples were behind the stream's punctuation; an error
+    (exit 1, after sending) when all were, a warning when some were."""
+    mark = f"{_watermark(info['low_watermark'])}, its low watermark when the send began"
+    fate = (
+        "the server took them, but a query counts them only in the windows it has not emitted yet, and "
+        "for a window it has emitted they are late (--late drop: dropped, kept in <query>.late; --late "
+        "update: the windows still kept are revised)"
+    )
+    if behind >= sent:
+        raise InvalidArgument(
+            f"all {sent} tuples were behind the punctuation of stream {args.stream!r} ({mark}): {fate}; "
+            "send rows before the stream's sources punctuate past them"
+        )
+    print(
+        f"lowtide: warning: {behind} of {sent} tuples were behind the punctuation of stream "
+        f"{args.stream!r} ({mark}): {fate}",
+        file=sys.stderr,
+    )
+
+
+def _check_file(batches: Batches, schema: Schema, low_watermark: int) -> int:
     """Every row of the file against the stream, before any is sent: a bad file sends nothing
-    (sent again once fixed, its content - and so its batch ids - would be new)."""
+    (sent again once fixed, its content - and so its batch ids - would be new). Returns how many
+    rows lie below ``low_watermark`` (behind the stream's punctuation)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from lowtide.clients.cli.io import LazyProgress
     from lowtide.schema import check
 
-    rows = 0
+    rows = behind = 0
     with LazyProgress(f"checking {batches.path}", batches.total, batches.unit) as progress:
         for table in batches:
             try:
@@ -226,7 +307,13 @@ def _check_file(batches: Batches, schema: Schema) -> None:
                     f"cannot send {batches.path}: rows {rows + 1}-{rows + table.num_rows}: {exc}"
                 ) from exc
             rows += table.num_rows
+            if low_watermark > NO_PROGRESS:
+                values = table[schema.progressing]
+                if pa.types.is_timestamp(values.type):
+                    values = values.cast(pa.int64())
+                behind += pc.sum(pc.less(values, low_watermark).cast(pa.int64())).as_py() or 0
             progress.update(batches.done)
+    return behind
 
 
 def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:

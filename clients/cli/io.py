@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +46,14 @@ _FORCED = {
     "float64": pa.float64(),
     "bool": pa.bool_(),
 }
+# Arrow's reasons for a bad row: its CSV reader counts rows from 1 with the header, columns from 0;
+# its JSON reader counts rows from 0 within each block (a batch) of the file.
+_CSV_VALUE = re.compile(
+    r"In CSV column #(\d+): (?:Row #(\d+): )?CSV conversion error to [^:]+: invalid value '(.*)'"
+)
+_CSV_ROW = re.compile(r"Row #(\d+)")
+_JSON_TYPE = re.compile(r"JSON parse error: Column\((/.*)\) changed from (\w+) to (\w+) in row (\d+)")
+_JSON_ROW = re.compile(r"(.*) in row (\d+)")
 
 
 class Batches:
@@ -95,7 +105,44 @@ class Batches:
             raise InvalidArgument(f"cannot read {self.path}: {exc}") from exc
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise InvalidArgument(f"cannot read {self.path}: {reason}") from exc
+            raise InvalidArgument(f"cannot read {self.path}: {self._readable(reason)}") from exc
+
+    def _readable(self, reason: str) -> str:
+        """Arrow's reason for a bad row, its rows counted as the help says (from 1, the header not
+        counted) and its column named: ``row 1, column 'len': 'sixty' is not an int32``."""
+        if self.format == "csv":
+            if match := _CSV_VALUE.fullmatch(reason):
+                columns = self._csv_columns()
+                index = int(match[1])
+                name = columns[index] if index < len(columns) else f"#{index + 1}"
+                kind = self.schema.get(name)
+                where = f"row {self._csv_row(int(match[2]))}, " if match[2] else ""
+                return f"{where}column {name!r}: {match[3]!r} is not {_a(kind) if kind else 'of its type'}"
+            return _CSV_ROW.sub(lambda m: f"row {self._csv_row(int(m[1]))}", reason)
+        if self.format == "jsonl":
+            # self.rows: the rows of the blocks before the one that failed.
+            if match := _JSON_TYPE.fullmatch(reason):
+                name = match[1][1:].replace("~1", "/").replace("~0", "~")  # a JSON pointer
+                row, was, got = self.rows + int(match[4]) + 1, match[2], match[3]
+                kind = self.schema.get(name, "")
+                if kind in _FORCED:
+                    return f"row {row}, column {name!r}: a JSON {got} is not {_a(kind)}"
+                return f"row {row}, column {name!r}: a JSON {got}, where the rows before hold {_a(was)}"
+            if match := _JSON_ROW.fullmatch(reason):
+                return f"row {self.rows + int(match[2]) + 1}: {match[1]}"
+        return reason
+
+    def _csv_row(self, arrow_row: int) -> int:
+        """A row of Arrow's CSV reader (from 1, the header counted) counted from 1 after the header."""
+        return arrow_row - 1 if self.header else arrow_row
+
+    def _csv_columns(self) -> list[str]:
+        """The CSV file's columns in its order: its header's (from its first MiB), else the stream's."""
+        if not self.header:
+            return list(self.schema)
+        with pa.input_stream(str(self.path), compression=self.codec) as stream:
+            head = stream.read(1 << 20).decode("utf-8", "replace")
+        return next(csv.reader(io.StringIO(head)), [])
 
     def _converted(self) -> Iterator[pa.RecordBatch]:
         """The file's record batches, timestamp columns written as text made timestamps."""
@@ -216,6 +263,11 @@ class Batches:
             return pq.ParquetFile(self.path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidArgument(f"cannot read {self.path}: {' '.join(str(exc).split())}") from exc
+
+
+def _a(kind: str) -> str:
+    """``kind`` with its article: "an int32", "a string"."""
+    return f"an {kind}" if kind[:1] in ("a", "e", "i", "o", "u") else f"a {kind}"
 
 
 def read_batches(

@@ -7,6 +7,7 @@ times with one (``2023-11-14T22:13:20Z``, ``...+01:00``). Every row must be writ
 first is, to the column's unit at most (``20.1234`` seconds does not fit ``ms``); the first row that
 is not is named, with its value. A column is converted whole by Arrow's casts; only a batch that
 fails is searched for its first bad row, by halving (a few casts of the failing batch).
+:func:`time_value` converts one such text the same way (``send --punctuation 2023-11-14T22:14:30``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _INTEGER = re.compile(r"[+-]?\d+")
 # A zone offset follows a time of day (hh:mm...): "2023-11-14" ends in "-14" and has none.
 _ZONED = re.compile(r".*\d\d:\d\d(:\d\d(\.\d*)?)?(Z|[+-]\d\d(:?\d\d)?)")
 _UNIT = re.compile(r"timestamp\[(s|ms|us|ns)\]")
+_DATED = re.compile(r"[+-]?\d{4,}-\d\d-\d\d(?:[T ]|$)")
 _UNIT_NAMES = {"s": "seconds", "ms": "ms", "us": "µs", "ns": "ns"}
 
 Cast = Callable[[pa.Array], pa.Array]
@@ -84,6 +86,29 @@ class TimestampText:
         zone = "UTC" if self.form == "zoned" else None
         parsed, fitted = pa.timestamp(parse_unit, zone), pa.timestamp(unit, zone)
         return lambda values: values.cast(parsed).cast(fitted).cast(pa.int64()).cast(exact)
+
+
+def looks_like_time(text: str) -> bool:
+    """Whether ``text`` is written as an ISO 8601 time (a date first), whether or not it is one."""
+    return _DATED.match(text) is not None
+
+
+def time_value(text: str, unit: str) -> int:
+    """``text`` (an integer or an ISO 8601 time) as the count of ``unit`` since 1970-01-01 UTC that
+    a ``timestamp[unit]`` column of a file holding it gets (:class:`TimestampText`).
+
+    Raises InvalidArgument saying what a value of that unit may be."""
+    column = TimestampText("", unit)
+    column.form = _form_of(text)
+    try:
+        converted = column._cast()(pa.array([text], pa.string()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        name = _UNIT_NAMES[unit]
+        raise InvalidArgument(
+            f"expected an integer ({name} since 1970-01-01 UTC) or an ISO 8601 time to the {name} at "
+            f"most, got {text!r}"
+        ) from None
+    return int(converted.cast(pa.int64())[0].as_py())
 
 
 def _form_of(text: str) -> str:

@@ -604,9 +604,10 @@ def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
     feed = Feed(fed, filtered, key, _reads(key, window, d), d.options.flush)
     chosen = choose(aggregate, feed)
     chosen.describe(aggregate, feed, graph)
-    # The window operator counts the Inputs' tuples behind punctuation (DESIGN.md §2) where their
-    # columns reach it unchanged (Meld, Select): after a join the join judges its Inputs, and the
-    # pairs it emits are in time for the aggregate.
+    # The window operator counts the Inputs' tuples behind punctuation
+    # (docs/design.md, "Punctuation and lateness") where their columns reach it unchanged (Meld,
+    # Select): after a join the join judges its Inputs, and the pairs it emits are in time for the
+    # aggregate.
     direct = isinstance(feeding, InputNode | SelectNode | MeldNode) and not any(
         isinstance(node.kind, JoinNode) for node in graph.nodes
     )

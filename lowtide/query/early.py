@@ -1,4 +1,4 @@
-"""Early results: ``EMIT EVERY d`` after a window specification (DESIGN.md §3).
+"""Early results: ``EMIT EVERY d`` after a window specification (docs/design.md, "Query language").
 
 Every ``d`` of processing time the open windows' current results are emitted, with ``final =
 false``; the row emitted when punctuation covers a window has ``final = true`` (its revisions

@@ -1,13 +1,14 @@
 """Which tuples behind punctuation are late for a query, compiled from its description.
 
 A tuple below its stream's published progress is late for a query only where the query's window
-operator can no longer count it (DESIGN.md §2). Under ``late = error`` the door rejects a batch
-holding such a tuple before any operator sees it, so the rule must be known there: each input's
-:data:`~lowtide.query.description.LateJudge` (the window or join window that counts its tuples,
-the streams whose minimum progress it is judged at, the WHERE before it) compiles into a
-:data:`~lowtide.operators.input.LateRule`. Invariant: a rule answers exactly what the operator's
-own ``late_mask`` answers at the same punctuation (:mod:`lowtide.operators.window_operator`,
-:func:`~lowtide.operators.oa_join.late_mask_of`), as the contract suite checks.
+operator can no longer count it (docs/design.md, "Punctuation and lateness"). Under ``late = error``
+the door rejects a batch holding such a tuple before any operator sees it, so the rule must be known
+there: each input's :data:`~lowtide.query.description.LateJudge` (the window or join window that
+counts its tuples, the streams whose minimum progress it is judged at, the WHERE before it) compiles
+into a :data:`~lowtide.operators.input.LateRule`. Invariant: a rule answers exactly what the
+operator's own ``late_mask`` answers at the same punctuation
+(:mod:`lowtide.operators.window_operator`, :func:`~lowtide.operators.oa_join.late_mask_of`), as the
+contract suite checks.
 
 The Input of shared slices takes the rule of the query that started them; the queries joining
 later read through that Input. Slices are shared under ``drop`` only, where a rule says just that

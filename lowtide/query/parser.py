@@ -1,4 +1,4 @@
-"""Parse lowtide's query language (DESIGN.md §3) into the tree of `lowtide.query.ast`.
+"""Parse the query language (docs/design.md, "Query language") into the tree of `lowtide.query.ast`.
 
 `parse_query` accepts one statement (a trailing ``;`` and ``--`` comments are allowed) and
 either returns a `Query` or raises: `QuerySyntaxError` (one line, with line and column, naming
@@ -7,7 +7,7 @@ parses into something the language does not have (a FROM of three inputs). No la
 leaves this module. Spark's and Flink's window functions (``GROUP BY window(ts, '1 minute')``,
 ``TUMBLE(ts, INTERVAL '1' MINUTE)``, ``FROM TABLE(TUMBLE(...))``) come out as the bracket window
 they spell (`lowtide.query.spellings`). `split_statements` cuts a script such as
-``queries/thesis.sql`` into statements.
+``tests/data/thesis.sql`` into statements.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Slices shared across the sliding-window queries of one stream (seed 001, §4).
+"""Slices shared across the sliding-window queries of one stream: stream slicing, as in
+Traub et al., "Efficient Window Aggregation with General Stream Slicing" (EDBT 2019), section 4.
 
 Two Paned-WID queries can read the same :class:`~lowtide.operators.shared_slices.SharedSlices`
 when their tuples reach it the same way - the same stream, the same WHERE, the same GROUP BY,

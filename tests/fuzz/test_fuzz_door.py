@@ -1,4 +1,5 @@
-"""Fuzz the door in-process: every hostile payload gets a status a client may get (DESIGN §6, §9).
+"""Fuzz the door in-process: every hostile payload gets a status a client may get
+(docs/design.md, "Errors" and "Security").
 
 The real gRPC ``Service`` of the front runs in this process (``hostile.InProcess``: workers that
 run nothing), so a payload that used to crash the front would crash this test's process - the

@@ -3,9 +3,15 @@
 Ray gives a starting node 30 s to register with the cluster's control service (a constant in
 ``ray/_private/node.py``); once, on a loaded test machine (the other test process starting Spark
 beside it), a first start took longer. A start that fails is made again once, from nothing.
+
+Also what a process tree listens on, from the kernel's tables (the tests that keep Ray on loopback).
 """
 
 from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
 
 from ray.cluster_utils import Cluster
 
@@ -28,3 +34,59 @@ def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Clus
             cluster.shutdown()
             if not attempts:
                 raise
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it (Ray's processes are the server's children)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            parents[int(entry.name)] = int(
+                stat.rsplit(")", 1)[1].split()[1]
+            )  # after "pid (comm)": state ppid
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address of /proc/net/tcp{,6}: 32-bit words, each in the machine's (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    swapped = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(swapped)
+
+
+def listening(pids: set[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket listening in one of ``pids``, read from /proc (the
+    kernel's own tables: no tool whose output could change)."""
+    sockets: dict[str, tuple[str, int]] = {}  # inode -> (address, port)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                host, port = fields[1].split(":")
+                sockets[fields[9]] = (str(_address(host)), int(port, 16))
+    found = []
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:  # ended meanwhile, or its descriptors closed as we read
+            continue
+        for link in links:
+            inode = link.removeprefix("socket:[").removesuffix("]")
+            if link.startswith("socket:[") and inode in sockets:
+                found.append((*sockets[inode], pid))
+    return found
+
+
+def loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)

@@ -169,10 +169,18 @@ def start_server(
     port: int = 0,
     own_group: bool = False,
     warm_up: bool = True,
+    env: dict[str, str | None] | None = None,
 ) -> Server:
     """Start a server and wait for its ready line (the caller stops it); ``port`` 0: a free one;
     ``own_group``: in a process group of its own (as systemd or ``timeout`` start it);
-    ``warm_up`` false for a server that wants credentials (TLS, tokens): its tests bring them."""
+    ``warm_up`` false for a server that wants credentials (TLS, tokens): its tests bring them;
+    ``env``: variables to set in its environment, or (None) to leave out of it."""
+    environment = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    for name, value in (env or {}).items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
     folder = Path(tempfile.mkdtemp(prefix="lowtide-it-"))
     command = [
         *lowtide_command(),
@@ -195,7 +203,7 @@ def start_server(
             [*command, *options],
             stdout=stdout,
             stderr=stderr,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            env=environment,
             process_group=0 if own_group else None,
         )
     deadline = time.monotonic() + START_TIMEOUT
@@ -296,9 +304,10 @@ def running_server(
     metrics: bool = True,
     config: dict[str, Any] | None = None,
     warm_up: bool = True,
+    env: dict[str, str | None] | None = None,
 ) -> Iterator[Server]:
     """A server for the ``with`` block; stopped with SIGTERM at its end (exit 0 asserted)."""
-    server = start_server(*options, workers=workers, metrics=metrics, config=config, warm_up=warm_up)
+    server = start_server(*options, workers=workers, metrics=metrics, config=config, warm_up=warm_up, env=env)
     try:
         yield server
     except BaseException:

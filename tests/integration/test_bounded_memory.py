@@ -1,7 +1,8 @@
-"""What the server holds for subscribers and for retained results is bounded in bytes (DESIGN.md
-§8), on a real server: a subscriber that stops reading ends with RESOURCE_EXHAUSTED as soon as it
-is ``max_subscriber_bytes`` behind - not after its backlog - and resumes from the offset the reason
-names; a reader beside it gets everything; the retention keeps only ``retained_bytes`` of results.
+"""What the server holds for subscribers and for retained results is bounded in bytes
+(docs/design.md, "Bounded memory"), on a real server: a subscriber that stops reading ends with
+RESOURCE_EXHAUSTED as soon as it is ``max_subscriber_bytes`` behind - not after its backlog - and
+resumes from the offset the reason names; a reader beside it gets everything; the retention keeps
+only ``retained_bytes`` of results.
 """
 
 from __future__ import annotations

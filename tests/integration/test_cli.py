@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from server_harness import lowtide_command
 
-from lowtide.punctuation.model import NO_PROGRESS
+from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 
 pytestmark = pytest.mark.integration
 
@@ -186,6 +186,141 @@ def test_cli_errors_are_one_line(target: str, fresh: Callable[[str], str], tmp_p
     )
     assert "--schema" in fails(target, "stream", "create", stream, code=2)  # usage error: argparse
     assert "positive integer" in fails(target, "send", stream, str(bad), "--batch-rows", "0", code=2)
+    assert "expected a number of seconds above 0, got '0'" in fails(
+        target, "--timeout", "0", "stream", "list", code=2
+    )
+    sql = f"SELECT count(*) AS n [RANGE 10, WA ts] FROM {stream}"
+    assert fails(target, "query", "register", sql, "--allowed-lateness", "5") == (
+        "lowtide: --allowed-lateness needs --late update (under --late drop no window is kept past its "
+        "punctuation: late tuples are dropped (into <query>.late)); add --late update, or leave "
+        "--allowed-lateness out"
+    )
+    assert all(q["sql"] != sql for q in json.loads(ok(target, "query", "list", "--format", "json")))
+    ok(target, "stream", "drop", stream)
+
+
+def test_send_names_a_bad_value_by_its_column_and_its_row_from_1(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    """As ``send --help`` says: rows count from 1, the header not counted; the column by name."""
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "srcIP:string,len:int32,ts:timestamp[ms]")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("srcIP,len,ts\n10.0.0.1,sixty,1700000000000\n")
+    assert fails(target, "send", stream, str(bad)) == (
+        f"lowtide: cannot read {bad}: row 1, column 'len': 'sixty' is not an int32"
+    )
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"srcIP": "10.0.0.1", "len": "sixty", "ts": 1700000000000}) + "\n")
+    assert fails(target, "send", stream, str(one)) == (
+        f"lowtide: cannot read {one}: row 1, column 'len': a JSON string is not an int32"
+    )
+    assert stream_info(target, stream)["tuples_ingested"] == 0
+    ok(target, "stream", "drop", stream)
+
+
+def test_send_punctuation_takes_an_iso_time_in_the_attributes_unit(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream, numbers = fresh("S"), fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:timestamp[ms]")
+    ok(target, "stream", "create", numbers, "--schema", "k:string,ts:int64")
+    path = tmp_path / "rows.csv"
+    path.write_text("k,ts\na,2023-11-14T22:13:20\n")
+    # A time finer than the attribute's unit, or a time for an integer attribute: nothing is sent.
+    assert fails(target, "send", stream, str(path), "--punctuation", "2023-11-14T22:14:30.0001") == (
+        "lowtide: --punctuation on 'ts' (timestamp[ms]): expected an integer (ms since 1970-01-01 UTC) or "
+        "an ISO 8601 time to the ms at most, got '2023-11-14T22:14:30.0001'"
+    )
+    assert fails(target, "send", numbers, str(path), "--punctuation", "2023-11-14T22:14:30") == (
+        f"lowtide: --punctuation '2023-11-14T22:14:30' is a time, but stream {numbers!r} progresses on "
+        "'ts' (int64): give an integer"
+    )
+    assert stream_info(target, stream)["tuples_ingested"] == 0
+    done = lowtide(target, "send", stream, str(path), "--punctuation", "2023-11-14T22:14:30")
+    assert done.returncode == 0, done.stderr
+    info = stream_info(target, stream)
+    assert (info["tuples_ingested"], info["low_watermark"]) == (1, 1_700_000_070_000)
+    done = lowtide(target, "send", stream, str(path), "--punctuation", "2023-11-14T23:15:00+01:00")
+    assert done.returncode == 0, done.stderr  # the same file again: its batch is skipped
+    assert stream_info(target, stream)["low_watermark"] == 1_700_000_100_000
+    ok(target, "stream", "drop", stream)
+    ok(target, "stream", "drop", numbers)
+
+
+def test_query_explain_takes_a_registered_querys_name(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream, query = fresh("S"), fresh("sessions")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64")
+    sql = f"SELECT k, count(*) AS n [SESSION 10, WA ts] FROM {stream} GROUP BY k"
+    ok(target, "query", "register", sql, "--name", query)
+    plan = ok(target, "query", "explain", sql)
+    assert "Session" in plan or "Aggregate" in plan
+    assert ok(target, "query", "explain", query) == plan
+    other = fresh("nothing")
+    error = fails(target, "query", "explain", other)
+    assert error.startswith(f"lowtide: unknown query {other!r}") and error.endswith(
+        "; explain takes a query's text, or a registered query's name"
+    )
+    ok(target, "query", "drop", query)
+    ok(target, "stream", "drop", stream)
+
+
+def test_send_behind_the_punctuation_says_so_and_to_an_ended_stream_is_refused(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream, query = fresh("S"), fresh("q")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64", "--sources", "a")
+    ok(target, "query", "register", f"SELECT count(*) AS n [RANGE 10, WA ts] FROM {stream}", "--name", query)
+    on_time = tmp_path / "on_time.csv"
+    on_time.write_text("k,ts\n" + "".join(f"a,{t}\n" for t in range(0, 100, 7)))
+    ok(target, "send", stream, str(on_time), "--source", "a", "--punctuation", "100")
+
+    behind = tmp_path / "behind.csv"
+    behind.write_text("k,ts\n" + "".join(f"b,{t}\n" for t in range(1, 16)))
+    done = lowtide(target, "send", stream, str(behind), "--source", "a")
+    assert done.returncode == 1, done.stderr
+    sent, error = done.stderr.strip().splitlines()
+    assert sent.startswith(f"sent 15 tuples in 1 batches to {stream}")
+    assert error.startswith(
+        f"lowtide: all 15 tuples were behind the punctuation of stream {stream!r} (100, its low watermark "
+        "when the send began): the server took them"
+    )
+    assert "(--late drop: dropped, kept in <query>.late; --late update: the windows still kept" in error
+    assert stream_info(target, stream)["tuples_ingested"] == 15 + 15
+
+    some = tmp_path / "some.csv"
+    some.write_text("k,ts\n" + "".join(f"c,{t}\n" for t in range(95, 105)))
+    done = lowtide(target, "send", stream, str(some), "--source", "a", "--punctuation", "end")
+    assert done.returncode == 0, done.stderr
+    sent, warning = done.stderr.strip().splitlines()
+    assert sent.startswith(f"sent 10 tuples in 1 batches to {stream}")
+    assert warning.startswith(
+        f"lowtide: warning: 5 of 10 tuples were behind the punctuation of stream {stream!r} (100, "
+    )
+    info = stream_info(target, stream)
+    assert (info["tuples_ingested"], info["low_watermark"]) == (40, END_OF_STREAM)
+
+    later = tmp_path / "later.csv"
+    later.write_text("k,ts\n" + "".join(f"d,{t}\n" for t in range(200, 215)))
+    # The stream has ended: its closed source takes nothing, a new one's rows are all behind.
+    assert fails(target, "send", stream, str(later), "--source", "a").endswith(
+        f"was rejected: source 'a' of stream {stream!r} is closed"
+    )
+    assert stream_info(target, stream)["tuples_ingested"] == 40
+    done = lowtide(target, "send", stream, str(later), "--source", "b")
+    assert done.returncode == 1, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"lowtide: all 15 tuples were behind the punctuation of stream {stream!r} (end, ")
+    )
+    # A repeat of a send that closed its source, all of it applied before: done, exit 0.
+    again = lowtide(target, "send", stream, str(some), "--source", "a", "--punctuation", "end")
+    assert again.returncode == 0, again.stderr
+    assert "1 batches applied before were skipped" in again.stderr
+    ok(target, "query", "drop", query)
     ok(target, "stream", "drop", stream)
 
 
@@ -344,7 +479,11 @@ def ended_with_late_rows(target: str, fresh: Callable[[str], str], tmp_path: Pat
     (tmp_path / "on_time.csv").write_text("srcIP,ts\n" + "".join(f"10.0.0.1,{t}\n" for t in range(0, 100, 7)))
     (tmp_path / "late.csv").write_text("srcIP,ts\n" + "".join(f"10.0.0.{t},{t}\n" for t in range(1, 6)))
     ok(target, "send", stream, str(tmp_path / "on_time.csv"), "--source", "a", "--punctuation", "100")
-    ok(target, "send", stream, str(tmp_path / "late.csv"), "--source", "a", "--punctuation", "end")
+    # Every row behind the punctuation: sent, and said to be (exit 1).
+    done = lowtide(
+        target, "send", stream, str(tmp_path / "late.csv"), "--source", "a", "--punctuation", "end"
+    )
+    assert done.returncode == 1 and "lowtide: all 5 tuples were behind the punctuation" in done.stderr
     return query
 
 

@@ -316,8 +316,9 @@ def test_one_send_that_becomes_many_messages(target: str, fresh: Callable[[str],
 
 
 def test_a_batch_that_does_not_fit_raises_at_its_send(target: str, fresh: Callable[[str], str]) -> None:
-    """DESIGN §10: checked against the schema fetched at open; nothing of it is sent, the
-    producer goes on (this used to surface on the next call and end the producer)."""
+    """As docs/design.md, "Producers" says: checked against the schema fetched at open; nothing of
+    it is sent, the producer goes on (this used to surface on the next call and end the
+    producer)."""
     stream = fresh("S")
     with Client(target, timeout=10) as client:
         client.create_stream(stream, SCHEMA)
@@ -414,8 +415,9 @@ def test_late_side_stream(target: str, fresh: Callable[[str], str]) -> None:
 
 
 def test_behind_punctuation_counts_in_open_windows(target: str, fresh: Callable[[str], str]) -> None:
-    """Beam's transcript through the server (DESIGN.md §2): punctuation 5, then 2, 3, 7, 8,
-    then 11: the workers count all four in [0, 10), nothing is late."""
+    """Beam's transcript through the server (docs/design.md, "Punctuation and lateness"):
+    punctuation 5, then 2, 3, 7, 8, then 11: the workers count all four in [0, 10), nothing is
+    late."""
     stream = fresh("S")
     with Client(target, timeout=10) as client:
         client.create_stream(stream, SCHEMA)

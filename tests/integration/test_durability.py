@@ -1,4 +1,5 @@
-"""``--state-dir``: what was acknowledged survives ``kill -9`` and a restart, exactly once (DESIGN §8).
+"""``--state-dir``: what was acknowledged survives ``kill -9`` and a restart, exactly once
+(docs/design.md, "Durability").
 
 Each test runs real servers on one state directory: it feeds them through the client, kills the
 front and its workers with SIGKILL, starts a new server on the same directory and checks what
@@ -113,8 +114,8 @@ def server_on(state_dir: Path, **extra: Any) -> Iterator[tuple[Server, Client]]:
 def feed(client: Client, rounds: range, batch_ids: bool = True) -> None:
     """Rounds of both sources, each batch under its id (round + 1), each round punctuated.
 
-    As a producer that restarts does (DESIGN §8): it resends its batches under the same ids and
-    punctuates only above its source's recovered punctuation.
+    As a producer that restarts does (docs/design.md, "Durability"): it resends its batches under
+    the same ids and punctuates only above its source's recovered punctuation.
     """
     (stream,) = [s for s in client.list_streams() if s["name"] == "s"]
     recovered = stream["source_punctuation"]

@@ -1,4 +1,5 @@
-"""Early results (``EMIT EVERY``, DESIGN §3) through a real server with 2 workers.
+"""Early results (``EMIT EVERY``, docs/design.md, "Query language") through a real server with
+2 workers.
 
 The server's EMIT timers run on wall time, so only the final rows are compared exactly, with the
 in-process engine fed the same calls (on a clock that never moves: it gives final rows only).

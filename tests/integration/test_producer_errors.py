@@ -1,7 +1,7 @@
-"""Producer errors against a real server (DESIGN §10), for ``Producer``, ``AsyncProducer`` and
-``lowtide send``: what the client can know raises at the call that made it, with nothing sent;
-what only the server can refuse is raised by the next call, names its batch, and leaves the
-producer usable - what follows the rejected batch is applied, exactly once."""
+"""Producer errors against a real server (docs/design.md, "Producers"), for ``Producer``,
+``AsyncProducer`` and ``lowtide send``: what the client can know raises at the call that made it,
+with nothing sent; what only the server can refuse is raised by the next call, names its batch, and
+leaves the producer usable - what follows the rejected batch is applied, exactly once."""
 
 from __future__ import annotations
 
@@ -176,7 +176,8 @@ def test_a_server_rejection_names_its_batch_and_later_sends_apply_once(
 def test_late_error_rejects_only_tuples_whose_window_is_gone(
     target: str, fresh: Callable[[str], str]
 ) -> None:
-    """DESIGN.md §2 through the server: the front judges ``late='error'`` as the workers count.
+    """Behind punctuation (docs/design.md, "Punctuation and lateness") through the server: the front
+    judges ``late='error'`` as the workers count.
     Punctuation 5, then 2, 3, 7, 8: behind it, yet [0, 10) is open - applied. Punctuation 11,
     then 4: [0, 10) was emitted - rejected, named, and nothing else lost."""
     stream = fresh("S")

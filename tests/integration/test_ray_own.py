@@ -5,8 +5,15 @@ Without a state directory, a worker actor that dies takes the queries that had s
 A cluster that goes away stops the server: its log says why in one line, subscribers end
 ``UNAVAILABLE`` with that reason, and so does every call after.
 
-The first runs on the session's cluster (``ray_cluster``); the second starts a one-node cluster
-of its own and shuts it down under the server.
+A server told to give up placing a worker (``restart_max_attempts``) stops with one line, and
+its state directory needs no repair: started again on a cluster with room, it goes on with
+every window exactly once. ``--ray local`` keeps every listener of its private cluster on
+127.0.0.1 (the kernel's socket tables of the server's process tree), even without the test
+suite's own setting that keeps Ray there, and writes no token into the user's home.
+
+The first and the third run on the session's cluster (``ray_cluster``); the second starts a
+one-node cluster of its own and shuts it down under the server. (test_ray_churn.py: node losses
+close together.)
 """
 
 from __future__ import annotations
@@ -15,15 +22,29 @@ import os
 import random
 import re
 import signal
+from pathlib import Path
 
 import grpc
 import pytest
 from ray.cluster_utils import Cluster
-from ray_harness import loopback_cluster
+from ray_harness import LOOPBACK, listening, loopback, loopback_cluster, process_tree
 from server_harness import Server, running_server, start_server, wait_for
-from wire import CLOSE, Mirror, Subscription, assert_same, connect, failure_of, packets, rows, table
+from thesis import PACKET
+from wire import (
+    CLOSE,
+    Mirror,
+    Subscription,
+    assert_same,
+    connect,
+    failure_of,
+    packets,
+    rows,
+    schedule,
+    table,
+)
 
 from lowtide import END_OF_STREAM
+from lowtide.clients import Client
 from lowtide.proto import lowtide_pb2 as pb
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray")]
@@ -36,7 +57,7 @@ GROUPED = "SELECT srcIP, count(*) AS n [RANGE 1 minute, SLIDE 1 minute, WA ts] F
 def placements(server: Server) -> list[tuple[int, int]]:
     """(worker, pid) of every placement the server's log reports, in order."""
     log = server.stderr.read_text()
-    line = r"^lowtide: worker (\d+) \(lowtide-worker-\d+\) (?:placed again )?on .*, pid (\d+)$"
+    line = r"^lowtide: worker (\d+) \(lowtide-worker-\d+\) (?:placed again )?on .*, pid (\d+)(?:;.*)?$"
     found = re.findall(line, log, re.MULTILINE)
     return [(int(worker), int(pid)) for worker, pid in found]
 
@@ -97,3 +118,80 @@ def test_a_cluster_that_goes_away_stops_the_server_saying_why() -> None:
         if server.process.poll() is None:  # the test failed: leave nothing running
             server.process.kill()
         cluster.shutdown()
+
+
+def test_a_server_told_to_give_up_stops_in_one_line_and_starts_again_whole(
+    ray_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two workers of 2 CPUs, one on each node; one node goes and nothing has room for its
+    worker: after two attempts of 2 s the server stops, saying so. A node joins; the server
+    started again on the same state directory restores every query and its results, and with
+    the rest of the input the subscriber sees every window exactly once."""
+    settings = {
+        "state_dir": str(tmp_path / "state"),
+        "checkpoint_interval_s": 0.3,
+        "restart_max_attempts": 2,
+        "restart_attempt_timeout_s": 2.0,
+        "restart_initial_backoff_s": 0.5,
+    }
+    options = ("--ray", ray_cluster.address, "--worker-cpus", "2")
+    server = start_server(*options, workers=2, metrics=False, config=settings)
+    rnd = random.Random(21)
+    calls = schedule({("S", "p"): packets(rnd, 400, T0, T0 + 20 * MINUTE)}, rnd, {"S": PACKET})
+    half = len(calls) // 2
+    try:
+        mirror = Mirror(connect(server.target))
+        mirror.create_stream("S", sources=["p"])
+        query = mirror.register(GROUPED.format(s="S"), "kept")
+        for call in calls[: half // 2]:
+            mirror.ingest(*call)
+        server.await_checkpoint()
+        for call in calls[half // 2 : half]:  # after the checkpoint: the log's
+            mirror.ingest(*call)
+        (prefix,) = re.findall(
+            r"^lowtide: worker 1 .* on Ray node \S+ \((\w+)\)", server.stderr.read_text(), re.M
+        )
+        lost = next(n for n in ray_cluster.worker_nodes if n.node_id.startswith(prefix))
+        ray_cluster.remove_node(lost)
+        assert server.process.wait(120) == 1
+        server.exit_code = 1  # stopped on its own, as it should
+        said = [line for line in server.stderr.read_text().splitlines() if line.startswith("lowtide: ")]
+        gave_up = (
+            r"lowtide: worker 1 cannot be placed on the Ray cluster: 2 attempts failed in a row "
+            r"\(restart_max_attempts\), the last: .+; stopping"
+        )
+        assert re.fullmatch(gave_up, said[-1]), server.stderr_tail()
+    finally:
+        if server.process.poll() is None:  # the test failed: leave nothing running
+            server.process.kill()
+        ray_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
+        ray_cluster.wait_for_nodes()
+    del settings["restart_max_attempts"]
+    with running_server(*options, workers=2, metrics=False, config=settings) as again:
+        mirror.stub = connect(again.target)
+        subscription = Subscription(mirror.stub, query, from_oldest=True)
+        for call in calls[half:]:
+            mirror.ingest(*call)
+        expected = mirror.results(query)
+        assert rows(expected)
+        assert_same(subscription.until(END_OF_STREAM), expected, query)
+
+
+def test_ray_local_listens_on_loopback_only_and_keeps_its_token_out_of_home(tmp_path: Path) -> None:
+    # Without the suite's own setting (tests/conftest.py) and with a home of its own: the
+    # server alone must keep its private cluster on loopback and its token in its environment.
+    env = {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": None,
+        "RAY_AUTH_TOKEN": None,
+        "RAY_ADDRESS": None,
+        "HOME": str(tmp_path),
+    }
+    with running_server("--ray", "local", workers=2, metrics=False, env=env) as server:
+        running_query(server, "private")
+        found = listening(process_tree(server.pid))
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for _, _, pid in found}
+        assert {"gcs_server", "raylet"} <= names, found  # Ray's own listeners are among those read
+        assert [(a, port, pid) for a, port, pid in found if not loopback(a)] == []
+        with Client(server.target, timeout=30) as client:
+            assert {w["node"] for w in client.list_workers()} == {LOOPBACK}
+    assert not (tmp_path / ".ray").exists()

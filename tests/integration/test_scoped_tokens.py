@@ -1,4 +1,5 @@
-"""DESIGN.md §9's scoped tokens against a real server, and the start's plaintext warning.
+"""Scoped tokens (docs/design.md, "Security") against a real server, and the start's plaintext
+warning.
 
 One server for the module, one worker, with a tokens file holding an admin, a producer scoped
 to stream ``Main`` and sources ``link-*``, a reader scoped to query ``q1`` and stream ``Main``,

@@ -1,4 +1,5 @@
-"""DESIGN.md §9 against real servers: TLS, bearer tokens and their roles, metrics on loopback.
+"""docs/design.md, "Security", against real servers: TLS, bearer tokens and their roles, metrics on
+loopback.
 
 Two servers for the whole module, one worker each: one serving TLS with a self-signed
 certificate made here by ``openssl``, one with a tokens file (admin, producer, reader). Every

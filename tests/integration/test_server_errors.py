@@ -1,6 +1,7 @@
-"""Every error of DESIGN §6 "Errors" from a real server: the right status code, a one-line reason
-and the right ``lowtide-error`` class - and then the server still serves, with everything accepted
-before the error intact: more data afterwards gives the in-process engine's results.
+"""Every error docs/design.md lists under "Errors", from a real server: the right status code, a
+one-line reason and the right ``lowtide-error`` class - and then the server still serves, with
+everything accepted before the error intact: more data afterwards gives the in-process engine's
+results.
 
 The module's server runs with small limits (1 MiB messages, 1000-row batches, 100 kB of state per
 query); the stream and query count limits get a server of their own.

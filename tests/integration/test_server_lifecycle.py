@@ -1,5 +1,6 @@
-"""A real server's life (DESIGN §6, §7): SIGTERM drains; a killed worker is noticed at once and
-fails only the queries it served; a producer faster than the workers is slowed, never dropped.
+"""A real server's life (docs/design.md, "Interfaces" and "Runners"): SIGTERM drains; a killed
+worker is noticed at once and fails only the queries it served; a producer faster than the workers
+is slowed, never dropped.
 
 Each test starts its own server (``server_harness.running_server``), since each ends or damages it.
 """

@@ -1,6 +1,7 @@
 """Every query of thesis.sql through a real server with 2 workers gives what the in-process engine
-gives (DESIGN §3, §5, §7), plus queries over query results, multi-source progress, idle sources
-and subscriptions that join late or reconnect (§2, §4, §6).
+gives (docs/design.md: "Windows", "Results and offsets", "Runners"), plus queries over query
+results, multi-source progress, idle sources and subscriptions that join late or reconnect
+("Data model", "Punctuation and lateness", "Results and offsets").
 
 One server runs for the module. Each test feeds its own streams through ``wire.Mirror``: the same
 Ingest calls go to the server and, in the same order, to an in-process ``lowtide.Engine``.
@@ -178,8 +179,9 @@ def test_concurrent_producers_give_the_same_results(mirror: Mirror) -> None:
 
 
 def test_sessions_split_by_group_give_the_engines_results(mirror: Mirror) -> None:
-    """Session windows (DESIGN §3) over a union fed by three producers each: grouped, they split
-    across both workers by the group columns; without GROUP BY one worker holds the one group."""
+    """Session windows (docs/design.md, "Windows") over a union fed by three producers each:
+    grouped, they split across both workers by the group columns; without GROUP BY one worker holds
+    the one group."""
     rnd = random.Random(13)
     a, b = fresh("sA"), fresh("sB")
     for stream in (a, b):

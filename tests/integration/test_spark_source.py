@@ -1,4 +1,5 @@
-"""``format("lowtide")`` read by a real local Spark from a real server (DESIGN.md §12).
+"""``format("lowtide")`` read by a real local Spark from a real server
+(docs/design.md, "Spark data source").
 
 A query's results, read in batch, are exactly what a subscription from the oldest retained
 offset gives, each row tagged with its table's output offset. Read as a stream into Parquet:

@@ -1,4 +1,5 @@
-"""``writeStream.format("lowtide")`` from a real local Spark into a real server (DESIGN.md §12).
+"""``writeStream.format("lowtide")`` from a real local Spark into a real server
+(docs/design.md, "Spark data source").
 
 Structured Streaming reads disordered packet files and writes them through the data source:
 lowtide's tumbling and sliding windows equal Spark's own batch ``groupBy(window(ts, ...))`` over

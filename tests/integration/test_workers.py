@@ -1,10 +1,10 @@
 """``lowtide workers``, ``Client.list_workers()`` and the metric ``lowtide_worker_info`` against a
 real server of two local worker processes, its own (its state bytes are then the queries' here
 alone): each worker's index, node (``localhost``), pid (the server's child processes), restarts,
-the queries with operators on it (a grouped query on both, an ungrouped one on one) and their
-state bytes, the same figures the ``lowtide_state_bytes`` metric sums per query. A worker that
-dies is counted where it is restarted: tests/integration/test_server_lifecycle.py (local) and
-test_ray.py (Ray).
+status (``running``), the queries with operators on it (a grouped query on both, an ungrouped
+one on one) and their state bytes, the same figures the ``lowtide_state_bytes`` metric sums per
+query. A worker that dies is counted where it is restarted: tests/integration/
+test_server_lifecycle.py (local) and test_ray.py (Ray).
 """
 
 from __future__ import annotations
@@ -58,12 +58,13 @@ def test_list_workers_gives_each_workers_place_queries_and_state(
     server: Server, workers: list[dict[str, Any]]
 ) -> None:
     assert [sorted(w) for w in workers] == [
-        ["index", "node", "pid", "queries", "restarts", "state_bytes"]
+        ["index", "node", "pid", "queries", "restarts", "state_bytes", "status"]
     ] * 2
     assert [w["index"] for w in workers] == [0, 1]
     assert {w["node"] for w in workers} == {"localhost"}
     assert sorted(w["pid"] for w in workers) == sorted(server.worker_pids())
     assert [w["restarts"] for w in workers] == [0, 0]
+    assert [w["status"] for w in workers] == ["running", "running"]
     assert all("split" in w["queries"] for w in workers)  # grouped: on every worker
     assert sum(w["queries"].count("single") for w in workers) == 1  # one worker holds it whole
     assert asyncio.run(_list_async(server.target)) == workers  # the async client's is the same
@@ -79,9 +80,17 @@ def test_lowtide_workers_prints_the_same_as_a_table_or_json(
 ) -> None:
     assert json.loads(ok(server.target, "workers", "--format", "json")) == workers
     header, *rows = ok(server.target, "workers").splitlines()
-    assert header.split() == ["index", "node", "pid", "restarts", "state_bytes", "queries"]
+    assert header.split() == ["index", "node", "pid", "restarts", "state_bytes", "queries", "status"]
     for row, w in zip(rows, workers, strict=True):
-        shown = [w["index"], w["node"], w["pid"], w["restarts"], w["state_bytes"], ",".join(w["queries"])]
+        shown = [
+            w["index"],
+            w["node"],
+            w["pid"],
+            w["restarts"],
+            w["state_bytes"],
+            ",".join(w["queries"]),
+            w["status"],
+        ]
         assert row.split() == [str(cell) for cell in shown]
 
 

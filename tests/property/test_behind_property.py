@@ -1,4 +1,5 @@
-"""Behind punctuation is not late (DESIGN.md §2, issue 14), as properties.
+"""Behind punctuation is not late, as properties (docs/design.md, "Punctuation and lateness";
+issue 14).
 
 Punctuation runs ahead of some tuples by random amounts (``honest=False`` deliveries). Under
 ``drop``: the results equal the brute-force reference over every applied tuple, each counted in

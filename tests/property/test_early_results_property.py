@@ -1,4 +1,5 @@
-"""Early results (``EMIT EVERY d``, DESIGN §3) against the brute-force reference, on a manual clock.
+"""Early results (``EMIT EVERY d``, docs/design.md, "Query language") against the brute-force
+reference, on a manual clock.
 
 A delivery (strategies.py) is interleaved with moves of the engine's clock. Checked after every
 call: the EMIT timer fires exactly when a period has passed (once, however many passed); at a

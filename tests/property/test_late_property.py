@@ -1,11 +1,11 @@
 """Late tuples (below their stream's published progress at arrival) under each late policy.
 
-(h) ``drop``: counted in the windows not yet emitted (behind punctuation is not late, DESIGN.md
-§2), late for the rest: counted, readable from ``<query>.late``; ``update`` with allowed
-lateness L: a late tuple still counts in the windows whose end + L > progress, emitted windows
-re-emit their corrected rows with revision + 1, and it is in the side stream once if it missed a
-window forgotten already; ``error``: the batch is rejected whole with
-``LateTuple`` and the results are those of the accepted batches.
+(h) ``drop``: counted in the windows not yet emitted (behind punctuation is not late,
+docs/design.md, "Punctuation and lateness"), late for the rest: counted, readable from
+``<query>.late``; ``update`` with allowed lateness L: a late tuple still counts in the windows whose
+end + L > progress, emitted windows re-emit their corrected rows with revision + 1, and it is in the
+side stream once if it missed a window forgotten already; ``error``: the batch is rejected whole
+with ``LateTuple`` and the results are those of the accepted batches.
 """
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ def test_idle_source_stops_holding_back_and_its_behind_tuples_count_where_open(
     items += engine.poll(q)
     rows = [r for t in items if isinstance(t, pa.Table) for r in t.to_pylist()]
     if counts_behind(sql_of(spec, ["A"]), {"A": ("a", "idle")}):
-        # Behind punctuation, the rejoining tuples still count in the windows not yet emitted (§2).
+        # Behind punctuation, the rejoining tuples still count in the windows not yet emitted
+        # (docs/design.md, "Punctuation and lateness").
         expected = evaluate(
             spec, early + rejoin, counts_in=lambda i, start, end: i < len(early) or end > progress
         )

@@ -1,12 +1,12 @@
 """OA-Join against a nested-loop join under random order, splits, interleaving and punctuation.
 
-Behind punctuation (DESIGN.md §2, issue 14): punctuation runs ahead of the tuples by random
-amounts on both inputs; the pairs then equal a replay of the arrivals under the join's rule (a
-tuple behind punctuation meets the partners at or above ``T_other`` if it lies at or above the
-output punctuation of its column; it is late iff its partner range reaches below ``T_other`` or
-it lies below that punctuation), no pair comes below an output punctuation published, every pair
-not emitted has its later tuple in the late stream, and ``late='error'`` (through the Engine)
-rejects exactly the batches holding a tuple late by that rule.
+Behind punctuation (docs/design.md, "Punctuation and lateness"; issue 14): punctuation runs ahead of
+the tuples by random amounts on both inputs; the pairs then equal a replay of the arrivals under the
+join's rule (a tuple behind punctuation meets the partners at or above ``T_other`` if it lies at or
+above the output punctuation of its column; it is late iff its partner range reaches below
+``T_other`` or it lies below that punctuation), no pair comes below an output punctuation published,
+every pair not emitted has its later tuple in the late stream, and ``late='error'`` (through the
+Engine) rejects exactly the batches holding a tuple late by that rule.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Paned-WID counts tuples behind punctuation in its windows not yet emitted (DESIGN.md §2).
+"""Paned-WID counts tuples behind punctuation in its windows not yet emitted
+(docs/design.md, "Punctuation and lateness").
 
 The sliding windows overlap 4 to 20 times with partial aggregates, so the planner runs them as
 Paned-WID: over its own slices when the query reads a UNION, over shareable slices (one reader)

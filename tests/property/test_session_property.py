@@ -9,13 +9,13 @@
     always once it does; output punctuation exactly ``min(ends of the sessions not complete,
     p - L + 1)`` after each punctuation ``p`` (every session held ends above ``p - L``), rising,
     END_OF_STREAM at the end;
-(g) tuples behind punctuation (DESIGN.md §2): a tuple counts iff its own session ``[t, t + gap)``
-    ends above ``p - L`` and it is at or above the end of every session of its group gone by
-    then (:func:`reference.session_counts`; L: allowed lateness under ``update``, 0 under
-    ``drop``); the others, and only they, are in the late side stream, once. ``update``: the
-    revisions and retractions, replayed as a changelog, end at the reference over the tuples
-    counted, and hold every complete session after each call; ``error``: a batch is rejected
-    iff it holds a tuple behind punctuation;
+(g) tuples behind punctuation (docs/design.md, "Punctuation and lateness"): a tuple counts iff its
+    own session ``[t, t + gap)`` ends above ``p - L`` and it is at or above the end of every session
+    of its group gone by then (:func:`reference.session_counts`; L: allowed lateness under
+    ``update``, 0 under ``drop``); the others, and only they, are in the late side stream, once.
+    ``update``: the revisions and retractions, replayed as a changelog, end at the reference over
+    the tuples counted, and hold every complete session after each call; ``error``: a batch is
+    rejected iff it holds a tuple behind punctuation;
 (h) the session table's kernel, batch by batch, holds the reference's sessions of every group.
 
 A timeline (gap 10, one group)::

@@ -1,4 +1,5 @@
-"""Slices shared across queries (seed 001 §4) change nothing a query sees.
+"""Slices shared across queries change nothing a query sees (stream slicing, as in Traub et al.,
+"Efficient Window Aggregation with General Stream Slicing" (EDBT 2019), section 4).
 
 Several sliding-window queries on one stream, registered at different points of a delivery (and
 one maybe dropped midway), run in an engine that shares slices and in one that gives every query
@@ -10,7 +11,8 @@ punctuation covers them, not before, not later.
 
 With punctuation running ahead of some tuples, each query sharing the slices counts a tuple
 behind punctuation in its own windows not yet emitted and nowhere else, and its late stream holds
-exactly the tuples that missed one of its own emitted windows (DESIGN.md §2).
+exactly the tuples that missed one of its own emitted windows
+(docs/design.md, "Punctuation and lateness").
 """
 
 from __future__ import annotations
@@ -145,10 +147,10 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
 def test_behind_tuples_count_per_query_in_shared_slices(
     group_by: Any, queries: Any, sources: Any, data: Any
 ) -> None:
-    """Punctuation runs ahead of some tuples (DESIGN.md §2): each query reading the shared
-    slices counts a tuple behind it in its own windows not yet emitted, and only a tuple that
-    missed one of its own emitted windows is in its late stream, once; its rows equal the
-    reference over the tuples that arrived after it was registered."""
+    """Punctuation runs ahead of some tuples (docs/design.md, "Punctuation and lateness"): each
+    query reading the shared slices counts a tuple behind it in its own windows not yet emitted, and
+    only a tuple that missed one of its own emitted windows is in its late stream, once; its rows
+    equal the reference over the tuples that arrived after it was registered."""
     rows = data.draw(tuples(max_size=40), label="tuples")
     events = data.draw(deliveries({"A": rows}, sources, honest=False), label="events")
     specs = [

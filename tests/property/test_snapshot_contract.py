@@ -1,5 +1,6 @@
 """The snapshot contract: every operator, restored mid-stream into a query planned again, goes on
-exactly as if the process had never stopped (STYLE.md 7 and 8).
+exactly as if the process had never stopped (as Flink's ``WindowOperatorTest`` snapshots an
+operator mid-stream and restores it into a fresh one).
 
 For each operator kind - driven through queries that plan to it - and for every thesis query, a
 random delivery (stream contents, arrival order, batch split, punctuation, late tuples, queries

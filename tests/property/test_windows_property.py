@@ -65,8 +65,8 @@ def test_a_tuple_after_the_end_is_late_only_in_a_window(
     """Issue 23's flaky example: ``[RANGE 1 rows, SLIDE n rows]``, two undeclared sources, the
     second speaking only after the first closed (the stream has ended). Its tuples are still
     numbered in arrival order (row-num); one numbered between two windows belongs to none, so
-    it is late for none (DESIGN.md §2); one numbered in a window is late: that window can no
-    longer be emitted."""
+    it is late for none (docs/design.md, "Punctuation and lateness"); one numbered in a window is
+    late: that window can no longer be emitted."""
     spec = Spec(Window("rows", slide, 1, "row-num", partition), (), (Agg("count*", None, "n"),))
     row = {"k1": "a", "k2": 0, "v": 0, "f": None, "b": False, "ts": 0}
     events = [

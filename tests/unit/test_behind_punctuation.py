@@ -1,4 +1,5 @@
-"""Behind punctuation is not late (DESIGN.md §2, issue 14): Beam's fixed-window transcripts.
+"""Behind punctuation is not late (docs/design.md, "Punctuation and lateness"; issue 14): Beam's
+fixed-window transcripts.
 
 A tuple below its stream's published punctuation still counts in every window of it not yet
 emitted, as Beam and Flink count an element behind the watermark whose window has not fired;

@@ -1,4 +1,5 @@
-"""The Engine's contract (DESIGN.md §2-§6): the thesis queries, bad input, punctuation rules."""
+"""The Engine's contract (docs/design.md, "Data model" to "Interfaces"): the thesis queries, bad
+input, punctuation rules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Flink SQL as its users write it (DESIGN.md §13): JOIN ... ON, derived tables, interval and
-window joins bounded by their predicates, BETWEEN, INTERVAL arithmetic, SELECT * and x.*,
-window bounds under another name, Flink's result column names; and the one-line refusals."""
+"""Flink SQL as its users write it (docs/design.md, "Flink SQL"): JOIN ... ON, derived tables,
+interval and window joins bounded by their predicates, BETWEEN, INTERVAL arithmetic, SELECT * and
+x.*, window bounds under another name, Flink's result column names; and the one-line refusals."""
 
 from __future__ import annotations
 

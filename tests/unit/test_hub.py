@@ -1,8 +1,9 @@
-"""The hub bounds in bytes what it holds (DESIGN.md §8): the retention (``retained_items`` and
-``retained_bytes``, oldest evicted) and each subscription (``max_subscriber_bytes``: past it the
-subscription ends with RESOURCE_EXHAUSTED at once, its backlog released, naming the offset to
-resume from); every other subscriber gets everything in order. A reader name belongs to the
-token that first committed it, and each token keeps at most MAX_READERS names of a query."""
+"""The hub bounds in bytes what it holds (docs/design.md, "Bounded memory"): the retention
+(``retained_items`` and ``retained_bytes``, oldest evicted) and each subscription
+(``max_subscriber_bytes``: past it the subscription ends with RESOURCE_EXHAUSTED at once, its
+backlog released, naming the offset to resume from); every other subscriber gets everything in
+order. A reader name belongs to the token that first committed it, and each token keeps at most
+MAX_READERS names of a query."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""What recovery of the input log tells apart (DESIGN §8): a torn last frame is dropped, and only
-once recovery has succeeded; damage anywhere else, a missing segment or a log shorter than a
-checkpoint's manifest says stops the start naming the file, with the state directory unchanged."""
+"""What recovery of the input log tells apart (docs/design.md, "Durability"): a torn last frame is
+dropped, and only once recovery has succeeded; damage anywhere else, a missing segment or a log
+shorter than a checkpoint's manifest says stops the start naming the file, with the state directory
+unchanged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ServerMetrics (DESIGN.md §6): every metric's name, labels and value, as Prometheus scrapes them."""
+"""ServerMetrics (docs/design.md, "Metrics"): every metric's name, labels and value, as Prometheus
+scrapes them."""
 
 from __future__ import annotations
 

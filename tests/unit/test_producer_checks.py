@@ -1,6 +1,6 @@
-"""The producer's checks and bookkeeping without a server (DESIGN §10): the schema checks of a
-send, the punctuation floor, the batcher's messages and how they are named, and what a rejected
-Ingest call leaves: the error for the next call, the messages to send again, the result."""
+"""The producer's checks and bookkeeping without a server (docs/design.md, "Producers"): the schema
+checks of a send, the punctuation floor, the batcher's messages and how they are named, and what a
+rejected Ingest call leaves: the error for the next call, the messages to send again, the result."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The producer's core without a network (DESIGN §10): fed the answers and errors of its Ingest
-calls, it says which calls to open, what each carries and in what order, when the caller waits,
-what goes again after a rejection, and what the caller is told. Both shells (blocking and asyncio)
-run exactly these steps, so a bug here shows without a server."""
+"""The producer's core without a network (docs/design.md, "Producers"): fed the answers and errors
+of its Ingest calls, it says which calls to open, what each carries and in what order, when the
+caller waits, what goes again after a rejection, and what the caller is told. Both shells (blocking
+and asyncio) run exactly these steps, so a bug here shows without a server."""
 
 from __future__ import annotations
 
