@@ -179,14 +179,14 @@ class RayWorkers:
         on_message: OnMessage,
         on_death: OnDeath,
         on_give_up: OnGiveUp,
-        restart: RestartStrategy | None = None,
-        node_ip: str = "",
+        restart: RestartStrategy,
+        node_ip: str,
     ) -> None:
         self.size = workers
         self.address = address
         self.cpus = cpus
         self.node_ip = node_ip
-        self.restart = restart or RestartStrategy()
+        self.restart = restart
         self.backoffs = [Backoff(self.restart) for _ in range(workers)]
         self.status = ["placing"] * workers  # placing | pending (a back-off) | running
         self.on_message = on_message
@@ -446,6 +446,8 @@ class RayWorkers:
             try:
                 actor, place = await self._attempt(index)
             except (TimeoutError, *CallFailed) as exc:
+                # A failed attempt's actor was never posted to: the worker's work waits in the
+                # front's log for the recovery that follows its placement, none of it lost here.
                 why = (
                     f"no answer within {self.restart.attempt_timeout_s:g} s"
                     if isinstance(exc, TimeoutError)
@@ -488,7 +490,7 @@ class RayWorkers:
                     await asyncio.sleep(0.1)
             try:
                 return actor, await actor.where.remote()
-            except BaseException:
+            except BaseException:  # re-raised: only the unanswered actor (no work of ours) is ended
                 with contextlib.suppress(*CallFailed):
                     ray.kill(actor, no_restart=True)
                 raise

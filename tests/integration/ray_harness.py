@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from ray.cluster_utils import Cluster
+from server_harness import listening_sockets
 
 LOOPBACK = "127.0.0.1"
 
@@ -56,23 +57,9 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
-def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An address of /proc/net/tcp{,6}: 32-bit words, each in the machine's (little-endian) order."""
-    raw = bytes.fromhex(hex_address)
-    swapped = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return ipaddress.ip_address(swapped)
-
-
 def listening(pids: set[int]) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every TCP socket listening in one of ``pids``, read from /proc (the
-    kernel's own tables: no tool whose output could change)."""
-    sockets: dict[str, tuple[str, int]] = {}  # inode -> (address, port)
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                host, port = fields[1].split(":")
-                sockets[fields[9]] = (str(_address(host)), int(port, 16))
+    """(address, port, pid) of every TCP socket listening in one of ``pids``."""
+    sockets = listening_sockets()
     found = []
     for pid in pids:
         try:

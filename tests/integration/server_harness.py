@@ -14,6 +14,7 @@ is what a failing test prints. ``lowtide_command()`` is the CLI the tests run.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import shutil
@@ -73,6 +74,22 @@ def scrape(server: Server) -> dict[str, dict[tuple[tuple[str, str], ...], float]
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def listening_sockets() -> dict[str, tuple[str, int]]:
+    """Every TCP socket of this machine listening now, by its inode: (address, port), read from
+    /proc/net/tcp{,6} (the kernel's own tables: no tool whose output could change). An address
+    there is 32-bit words, each in the machine's (little-endian) order."""
+    found: dict[str, tuple[str, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                host, port = fields[1].split(":")
+                raw = bytes.fromhex(host)
+                address = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found[fields[9]] = (str(ipaddress.ip_address(address)), int(port, 16))
     return found
 
 

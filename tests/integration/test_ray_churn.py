@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,9 +59,14 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def server(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("churn")
+
+
+@pytest.fixture(scope="module")
+def server(cluster: Cluster, state_dir: Path) -> Iterator[Server]:
     config = {
-        "state_dir": str(tmp_path_factory.mktemp("churn")),
+        "state_dir": str(state_dir),
         "checkpoint_interval_s": 0.3,
         "restart_initial_backoff_s": 0.5,
         "restart_attempt_timeout_s": 10.0,
@@ -147,7 +153,7 @@ def test_two_node_losses_three_seconds_apart_a_node_joining_between(cluster: Clu
     at, before = where(server), placed_again(server)
     a, b = sorted(w for w in at if w != head_worker(cluster, at))
     cluster.remove_node(node(cluster, at[a][0], server))
-    time.sleep(3.0)
+    time.sleep(3.0)  # the scenario's own gap between the two losses, not a wait for an event
     joined = cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
     cluster.remove_node(node(cluster, at[b][0], server))
     await_placements(server, before + 2)
@@ -161,7 +167,17 @@ def test_two_node_losses_three_seconds_apart_a_node_joining_between(cluster: Clu
     print("\n".join(recovery_lines(server)))
 
 
-def test_a_node_lost_while_a_checkpoint_is_taken(cluster: Cluster, server: Server) -> None:
+def checkpoints(state: Path, open_only: bool = False) -> set[str]:
+    """The checkpoint directories in the state directory; ``open_only``: those begun and not
+    written yet (no manifest: server/checkpoint_store.py)."""
+    return {
+        d.name
+        for d in (state / "checkpoints").iterdir()
+        if not (open_only and (d / "MANIFEST.json").exists())
+    }
+
+
+def test_a_node_lost_while_a_checkpoint_is_taken(cluster: Cluster, server: Server, state_dir: Path) -> None:
     """The head's worker is held stopped, so the checkpoint begun next cannot end; the node of
     the two other workers goes meanwhile. The checkpoint is abandoned (the log says so), the
     workers restore from the one before, and the stopped worker goes on where it was told to."""
@@ -169,10 +185,17 @@ def test_a_node_lost_while_a_checkpoint_is_taken(cluster: Cluster, server: Serve
     at, before = where(server), placed_again(server)
     held = head_worker(cluster, at)
     others = {prefix for w, (prefix, _) in at.items() if w != held}
+    before_stop = checkpoints(state_dir)
     os.kill(at[held][1], signal.SIGSTOP)
     try:
         feed.send(4)  # changes after the last checkpoint: the next one is due
-        time.sleep(2.5)  # the front begins one every second while changes are new (see Front._ticker)
+        # One begun after the stop: the stopped worker never answers its barrier, so it stays open.
+        wait_for(
+            "a checkpoint begun",
+            lambda: bool(checkpoints(state_dir, open_only=True) - before_stop),
+            30.0,
+            server.stderr_tail,
+        )
         for _ in range(2):
             cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
         for prefix in others:

@@ -26,7 +26,7 @@ import grpc
 import pyarrow as pa
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_harness import Server, lowtide_command, running_server
+from server_harness import Server, listening_sockets, lowtide_command, running_server
 
 from lowtide import InvalidArgument, NotFound, PermissionDenied, Punctuation, Unauthenticated
 from lowtide.clients import AsyncClient, Client, ServerUnavailable
@@ -410,15 +410,8 @@ def test_the_cli_sends_token_and_lowtide_token(
 
 # -- metrics and start-up -------------------------------------------------------------------------
 def _listening(port: int) -> set[str]:
-    """The local addresses (as /proc/net/tcp* writes them) listening on ``port``."""
-    found: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            address, _, hex_port = local.partition(":")
-            if state == "0A" and int(hex_port, 16) == port:
-                found.add(address)
-    return found
+    """The local addresses listening on ``port``."""
+    return {address for address, bound in listening_sockets().values() if bound == port}
 
 
 def test_metrics_listen_on_loopback_by_default(token_server: Server) -> None:
@@ -427,7 +420,7 @@ def test_metrics_listen_on_loopback_by_default(token_server: Server) -> None:
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp to see the listening socket")
     port = int(token_server.metrics_url.rsplit(":", 1)[1].split("/")[0])
-    assert _listening(port) == {"0100007F"}  # 127.0.0.1, and nothing else
+    assert _listening(port) == {"127.0.0.1"}  # and nothing else
 
 
 def test_a_tokens_file_with_an_unknown_role_stops_the_start(tmp_path: Path) -> None:
