@@ -275,6 +275,8 @@ def _query_info(q: Any) -> dict[str, Any]:
         "oldest_offset": int(q.oldest_offset),
         "next_offset": int(q.next_offset),
         "readers": {name: int(offset) for name, offset in q.readers.items()},
+        "status": q.status,
+        "status_reason": q.status_reason,
     }
 
 

@@ -180,7 +180,9 @@ class Client:
     def list_queries(self) -> list[dict[str, Any]]:
         """Each query: name, sql, late, columns, schema, results, late_tuples, low_watermark,
         time_unit, oldest_offset and next_offset (the output offsets a subscription can start at:
-        the oldest retained, and the one the next item gets)."""
+        the oldest retained, and the one the next item gets), readers, status (``running``,
+        ``recovering`` while its workers are restored, ``aborted`` for good until it is dropped)
+        and status_reason (why it is recovering or aborted, in one line; empty while running)."""
         return self._run(wire.list_queries())
 
     def list_workers(self) -> list[dict[str, Any]]:

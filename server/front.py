@@ -43,9 +43,9 @@ from lowtide.server.input_log import Record, TornTail
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.local_workers import LocalWorkers
 from lowtide.server.metrics import ServerMetrics
-from lowtide.server.process_runner import ProcessRunner
+from lowtide.server.process_runner import ProcessRunner, RemoteQuery, lost_state
 from lowtide.server.staging import StagingArea
-from lowtide.server.transport import WorkerTransport
+from lowtide.server.transport import WorkerPlace, WorkerTransport
 from lowtide.snapshot import as_dict
 from lowtide.strings import StringPool
 
@@ -96,6 +96,8 @@ class Front:
         self._recoveries_due = 1 if self.state is not None else 0  # the start's own, see recover()
         if not self._recoveries_due:
             self._recovered.set()
+        # Why the queries are recovering, while a recovery is due or its output is made again.
+        self._recovering = "the server starts: every worker is restored from the state directory"
         self._recovery = asyncio.Lock()  # one at a time: a worker may die during another's
         self._syncs: dict[int, tuple[set[int], asyncio.Future[None]]] = {}  # token -> workers owing
         self._tokens = itertools.count()
@@ -476,6 +478,43 @@ class Front:
         if remote is not None and remote.failed:  # a derived table's part fails its query's hubs
             self._close_failed(part_of(name) or name, remote.status, remote.failed)
 
+    def query_statuses(self) -> dict[str, tuple[str, str]]:
+        """Each query's status, ``running``, ``recovering`` or ``aborted``, and why in one line
+        (empty while running).
+
+        Aborted: the query or a part planning one of its derived tables failed, or a worker of it
+        died without ``--state-dir`` (its state went with it). Recovering, with ``--state-dir``: a
+        worker of it is being started again, a recovery is due or running, or its output is being
+        made again up to where it was (its hubs skip what comes again)."""
+        places = self.workers.places()
+        remotes: dict[str, list[RemoteQuery]] = {}
+        for name, remote in self.engine.runner.queries.items():
+            remotes.setdefault(part_of(name) or name, []).append(remote)
+        return {name: self._status(name, own, places) for name, own in remotes.items()}
+
+    def _status(self, name: str, remotes: list[RemoteQuery], places: list[WorkerPlace]) -> tuple[str, str]:
+        # Its own reason first, the one its subscriptions ended with, else a part's.
+        failed = sorted((remote.name != name, remote.failed) for remote in remotes if remote.failed)
+        if failed:
+            return "aborted", failed[0][1]
+        for worker in sorted({w for remote in remotes for w in remote.workers}):
+            status = places[worker].status
+            if status == "running":
+                continue
+            if self.state is None:  # the transport reports the death once it runs again: already lost
+                return "aborted", lost_state(worker, name)
+            if status == "pending":
+                return "recovering", f"worker {worker} died and waits to be started again (a back-off)"
+            return "recovering", f"worker {worker} died and is being started again"
+        if not self._recovered.is_set():
+            return "recovering", self._recovering
+        hubs = [self.hubs.get(key) for key in (name, f"{name}.late")]
+        # What a hub skips is made again before anything new comes; an ended hub takes nothing more.
+        remade = sum(hub.remade for hub in hubs if hub is not None and not hub.ended)
+        if remade:
+            return "recovering", f"{self._recovering}; {remade} items of its output to make again"
+        return "running", ""
+
     def _close_failed(self, name: str, status: str, reason: str) -> None:
         for key in (name, f"{name}.late"):
             hub = self.hubs.get(key)
@@ -537,6 +576,7 @@ class Front:
         if self.state is not None:  # the log and the last checkpoint hold everything it had
             self._recovered.clear()  # changes wait from now on
             self._recoveries_due += 1
+            self._recovering = f"worker {worker} died: every worker is restored from the state directory"
             self._tasks.append(asyncio.get_running_loop().create_task(self._recover_from_death(worker)))
             return
         self.metrics.worker_restarted(worker)
@@ -636,6 +676,7 @@ class Front:
     def snapshot(self) -> dict[str, Any]:
         stats = self.engine.stats()
         runner = self.engine.runner
+        statuses = self.query_statuses()
         queries: dict[str, Any] = {}
         for name, remote in runner.queries.items():
             queries[name] = {
@@ -645,6 +686,8 @@ class Front:
                 "state_bytes": runner.state_bytes(name),
                 "operators": [(i, *counts) for i, counts in enumerate(runner.operators(name))],
             }
+            if name in statuses:  # not a derived table's part: its query's status is the one
+                queries[name]["status"] = statuses[name][0]
             hub = self.hubs.get(name)
             if hub is not None and hub.readers:
                 queries[name]["readers"] = {r: hub.next_offset - offset for r, offset in hub.readers.items()}

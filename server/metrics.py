@@ -40,6 +40,9 @@ Read from the snapshot at scrape time:
 ``lowtide_query_low_watermark{query}``                gauge: the query's output punctuation
 ``lowtide_open_windows{query}``                       gauge: windows holding state
 ``lowtide_state_bytes{query}``                        gauge: bytes of window state
+``lowtide_query_status{query,status}``                gauge: 1 for the query's status (``running``,
+                                                      ``recovering``, ``aborted``: ListQueries
+                                                      says why), 0 for the other two
 ``lowtide_operator_tuples_in_total{query,operator}``  counter: tuples into one operator of the query
 ``lowtide_operator_tuples_out_total{query,operator}`` counter: tuples out of it
 ``lowtide_reader_lag_items{query,reader}``            gauge: the query's items past what the reader
@@ -79,7 +82,8 @@ engine's ``Engine.stats()``)::
     {"streams": {name: {"low_watermark": int, "ingested": int, "behind": int, "late": int}},
      "queries": {name: {"low_watermark": int, "late": int, "open_windows": int, "state_bytes": int,
                         "operators": [(index, label, tuples_in, tuples_out), ...],
-                        "readers": {reader: lag}}},   (readers optional)
+                        "readers": {reader: lag},     (optional)
+                        "status": str}},              (optional: the server's queries)
      "strings": {process: int},   (optional)
      "workers": {index: node},    (optional)
      "staged": {"bytes": int, "parts": int, "expired": int},  (optional)
@@ -128,6 +132,7 @@ INGEST_BATCH_BUCKETS = (0.0001, 0.00025, *PUNCTUATION_TO_RESULT_BUCKETS)
 INGEST_BATCH_TUPLE_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CHECKPOINT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 CHECKPOINT_PAUSE_BUCKETS = (0.0001, 0.00025, *PUNCTUATION_TO_RESULT_BUCKETS)
+QUERY_STATUSES = ("running", "recovering", "aborted")  # every one has a series: alerts see 0 -> 1
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +234,15 @@ class SnapshotCollector(Collector):
             "Items of a query emitted past a reader's committed offset (CommitOffset).",
             labels=["query", "reader"],
         )
+        status = GaugeMetricFamily(
+            PREFIX + "query_status",
+            "1 for the query's status (running, recovering, aborted), 0 for the others.",
+            labels=["query", "status"],
+        )
         for name, query in sorted(snapshot.get("queries", {}).items()):
+            if "status" in query:
+                for each in QUERY_STATUSES:
+                    status.add_metric([name, each], 1 if each == query["status"] else 0)
             for reader, lag in sorted(query.get("readers", {}).items()):
                 reader_lag.add_metric([name, reader], lag)
             query_late.add_metric([name], query["late"])
@@ -286,6 +299,7 @@ class SnapshotCollector(Collector):
             tuples_in,
             tuples_out,
             reader_lag,
+            status,
             strings,
             workers,
             staged_bytes,
@@ -441,6 +455,7 @@ def snapshot_from_engine_stats(stats: Mapping[str, Any]) -> Snapshot:
 
 __all__ = [
     "PUNCTUATION_TO_RESULT_BUCKETS",
+    "QUERY_STATUSES",
     "ServerMetrics",
     "Snapshot",
     "snapshot_from_engine_stats",

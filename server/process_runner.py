@@ -342,7 +342,7 @@ class ProcessRunner:
         lost = []
         for remote in self.queries.values():
             if worker in remote.workers and not remote.failed:
-                self.fail(remote, f"worker {worker} died; query {remote.name!r} lost its window state")
+                self.fail(remote, lost_state(worker, remote.name))
                 lost.append(remote.name)
         return lost
 
@@ -356,4 +356,9 @@ class ProcessRunner:
         self.workers.broadcast(msg.GetStats())
 
 
-__all__ = ["Dispatch", "ProcessRunner", "RemoteQuery"]
+def lost_state(worker: int, query: str) -> str:
+    """Why a query failed when its worker died without a state directory."""
+    return f"worker {worker} died; query {query!r} lost its window state"
+
+
+__all__ = ["Dispatch", "ProcessRunner", "RemoteQuery", "lost_state"]

@@ -76,6 +76,7 @@ PLACE_TIMEOUT_S = 120.0  # at the start, for every actor to be placed and answer
 PROBE_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray's own, much longer, retries
 CLUSTER_GONE_S = 5.0  # the cluster's address unanswered this long: it is gone (Ray ends its driver at 60 s)
 LOOPBACK = "127.0.0.1"  # where a private cluster (``local``) listens, unless told otherwise
+JOIN_TIMEOUT_S = 30.0  # for a cluster that answers to take the driver in
 NAMES_TIMEOUT_S = 10.0  # for the names of a front killed a moment ago to be free (Ray ends its actors)
 
 Wire = tuple[tuple[int, tuple[Any, ...]], Arrays | None]  # a message as its codec's code and fields
@@ -523,10 +524,7 @@ def connect(address: str, cpus: int, node_ip: str = "") -> tuple[str, int]:
         # Ray Client's calls block while it reconnects (30 s by default): no longer than the
         # front waits before it calls the cluster gone. An operator's own setting stays.
         os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", f"{CLUSTER_GONE_S:.0f}")
-    try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise StartupFailure(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
+    _join(address, options, retry=watched is not None)
     if watched is None:  # the private cluster's own control service (GCS)
         host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
         if host != (node_ip or LOOPBACK):  # fail closed: never a private cluster open to the network
@@ -537,6 +535,22 @@ def connect(address: str, cpus: int, node_ip: str = "") -> tuple[str, int]:
             )
         watched = (host, int(port))
     return watched
+
+
+def _join(address: str, options: dict[str, Any], retry: bool) -> None:
+    """``ray.init``; a cluster that answers but refuses the driver (a node not yet registered,
+    its control service busy on a loaded machine) is tried again for up to JOIN_TIMEOUT_S."""
+    deadline = time.monotonic() + (JOIN_TIMEOUT_S if retry else 0.0)
+    while True:
+        try:
+            ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
+            return
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            reason = f"cannot join the Ray cluster at {address}: {_first_line(exc)}"
+            if isinstance(exc, ValueError) or time.monotonic() >= deadline:
+                raise StartupFailure(reason) from None
+            print(f"lowtide: {reason}; trying again", file=sys.stderr, flush=True)
+            time.sleep(1.0)  # Ray's own pace between its connection attempts
 
 
 def _probe(address: str) -> tuple[str, int]:

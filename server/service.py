@@ -309,9 +309,11 @@ class Service(pb_grpc.LowtideServicer):
     @translated
     async def ListQueries(self, request: pb.ListQueriesRequest, context: Any) -> pb.ListQueriesResponse:
         infos = []
+        statuses = self.front.query_statuses()
         for q in self.engine.list_queries():
             remote = self.engine.runner.queries[q["name"]]
             hub = self.front.hubs[q["name"]]
+            status, reason = statuses[q["name"]]
             infos.append(
                 pb.QueryInfo(
                     name=q["name"],
@@ -325,6 +327,8 @@ class Service(pb_grpc.LowtideServicer):
                     oldest_offset=hub.retained_from,
                     next_offset=hub.next_offset,
                     readers=hub.readers,
+                    status=status,
+                    status_reason=reason,
                 )
             )
         return pb.ListQueriesResponse(queries=infos)

@@ -12,6 +12,9 @@
     lowtide workers [--format table|json]
     lowtide send STREAM FILE [--source S] [--punctuation none|end|VALUE|TIME] [--batch-rows N]
                        [--no-header] [--batch-id-base N]
+                       (--source is required on a stream with declared sources)
+    lowtide source list STREAM [--format table|json] [--time-format raw|iso]
+    lowtide source punctuate STREAM SOURCE VALUE|TIME | source close STREAM SOURCE
     lowtide tail QUERY [--format table|jsonl|csv] [--from-oldest | --from-now | --from-offset N]
                        [--time-format raw|iso]
                        [--limit N] [--show-punctuation]
@@ -37,7 +40,8 @@ from lowtide.clients import default_grpc_verbosity
 from lowtide.errors import LowtideError
 
 DEFAULT_SERVER = "127.0.0.1:50051"
-SEND_HELP = """Send the rows of FILE to STREAM, as the source --source.
+SEND_HELP = """Send the rows of FILE to STREAM, as the source --source: on a stream with declared
+sources one must be named (without it the send is refused), on another it defaults to 'default'.
 
 Formats (by extension, or --format; .gz, .bz2 and .zst files are decompressed):
   CSV      a header row naming the stream's columns (in any order), then one row a line;
@@ -92,16 +96,29 @@ def _names(text: str) -> list[str]:
 
 
 def _punctuation(text: str) -> str | int:
-    """none, end, an integer, or an ISO 8601 time (kept as text: converted in the stream's unit)."""
+    """none, end, or a punctuation value (:func:`_punctuation_value`)."""
+    if text in ("none", "end"):
+        return text
+    try:
+        return _punctuation_value(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected none, end, an integer or an ISO 8601 time (2023-11-14T22:14:30), got {text!r}"
+        ) from None
+
+
+def _punctuation_value(text: str) -> str | int:
+    """An integer, or an ISO 8601 time (kept as text: converted in the stream's unit)."""
     from lowtide.clients.cli.timestamps import looks_like_time
 
-    if text in ("none", "end") or looks_like_time(text):
+    if looks_like_time(text):
         return text
     try:
         return int(text)
     except ValueError:
+        closing = "; lowtide source close ends a source" if text == "end" else ""
         raise argparse.ArgumentTypeError(
-            f"expected none, end, an integer or an ISO 8601 time (2023-11-14T22:14:30), got {text!r}"
+            f"expected an integer or an ISO 8601 time (2023-11-14T22:14:30), got {text!r}{closing}"
         ) from None
 
 
@@ -230,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
         "sql", help="the query text ('-' reads it from stdin), or a registered query's name"
     )
     query_commands.add_parser("drop", help="drop a query").add_argument("name")
-    query_list = query_commands.add_parser("list", help="list queries")
+    query_list = query_commands.add_parser(
+        "list", help="list queries and their status (running, recovering, aborted)"
+    )
     query_list.add_argument("--format", choices=("table", "json"), default="table")
 
     workers = commands.add_parser(
@@ -248,7 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument(
         "file", help="*.csv, *.jsonl / *.ndjson / *.json, *.parquet (optionally .gz, .bz2, .zst)"
     )
-    send.add_argument("--source", default="default", help="the source sending (default 'default')")
+    send.add_argument(
+        "--source",
+        help="the source sending: one of the stream's declared sources (required when it has any), "
+        "else default 'default'",
+    )
     send.add_argument(
         "--punctuation",
         type=_punctuation,
@@ -271,6 +294,43 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="number the batches N, N+1, ... (default: ids from the file's content)",
     )
+
+    source = commands.add_parser(
+        "source", help="list a stream's sources and what holds it back; punctuate or close a source"
+    )
+    source_commands = source.add_subparsers(dest="action", required=True, metavar="ACTION")
+    source_list = source_commands.add_parser(
+        "list",
+        help="each source of a stream (declared, or seen since): its punctuation (none, a value, or "
+        "closed) and whether it holds the stream's low watermark back",
+    )
+    source_list.add_argument("stream")
+    source_list.add_argument("--format", choices=("table", "json"), default="table")
+    source_list.add_argument(
+        "--time-format",
+        choices=("raw", "iso"),
+        help="punctuation as numbers or ISO 8601 times, for a timestamp progressing attribute "
+        "(default: iso for table)",
+    )
+    punctuate = source_commands.add_parser(
+        "punctuate",
+        help="send a source's punctuation, as send --punctuation does; prints the stream's low watermark",
+    )
+    punctuate.add_argument("stream")
+    punctuate.add_argument("source")
+    punctuate.add_argument(
+        "value",
+        type=_punctuation_value,
+        help="an integer, or an ISO 8601 time (2023-11-14T22:14:30) in a timestamp attribute's unit; "
+        "never below the source's last",
+    )
+    close = source_commands.add_parser(
+        "close",
+        help="close a source (its punctuation becomes +inf; closed already is fine); prints the "
+        "stream's low watermark (end once every source has closed)",
+    )
+    close.add_argument("stream")
+    close.add_argument("source")
 
     nexmark = commands.add_parser(
         "nexmark",
@@ -359,7 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             if args.spark:
-                from lowtide.clients.demos.spark import run as run_spark_demo
+                try:
+                    from lowtide.clients.demos.spark import run as run_spark_demo
+                except ModuleNotFoundError as exc:
+                    if (exc.name or "").partition(".")[0] not in ("pyspark", "pandas"):
+                        raise
+                    raise LowtideError("demo --spark needs Spark: pip install 'lowtide[spark]'") from None
 
                 sink = "parallel" if args.parallel else "foreachBatch" if args.foreach_batch else "lowtide"
                 run_spark_demo(workers=args.workers, sink=sink)

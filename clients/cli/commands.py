@@ -2,7 +2,8 @@
 
 Commands raise :class:`~lowtide.errors.LowtideError` for every failure; ``cli.main`` prints it as
 one line. Listings go to stdout (a table, or JSON with ``--format json``); so do query names,
-plans and results. Progress and summaries of ``send`` and ``nexmark`` go to stderr.
+plans, results and the low watermark ``source punctuate`` and ``source close`` leave. Progress
+and summaries of ``send`` and ``nexmark`` go to stderr.
 """
 
 from __future__ import annotations
@@ -113,6 +114,121 @@ def _stream_list(client: Any, args: argparse.Namespace) -> None:
     )
 
 
+# -- sources --------------------------------------------------------------------------------------
+def _stream(client: Any, name: str) -> dict[str, Any]:
+    """The stream ``name`` as ``list_streams()`` gives it; NotFound naming the streams there are."""
+    streams: list[dict[str, Any]] = client.list_streams()
+    info = next((s for s in streams if s["name"] == name), None)
+    if info is None:
+        raise unknown("stream", name, (s["name"] for s in streams))
+    return info
+
+
+def _source_list(client: Any, args: argparse.Namespace) -> None:
+    """Each source: declared or seen since, its punctuation, whether it holds the stream back."""
+    info = _stream(client, args.stream)
+    iso = args.time_format == "iso" or (args.time_format is None and args.format == "table")
+    unit = _time_unit_of(info) if iso else None
+    held = _holding_back(info)
+    declared = info["declared"]
+    sources = [
+        {
+            "source": name,
+            "declared": name in declared,
+            "punctuation": _source_punctuation(info["source_punctuation"][name], unit),
+            "holds_back": name in held,
+        }
+        for name in [*declared, *sorted(set(info["sources"]) - set(declared))]
+    ]
+    low = info["low_watermark"]
+    if args.format == "json":
+        shown = None if low <= NO_PROGRESS else "end" if low >= END_OF_STREAM else _point(low, unit)
+        print(json.dumps({"stream": args.stream, "low_watermark": shown, "sources": sources}, indent=2))
+        return
+    from lowtide.clients.cli.io import format_table
+
+    rows = [
+        [
+            s["source"],
+            "yes" if s["declared"] else "no",
+            "none" if s["punctuation"] is None else str(s["punctuation"]),
+            "yes" if s["holds_back"] else "",
+        ]
+        for s in sources
+    ]
+    print(format_table(["source", "declared", "punctuation", "holds_back"], rows))
+    print(f"low watermark: {_low_watermark(low, unit)}")
+
+
+def _source_punctuate(client: Any, args: argparse.Namespace) -> None:
+    info = _stream(client, args.stream)
+    value = _punctuation_value(args.value, info, "punctuation")
+    _warn_undeclared(args.source, info)
+    # Through a producer, as send --punctuation: the token's scope applies, the source's
+    # punctuation on the server is checked (a regressing value is refused, nothing sent).
+    with client.producer(args.stream, source=args.source) as producer:
+        producer.punctuate(value)
+    done = f"punctuated at {_point(value, _time_unit_of(info))}"
+    _say_progress(client, info, args.source, done, producer.result.low_watermark)
+
+
+def _source_close(client: Any, args: argparse.Namespace) -> None:
+    info = _stream(client, args.stream)
+    known = info["source_punctuation"]
+    if args.source not in known:  # the server refuses it too: here with the names to choose from
+        missing = unknown("source", args.source, known)
+        raise type(missing)(f"stream {args.stream!r}: {missing}")
+    was = "was closed already" if known[args.source] >= END_OF_STREAM else "closed"
+    with client.producer(args.stream, source=args.source) as producer:
+        result = producer.close()  # closing a closed source does nothing
+    _say_progress(client, info, args.source, was, result.low_watermark)
+
+
+def _say_progress(client: Any, info: dict[str, Any], source: str, done: str, low: int) -> None:
+    """One line: what was done to ``source``, the stream's low watermark ``low`` after it and,
+    before the end, the sources holding it back (listed again: others may have moved since)."""
+    name, mark = info["name"], _low_watermark(low, _time_unit_of(info))
+    line = f"source {source!r} of stream {name!r} {done}: low watermark {mark}"
+    held = sorted(_holding_back(_stream(client, name))) if low < END_OF_STREAM else []
+    print(f"{line}, held back by {', '.join(held)}" if held else line)
+
+
+def _time_unit_of(info: dict[str, Any]) -> str | None:
+    """The unit of a timestamp progressing attribute (its values shown as ISO 8601), else None."""
+    from lowtide.clients.cli.timestamps import timestamp_unit
+
+    return timestamp_unit(info["schema"][info["progressing"]])
+
+
+def _point(value: int, unit: str | None) -> str | int:
+    """A punctuation value: ISO 8601 in ``unit`` (as ``tail`` shows times), without one the integer."""
+    from lowtide.clients.cli.timestamps import time_text
+
+    return value if unit is None else time_text(value, unit)
+
+
+def _source_punctuation(value: int, unit: str | None) -> str | int | None:
+    """A source's punctuation: None before its first, "closed" once it closed, else the value."""
+    if value <= NO_PROGRESS:
+        return None
+    return "closed" if value >= END_OF_STREAM else _point(value, unit)
+
+
+def _low_watermark(value: int, unit: str | None) -> str:
+    """A stream's low watermark in a line: none (no progress yet), end, or the value."""
+    if value <= NO_PROGRESS:
+        return "none"
+    return "end" if value >= END_OF_STREAM else str(_point(value, unit))
+
+
+def _holding_back(info: dict[str, Any]) -> set[str]:
+    """The open sources of lowest punctuation: the stream's low watermark moves once they
+    punctuate past it (an idle source does not count, but ListStreams does not say which are)."""
+    open_sources = {s: p for s, p in info["source_punctuation"].items() if p < END_OF_STREAM}
+    lowest = min(open_sources.values(), default=None)
+    return {s for s, p in open_sources.items() if p == lowest}
+
+
 def _query_register(client: Any, args: argparse.Namespace) -> None:
     lateness: str | int | None = args.allowed_lateness
     if lateness is not None and args.late != "update":
@@ -151,9 +267,10 @@ def _query_list(client: Any, args: argparse.Namespace) -> None:
     _print_listing(
         args,
         client.list_queries(),
-        ["name", "late", "columns", "results", "late_tuples", "low_watermark", "sql"],
+        ["name", "status", "late", "columns", "results", "late_tuples", "low_watermark", "sql"],
         lambda q: [
             q["name"],
+            f"{q['status']}: {q['status_reason']}" if q["status_reason"] else q["status"],
             q["late"],
             ",".join(q["columns"]),
             str(q["results"]),
@@ -201,27 +318,18 @@ def _send(client: Any, args: argparse.Namespace) -> None:
     from lowtide.clients.cli.io import LazyProgress, read_batches
     from lowtide.schema import Schema
 
-    streams = client.list_streams()
-    info = next((s for s in streams if s["name"] == args.stream), None)
-    if info is None:
-        raise unknown("stream", args.stream, (s["name"] for s in streams))
+    info = _stream(client, args.stream)
     schema = info["schema"]
-    punctuation = _punctuation_value(args, info)  # a bad one stops the send before any row goes
-    declared = info.get("declared", [])
-    if declared and args.source not in declared:
-        # The engine adds an undeclared source to the stream's minimum when it first speaks.
-        print(
-            f"lowtide: warning: source {args.source!r} is not declared on stream {args.stream!r} "
-            f"(declared: {', '.join(declared)}); it counts as an extra source: the stream's progress "
-            "waits for it as well as for each declared source",
-            file=sys.stderr,
-        )
+    punctuation: str | int = args.punctuation
+    if punctuation not in ("none", "end"):  # a bad one stops the send before any row goes
+        punctuation = _punctuation_value(punctuation, info)
+    source = _source_sending(args.source, info)
     batches = read_batches(args.file, schema, args.batch_rows, args.format, header=not args.no_header)
     ids = _batch_ids(args, batches)
     behind = _check_file(batches, Schema.of(schema, info["progressing"]), info["low_watermark"])
     with (
         LazyProgress(f"sending {args.file}", batches.total, batches.unit) as progress,
-        client.producer(args.stream, source=args.source, max_batch_rows=args.batch_rows) as producer,
+        client.producer(args.stream, source=source, max_batch_rows=args.batch_rows) as producer,
     ):
         for index, batch in enumerate(batches):
             producer.send(batch, batch_id=ids(index))
@@ -237,33 +345,57 @@ def _send(client: Any, args: argparse.Namespace) -> None:
     skipped = f"; {result.duplicates} batches applied before were skipped" if result.duplicates else ""
     print(
         f"sent {result.tuples} tuples in {result.batches} batches to {args.stream} "
-        f"(source {args.source}; low watermark {_watermark(result.low_watermark) or 'none'}{skipped})",
+        f"(source {source}; low watermark {_watermark(result.low_watermark) or 'none'}{skipped})",
         file=sys.stderr,
     )
     if behind and not result.duplicates:  # with batches skipped, which rows went is not known
         _behind(args, info, behind, result.tuples)
 
 
-def _punctuation_value(args: argparse.Namespace, info: dict[str, Any]) -> str | int:
-    """``--punctuation`` as the send uses it: none, end, or a value of the progressing attribute
-    (an ISO 8601 time converted to its unit as the file's rows are)."""
+def _punctuation_value(value: str | int, info: dict[str, Any], option: str = "--punctuation") -> int:
+    """A punctuation value (``option``) of the stream ``info``: an integer, or an ISO 8601 time
+    converted to the progressing attribute's unit as the file's rows are."""
     from lowtide.clients.cli.timestamps import time_value, timestamp_unit
 
-    value: str | int = args.punctuation
-    if not isinstance(value, str) or value in ("none", "end"):
+    if isinstance(value, int):
         return value
     attribute = info["progressing"]
     kind = info["schema"][attribute]
     unit = timestamp_unit(kind)
     if unit is None:
         raise InvalidArgument(
-            f"--punctuation {value!r} is a time, but stream {args.stream!r} progresses on {attribute!r} "
+            f"{option} {value!r} is a time, but stream {info['name']!r} progresses on {attribute!r} "
             f"({kind}): give an integer"
         )
     try:
         return time_value(value, unit)
     except InvalidArgument as exc:
-        raise InvalidArgument(f"--punctuation on {attribute!r} ({kind}): {exc}") from None
+        raise InvalidArgument(f"{option} on {attribute!r} ({kind}): {exc}") from None
+
+
+def _source_sending(source: str | None, info: dict[str, Any]) -> str:
+    """The source a send goes as: ``--source``, required on a stream with declared sources (where
+    'default' would be an extra source holding the stream back for good), else 'default'."""
+    declared = info["declared"]
+    if source is None and declared:
+        raise InvalidArgument(
+            f"stream {info['name']!r} declares sources {', '.join(declared)}: name one with --source"
+        )
+    source = "default" if source is None else source
+    _warn_undeclared(source, info)
+    return source
+
+
+def _warn_undeclared(source: str, info: dict[str, Any]) -> None:
+    declared = info["declared"]
+    if declared and source not in declared:
+        # The engine adds an undeclared source to the stream's minimum when it first speaks.
+        print(
+            f"lowtide: warning: source {source!r} is not declared on stream {info['name']!r} "
+            f"(declared: {', '.join(declared)}); it counts as an extra source: the stream's progress "
+            "waits for it as well as for each declared source",
+            file=sys.stderr,
+        )
 
 
 def _behind(args: argparse.Namespace, info: dict[str, Any], behind: int, sent: int) -> None:
@@ -330,7 +462,8 @@ def _batch_ids(args: argparse.Namespace, batches: Batches) -> BatchIds:
 
 def _tail(client: Any, args: argparse.Namespace) -> None:
     """Print a query's results, one window-sorted table per punctuation; end at end-of-stream.
-    A late side stream's rows are raw input rows, not windows: they print as they come."""
+    Early results (``EMIT EVERY``) print as they come (:class:`Collated`), and so do a late side
+    stream's rows: raw input rows, not windows."""
     from lowtide.clients.cli.io import Collated, Times, writer_for
 
     iso = args.time_format == "iso" or (args.time_format is None and args.format == "table")
@@ -353,11 +486,8 @@ def _tail(client: Any, args: argparse.Namespace) -> None:
     with client.subscribe(args.query, not args.from_now, args.from_offset) as subscription:
         for item in subscription:
             if not isinstance(item, Punctuation):
-                if late:
-                    if show(item):
-                        return
-                else:
-                    held.add(item)
+                if show(item if late else held.add(item)):
+                    return
                 continue
             if show(held.release(item)):
                 return
@@ -430,6 +560,9 @@ _HANDLERS = {
     ("query", "explain"): _query_explain,
     ("query", "drop"): _query_drop,
     ("query", "list"): _query_list,
+    ("source", "list"): _source_list,
+    ("source", "punctuate"): _source_punctuate,
+    ("source", "close"): _source_close,
     ("workers", None): _workers,
     ("send", None): _send,
     ("tail", None): _tail,

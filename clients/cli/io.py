@@ -10,7 +10,7 @@ with ``header=False``, has them in the stream's order); timestamps written as te
 is counted in bytes of the file (CSV, JSONL) or rows (Parquet); the readers parse one 4 MiB
 block at a time so the bytes read track the bytes sent. ``writer_for`` prints result tables as a
 table, JSON lines or CSV; ``Collated`` and ``Times`` shape them for reading: one table per
-punctuation, times as numbers or ISO 8601.
+punctuation (early results as they come), times as numbers or ISO 8601.
 """
 
 from __future__ import annotations
@@ -364,15 +364,24 @@ class Collated:
     Several workers emit a window's rows (each holds some of its groups), and the output
     punctuation (the minimum over the workers) may pass before a slower worker's rows of a later
     window: a punctuation on ``window_end`` of value ``v`` completes exactly the windows ending
-    below ``v``. Releasing those, whole, shows every window once.
+    below ``v``. Releasing those, whole, shows every window once. Early results (``final``
+    false, ``EMIT EVERY``) are not held: no punctuation completes them, and they are marked, so
+    they print as they come, as Flink's SQL client shows a changelog's rows.
     """
 
     def __init__(self) -> None:
         self._tables: list[pa.Table] = []
 
-    def add(self, table: pa.Table) -> None:
+    def add(self, table: pa.Table) -> pa.Table | None:
+        """Hold the rows a punctuation is yet to complete; the early results, to print now."""
+        if "final" in table.column_names and pa.types.is_boolean(table.schema.field("final").type):
+            early = pc.invert(pc.fill_null(table["final"], True))
+            shown, table = table.filter(early), table.filter(pc.invert(early))
+        else:
+            shown = None
         if table.num_rows:
             self._tables.append(table)
+        return _in_window_order(shown) if shown is not None and shown.num_rows else None
 
     def release(self, punctuation: Punctuation | None = None) -> pa.Table | None:
         """The rows ``punctuation`` completes (``None``: every row held), window then group order."""
@@ -388,9 +397,13 @@ class Collated:
             table = table.filter(covered)
             if not table.num_rows:
                 return None
-        # window_start, window_end, the groups, then the aggregates: windows in order, groups within.
-        keys = [(f.name, "ascending") for f in table.schema if not pa.types.is_nested(f.type)]
-        return table.sort_by(keys) if keys else table
+        return _in_window_order(table)
+
+
+def _in_window_order(table: pa.Table) -> pa.Table:
+    """window_start, window_end, the groups, then the aggregates: windows in order, groups within."""
+    keys = [(f.name, "ascending") for f in table.schema if not pa.types.is_nested(f.type)]
+    return table.sort_by(keys) if keys else table
 
 
 class Times:

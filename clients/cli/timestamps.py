@@ -7,7 +7,8 @@ times with one (``2023-11-14T22:13:20Z``, ``...+01:00``). Every row must be writ
 first is, to the column's unit at most (``20.1234`` seconds does not fit ``ms``); the first row that
 is not is named, with its value. A column is converted whole by Arrow's casts; only a batch that
 fails is searched for its first bad row, by halving (a few casts of the failing batch).
-:func:`time_value` converts one such text the same way (``send --punctuation 2023-11-14T22:14:30``).
+:func:`time_value` converts one such text the same way (``send --punctuation 2023-11-14T22:14:30``);
+:func:`time_text` writes a value back as ``tail`` shows times (``source list``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,15 @@ def time_value(text: str, unit: str) -> int:
             f"most, got {text!r}"
         ) from None
     return int(converted.cast(pa.int64())[0].as_py())
+
+
+def time_text(value: int, unit: str) -> str:
+    """``value`` (a count of ``unit`` since 1970-01-01 UTC) as ISO 8601 in UTC, as ``tail`` shows a
+    time; the integer itself outside the years a calendar date holds (1-9999)."""
+    try:
+        return str(pa.scalar(value, pa.timestamp(unit)).as_py().isoformat())
+    except (OverflowError, ValueError):
+        return str(value)
 
 
 def _form_of(text: str) -> str:

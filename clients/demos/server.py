@@ -144,7 +144,9 @@ def _drive(target: str, metrics_url: str, seconds: int, rate: int, console: Cons
         if item is None:
             open_queries -= 1
         elif isinstance(item, pa.Table):
-            held[name].add(item)
+            table = held[name].add(item)
+            if table is not None:  # early results (none in the demo's queries)
+                windows += show(console, name, table)
         elif isinstance(item, Punctuation):
             table = held[name].release(item)
             if table is not None:
@@ -187,7 +189,8 @@ def _drive(target: str, metrics_url: str, seconds: int, rate: int, console: Cons
         f"histogram, from a punctuation's arrival at the front to its windows' results leaving. The "
         f"producers here send as fast as they can, so each punctuation waits behind the batches queued "
         f"before it: the figure measures that backlog, which varies from run to run with how far the "
-        f"producers get ahead of the workers. bench/latency.py paces its producers below the server's "
-        f"throughput and measures the latency of the windows themselves (the README's latency figures)."
+        f"producers get ahead of the workers. bench/peers.py and bench/e2e.py pace their producers below "
+        f"the server's throughput and measure the latency of the windows themselves (docs/benchmarks.md, "
+        f'"End to end, and against Spark and Flink").'
     )
     return summary

@@ -515,3 +515,159 @@ def test_tail_of_an_ended_query_from_now_or_past_its_end_exits_at_once(
         assert ok(target, "tail", name, "--from-now", timeout=TAIL_WAIT) == ""
         for past in (end["offset"] + 1, end["offset"] + 50):
             assert ok(target, "tail", name, "--from-offset", str(past), timeout=TAIL_WAIT) == ""
+
+
+def test_tail_prints_early_results_as_they_come_then_each_window_final_once(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    """EMIT EVERY's partial rows (final false) print while no punctuation has come; the final
+    rows print once, after the partial rows of their window, when punctuation covers them."""
+    stream, query = fresh("Early"), fresh("q")
+    ok(target, "stream", "create", stream, "--schema", "srcIP:string,ts:int64", "--sources", "a")
+    sql = f"SELECT srcIP, count(*) AS n [RANGE 100, WA ts, EMIT EVERY 100 ms] FROM {stream} GROUP BY srcIP"
+    ok(target, "query", "register", sql, "--name", query)
+    opened = "srcIP,ts\n" + "".join(f"10.0.0.1,{t}\n" for t in range(1, 6)) + "10.0.0.2,150\n"
+    (tmp_path / "open.csv").write_text(opened)
+    ok(target, "send", stream, str(tmp_path / "open.csv"), "--source", "a")  # no punctuation: all open
+    shown = ok(target, "tail", query, "--format", "jsonl", "--limit", "2", timeout=TAIL_WAIT)
+    early = [json.loads(line) for line in shown.splitlines()]
+    assert len(early) == 2 and not any(row["final"] for row in early), early
+    assert {(row["srcIP"], row["n"]) for row in early} <= {("10.0.0.1", 5), ("10.0.0.2", 1)}, early
+    (tmp_path / "last.csv").write_text("srcIP,ts\n10.0.0.1,2\n")
+    ok(target, "send", stream, str(tmp_path / "last.csv"), "--source", "a", "--punctuation", "end")
+    whole = ok(target, "tail", query, "--format", "jsonl", "--show-punctuation", timeout=TAIL_WAIT)
+    items = [json.loads(line) for line in whole.splitlines()]
+    assert items[-1]["punctuation"] == "end"
+    final = [row for row in items if row.get("final")]
+    windows = [(r["srcIP"], r["window_start"], r["n"]) for r in final]
+    assert windows == [("10.0.0.1", 0, 6), ("10.0.0.2", 100, 1)]
+    for row in final:  # every partial row of a window comes before its final row
+        index = items.index(row)
+        partial = [i for i in items[index + 1 :] if i.get("srcIP") == row["srcIP"]]
+        assert not partial, f"partial rows after the final row {row}: {partial}"
+
+
+# -- lowtide source ---------------------------------------------------------------------------------
+def source_list(target: str, stream: str, *options: str) -> list[list[str]]:
+    """``source list``'s table rows (header first, blank cells kept as ""), then its last line."""
+    *table, last = ok(target, "source", "list", stream, *options).splitlines()
+    starts = [match.start() for match in re.finditer(r"\S+", table[0])]
+    cells = list(zip(starts, [*starts[1:], None], strict=True))
+    return [*([line[a:b].strip() for a, b in cells] for line in table), [last]]
+
+
+def test_source_list_shows_declared_and_seen_sources_and_which_hold_the_stream_back(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64", "--sources", "a,b")
+    path = tmp_path / "rows.csv"
+    path.write_text("k,ts\nx,10\n")
+    done = lowtide(target, "send", stream, str(path), "--source", "c", "--punctuation", "50")
+    assert done.returncode == 0 and "source 'c' is not declared" in done.stderr, done.stderr
+    assert source_list(target, stream) == [
+        ["source", "declared", "punctuation", "holds_back"],
+        ["a", "yes", "none", "yes"],
+        ["b", "yes", "none", "yes"],
+        ["c", "no", "50", ""],
+        ["low watermark: none"],
+    ]
+    assert ok(target, "source", "punctuate", stream, "a", "100").strip() == (
+        f"source 'a' of stream {stream!r} punctuated at 100: low watermark none, held back by b"
+    )
+    assert ok(target, "source", "close", stream, "b").strip() == (
+        f"source 'b' of stream {stream!r} closed: low watermark 50, held back by c"
+    )
+    assert source_list(target, stream)[1:] == [
+        ["a", "yes", "100", ""],
+        ["b", "yes", "closed", ""],
+        ["c", "no", "50", "yes"],
+        ["low watermark: 50"],
+    ]
+    assert json.loads(ok(target, "source", "list", stream, "--format", "json")) == {
+        "stream": stream,
+        "low_watermark": 50,
+        "sources": [
+            {"source": "a", "declared": True, "punctuation": 100, "holds_back": False},
+            {"source": "b", "declared": True, "punctuation": "closed", "holds_back": False},
+            {"source": "c", "declared": False, "punctuation": 50, "holds_back": True},
+        ],
+    }
+    assert fails(target, "source", "list", fresh("S")).startswith("lowtide: unknown stream")
+    ok(target, "stream", "drop", stream)
+
+
+def test_source_punctuate_takes_an_iso_time_and_refuses_a_regressing_value(
+    target: str, fresh: Callable[[str], str]
+) -> None:
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:timestamp[ms]", "--sources", "a")
+    assert ok(target, "source", "punctuate", stream, "a", "2023-11-14T22:14:30").strip() == (
+        f"source 'a' of stream {stream!r} punctuated at 2023-11-14T22:14:30: "
+        "low watermark 2023-11-14T22:14:30, held back by a"
+    )
+    assert stream_info(target, stream)["low_watermark"] == 1_700_000_070_000
+    assert source_list(target, stream)[1:] == [["a", "yes", "2023-11-14T22:14:30", "yes"],
+                                                ["low watermark: 2023-11-14T22:14:30"]]  # fmt: skip
+    assert source_list(target, stream, "--time-format", "raw")[-1] == ["low watermark: 1700000070000"]
+    listed = json.loads(ok(target, "source", "list", stream, "--format", "json", "--time-format", "iso"))
+    assert (listed["low_watermark"], listed["sources"][0]["punctuation"]) == ("2023-11-14T22:14:30",) * 2
+
+    # An integer is a count of the attribute's unit; a value below the source's last is refused.
+    ok(target, "source", "punctuate", stream, "a", "1700000080000")
+    error = fails(target, "source", "punctuate", stream, "a", "2023-11-14T22:14:00")
+    assert error.startswith("lowtide: punctuation 1700000040000 of source 'a'"), error
+    assert "goes back from 1700000080000" in error
+    assert stream_info(target, stream)["source_punctuation"] == {"a": 1_700_000_080_000}
+    assert "got 'end'; lowtide source close ends a source" in fails(
+        target, "source", "punctuate", stream, "a", "end", code=2
+    )
+    ok(target, "stream", "drop", stream)
+
+
+def test_source_close_ends_the_stream_once_every_source_closed_and_may_be_repeated(
+    target: str, fresh: Callable[[str], str]
+) -> None:
+    stream, query = fresh("S"), fresh("q")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64", "--sources", "a,b")
+    ok(target, "query", "register", f"SELECT count(*) AS n [RANGE 10, WA ts] FROM {stream}", "--name", query)
+    assert ok(target, "source", "close", stream, "a").strip() == (
+        f"source 'a' of stream {stream!r} closed: low watermark none, held back by b"
+    )
+    assert fails(target, "source", "close", stream, "c") == (
+        f"lowtide: stream {stream!r}: unknown source 'c'; sources: a, b"
+    )
+    assert ok(target, "source", "close", stream, "b").strip() == (
+        f"source 'b' of stream {stream!r} closed: low watermark end"
+    )
+    assert stream_info(target, stream)["low_watermark"] == END_OF_STREAM
+    # The stream ended: the query's output ends, so tail exits.
+    out = ok(target, "tail", query, "--format", "jsonl", "--show-punctuation", timeout=TAIL_WAIT)
+    assert json.loads(out.splitlines()[-1])["punctuation"] == "end"
+    assert ok(target, "source", "close", stream, "b").strip() == (
+        f"source 'b' of stream {stream!r} was closed already: low watermark end"
+    )
+    assert fails(target, "source", "punctuate", stream, "a", "5") == (
+        f"lowtide: source 'a' of stream {stream!r} is closed; it takes no punctuation"
+    )
+    ok(target, "query", "drop", query)
+    ok(target, "stream", "drop", stream)
+
+
+def test_send_without_source_to_a_stream_with_declared_sources_is_refused(
+    target: str, fresh: Callable[[str], str], tmp_path: Path
+) -> None:
+    stream = fresh("S")
+    ok(target, "stream", "create", stream, "--schema", "k:string,ts:int64", "--sources", "a,b")
+    path = tmp_path / "rows.csv"
+    path.write_text("k,ts\nx,1\n")
+    assert fails(target, "send", stream, str(path), "--punctuation", "end") == (
+        f"lowtide: stream {stream!r} declares sources a, b: name one with --source"
+    )
+    info = stream_info(target, stream)
+    assert (info["tuples_ingested"], info["sources"]) == (0, ["a", "b"])
+    # Named, even as 'default', it is sent (an undeclared source: with a warning).
+    done = lowtide(target, "send", stream, str(path), "--source", "default")
+    assert done.returncode == 0 and "source 'default' is not declared" in done.stderr, done.stderr
+    assert stream_info(target, stream)["tuples_ingested"] == 1
+    ok(target, "stream", "drop", stream)

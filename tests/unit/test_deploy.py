@@ -130,6 +130,18 @@ def test_grafana_dashboard_is_a_real_dashboard() -> None:
     assert used <= variables, used - variables
 
 
+def test_the_readmes_metrics_table_is_what_the_server_exposes() -> None:
+    """deploy/README.md's table names every metric family the server exposes (a counter as its
+    ``_total`` sample), and no other."""
+    metrics = metrics_module.ServerMetrics()
+    metrics.set_snapshot(lambda: {"streams": {}, "queries": {}})  # the snapshot's families appear
+    exposed = {f.name + ("_total" if f.type == "counter" else "") for f in metrics.registry.collect()}
+    text = (DEPLOY / "README.md").read_text()
+    table = set(re.findall(r"^\| `(lowtide_\w+)` \|", text[text.index("## Metrics") :], re.M))
+    assert exposed - table == set(), "exposed, missing from deploy/README.md's metrics table"
+    assert table - exposed == set(), "in deploy/README.md's metrics table, not exposed"
+
+
 def test_prometheus_config_targets_the_lowtide_service() -> None:
     text = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
     assert re.search(r"targets:\s*\[\"lowtide:9464\"\]", text)

@@ -34,6 +34,7 @@ SNAPSHOT: dict[str, Any] = {
                 (2, "WID Aggregate", 1234, 40),
                 (3, "Sink", 40, 0),
             ],
+            "status": "running",
         },
         "q2": {
             "low_watermark": NO_PROGRESS,
@@ -41,6 +42,7 @@ SNAPSHOT: dict[str, Any] = {
             "open_windows": 0,
             "state_bytes": 0,
             "operators": [(0, "Input", 0, 0)],
+            "status": "aborted",
         },
         "q3": {
             "low_watermark": END_OF_STREAM,
@@ -145,6 +147,22 @@ def test_query_metrics_from_the_snapshot(metrics: ServerMetrics) -> None:
         (("operator", "2:WID Aggregate"), ("query", "q1")): 40,
         (("operator", "3:Sink"), ("query", "q1")): 0,
         (("operator", "0:Input"), ("query", "q2")): 0,
+    }
+
+
+def test_query_status_is_one_for_the_status_and_zero_for_the_others(metrics: ServerMetrics) -> None:
+    """Each status has a series, so an alert on ``status="aborted"`` sees it go 0 -> 1; a query
+    without a status (the in-process engine's) has none."""
+    metrics.set_snapshot(lambda: SNAPSHOT)
+    _, samples, types = scrape(metrics)
+    assert types["lowtide_query_status"] == "gauge"
+    assert series(samples, "lowtide_query_status") == {
+        (("query", "q1"), ("status", "running")): 1,
+        (("query", "q1"), ("status", "recovering")): 0,
+        (("query", "q1"), ("status", "aborted")): 0,
+        (("query", "q2"), ("status", "running")): 0,
+        (("query", "q2"), ("status", "recovering")): 0,
+        (("query", "q2"), ("status", "aborted")): 1,
     }
 
 
