@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
 SOURCES := lowtide operators punctuation clients server tests bench deploy setup.py
 
-.PHONY: setup pyflink test lint unit nexmark test-explore faults demo bench clean
+.PHONY: setup pyflink test quick lint unit nexmark test-explore faults demo bench clean
 
 setup: $(STAMP)
 
@@ -42,7 +42,12 @@ lint: setup $(TYPECHECK)
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy -p lowtide
 
 unit: setup pyflink
-	$(BIN)/pytest -q -rs -n 2 --dist loadgroup tests
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --durations=20 tests
+
+# The loop while editing: the unit, property and fuzz tiers without real processes (no server,
+# Spark, Ray or Flink), each property on a quarter of its examples. make test runs everything.
+quick: setup
+	LOWTIDE_QUICK=1 $(BIN)/pytest -q -rs -n 2 --dist loadgroup -m "not integration" tests/unit tests/property tests/fuzz
 
 # Every Nexmark query lowtide and Flink both run, on more events (make test runs a few).
 nexmark: setup pyflink

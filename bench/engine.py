@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,9 +60,10 @@ def workload(rows: int, keys: int, strings: bool, seed: int = 7) -> Workload:
     return Workload(batches, punct)
 
 
-def run_query(sql: str, load: Workload, strings: bool) -> tuple[float, int, int]:
-    """Seconds to push every batch and punctuation; peak state bytes; result rows."""
-    engine = Engine()
+def run_query(sql: str, load: Workload, strings: bool, *, plain: bool = False) -> tuple[float, int, int]:
+    """Seconds to push every batch and punctuation; peak state bytes; result rows. ``plain``:
+    sliding windows run as plain WID, never Paned-WID."""
+    engine = Engine(paned_min_overlap=sys.maxsize) if plain else Engine()
     kind = "string" if strings else "int64"
     engine.create_stream("S", {"k": kind, "len": "int32", "ts": "int64"}, progressing="ts")
     q = engine.register_query(sql, name="q")

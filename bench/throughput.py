@@ -45,7 +45,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = 1_000
 TUMBLING = "[RANGE 1 second, WA ts]"
 SLIDING = "[RANGE 10 seconds, SLIDE 1 second, WA ts]"
-PANED_DEFAULT = strategies.PANED_MIN_OVERLAP
 RERANK_DEFAULT = select.RERANK
 
 
@@ -150,9 +149,10 @@ def aggregate_cases() -> list[tuple[str, Case, Case]]:
     ]
 
 
-def operator_of(sql: str) -> str:
-    """The aggregating operator of the plan ``engine.explain`` shows (e.g. ``Paned-WID``)."""
-    engine = Engine()
+def operator_of(sql: str, plain: bool) -> str:
+    """The aggregating operator of the plan ``engine.explain`` shows (e.g. ``Paned-WID``);
+    ``plain``: sliding windows planned as plain WID, never Paned-WID."""
+    engine = Engine(paned_min_overlap=sys.maxsize) if plain else Engine()
     engine.create_stream("S", {"k": "int64", "len": "int32", "ts": "int64"}, progressing="ts")
     for line in engine.explain(sql).splitlines():
         if " Aggregate" in line:
@@ -173,20 +173,19 @@ def adjacent_baseline(load: Workload) -> float:
 def measure(case: Case, load: Workload, runs: int) -> Cell:
     """Median tuples/s over ``runs``, and the median ratio of each run to a baseline measured just
     before it (so that load from other processes shifts both alike)."""
-    strategies.PANED_MIN_OVERLAP = sys.maxsize if case.plain else PANED_DEFAULT
     select.RERANK = sys.maxsize if case.written_order else RERANK_DEFAULT
     strategies.fusable = fusable if case.fused else (lambda calls, types: False)
     try:
-        operator = operator_of(case.sql)
+        operator = operator_of(case.sql, case.plain)
         part = prefix(load, case.share)
-        run_query(case.sql, prefix(load, len(load.batches)), False)  # numba compiles off the clock
+        whole = prefix(load, len(load.batches))
+        run_query(case.sql, whole, False, plain=case.plain)  # numba compiles off the clock
         timings, ratios = [], []
         for _ in range(runs):
             base = adjacent_baseline(load)
-            timings.append(run_query(case.sql, part, False))
+            timings.append(run_query(case.sql, part, False, plain=case.plain))
             ratios.append(part.rows / timings[-1][0] / base)
     finally:
-        strategies.PANED_MIN_OVERLAP = PANED_DEFAULT
         select.RERANK = RERANK_DEFAULT
         strategies.fusable = fusable
     seconds = statistics.median(t for t, _, _ in timings)

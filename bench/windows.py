@@ -7,8 +7,9 @@ punctuation (``bench/engine.py``'s workload at another event rate):
 * RANGE / SLIDE from 1 to 1,000: ``SELECT k, count(*), sum(len) [RANGE r seconds, SLIDE 1
   second, WA ts] FROM S GROUP BY k``;
 * 1 to 50 concurrent queries on one stream, query i with RANGE 10*i seconds, SLIDE 1 second:
-  plain WID, Paned-WID with slices of its own per query, and Paned-WID reading slices shared by
-  all the queries (the engine's default: a tuple updates one slice whatever the query count).
+  plain WID, Paned-WID with slices of its own per query (``Engine(share_slices=False)``), and
+  Paned-WID reading slices shared by all the queries (the engine's default: a tuple updates one
+  slice whatever the query count).
 
 Plain WID updates RANGE / SLIDE cells per tuple, so it runs on a prefix of the workload when that
 is large (the row count is in the table); tuples/s is rows / seconds either way. Medians of
@@ -28,8 +29,6 @@ from pathlib import Path
 import engine as workloads
 
 from lowtide import Engine
-from lowtide.query import strategies
-from lowtide.query.sharing import Shares
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATIOS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -44,19 +43,14 @@ def sql(range_s: int) -> str:
     return f"SELECT k, count(*) AS n, sum(len) AS bytes {window} FROM S GROUP BY k"
 
 
-class OwnSlicesEngine(Engine):
-    """Every Paned-WID query with slices of its own, as in the server's workers."""
-
-    def _slice_shares(self) -> Shares | None:
-        return None
-
-
 def run(sqls: list[str], load: workloads.Workload, batches: int, mode: str) -> tuple[float, float]:
     """Seconds to push ``batches`` batches with their punctuation through every query, and
     seconds until that and the end of the stream (every open window emitted) are done.
     ``mode``: plain (WID), paned (slices per query) or shared (slices shared by the queries)."""
-    strategies.PANED_MIN_OVERLAP = sys.maxsize if mode == "plain" else 4
-    engine = OwnSlicesEngine() if mode == "paned" else Engine()
+    if mode == "plain":
+        engine = Engine(paned_min_overlap=sys.maxsize)  # no window overlaps that much: WID
+    else:
+        engine = Engine(share_slices=mode == "shared")
     engine.create_stream("S", {"k": "int64", "len": "int32", "ts": "int64"}, progressing="ts")
     names = [engine.register_query(text, name=f"q{i}") for i, text in enumerate(sqls)]
     began = time.perf_counter()

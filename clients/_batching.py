@@ -25,13 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from lowtide.clients._checks import RowCheck
-from lowtide.clients._wire import arrow_bytes
-from lowtide.errors import InvalidArgument, LowtideError, SchemaMismatch
+from lowtide.clients._wire import MessageBound, arrow_bytes, estimated_bytes, framing
+from lowtide.errors import InvalidArgument, LowtideError, ResourceExhausted, SchemaMismatch
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.schema import to_arrow_table
 
-# Keep each message well below the server's default 64 MiB message limit.
-MAX_MESSAGE_BYTES = 32 << 20
 _SCALARS = frozenset({int, float, str, bool, bytes, type(None)})
 
 
@@ -90,7 +88,8 @@ class Batcher:
 
     With a :class:`RowCheck` (the stream's schema) a row is checked as it is added and the
     pending rows become columns of the stream's own types. Rows that still form no batch are
-    dropped and their error is kept in ``errors`` for the producer's next call to raise.
+    dropped and their error is kept in ``errors`` for the producer's next call to raise; so is a
+    row that fits in no message under ``bound`` (the server's limit on a message).
     """
 
     def __init__(
@@ -110,6 +109,7 @@ class Batcher:
         self.linger_s = max(0.0, linger_s)
         self.clock = clock
         self.row_check = rows
+        self.bound = MessageBound()  # not known until the producer opens
         self.deadline: float | None = None  # when the oldest pending row must leave
         self.pending_rows = 0
         self.rows = 0  # rows taken so far (the next row's number)
@@ -170,21 +170,29 @@ class Batcher:
 
     def add_batch(self, table: pa.Table, batch_id: int, send: int = 0) -> list[Outgoing]:
         """A batch with its own exactly-once id, sent after what is pending, alone: in as many
-        parts (each of at most ``max_batch_rows`` rows and about MAX_MESSAGE_BYTES) as it needs,
-        which the server applies together once the last has arrived."""
+        parts (each of at most ``max_batch_rows`` rows, within ``bound``) as it needs, which the
+        server applies together once the last has arrived. A row that fits in no message raises
+        ``ResourceExhausted`` here, and nothing of the batch is sent."""
         if batch_id < 1:
             raise InvalidArgument("batch_id must be a positive integer (0 means no id)")
-        due = self.flush()
         step = self.max_batch_rows
-        parts = [
-            piece for start in range(0, table.num_rows, step) for piece in _pieces(table.slice(start, step))
-        ]
+        rows = _rows(self.rows, table.num_rows)
+        try:  # before the flush: a batch that raises leaves what is pending as it was
+            parts = [
+                part
+                for start in range(0, table.num_rows, step)
+                for part in self.bound.messages(table.slice(start, step), self.rows + start)
+            ]
+        except ResourceExhausted as exc:
+            raise ResourceExhausted(
+                f"batch_id {batch_id} ({rows} of send #{send}) was not sent: {exc}"
+            ) from None
+        due = self.flush()
         self.batches += 1
         self.units += 1
-        rows = _rows(self.rows, table.num_rows)
         what = f"batch {self.batches} (batch_id {batch_id}, {rows} of send #{send})"
-        for i, part in enumerate(parts):
-            request = pb.IngestRequest(arrow=arrow_bytes([part]), batch_id=batch_id, batch_parts=len(parts))
+        for i, (part, data) in enumerate(parts):
+            request = pb.IngestRequest(arrow=data, batch_id=batch_id, batch_parts=len(parts))
             last = i == len(parts) - 1
             due.append(Outgoing(request, self.units, what, "batch", part.num_rows, last, (send, send)))
         self.rows += table.num_rows
@@ -205,8 +213,7 @@ class Batcher:
                 # Those rows are dropped whole, like a batch the server rejects; the next call says so.
                 self.pending_rows -= len(rows)
                 reason = " ".join(str(exc).split())
-                first, last = self._row_sends
-                sends = f"send #{first}" if first == last else f"sends #{first}..#{last}"
+                sends = _sends(*self._row_sends)
                 self.errors.append(
                     SchemaMismatch(
                         f"{_rows(self._row_first, len(rows))} ({sends}, one row each) were not sent: "
@@ -219,11 +226,13 @@ class Batcher:
 
     # -- messages -----------------------------------------------------------------------------
     def flush(self) -> list[Outgoing]:
-        """Every pending row as messages: one Arrow IPC stream per run of equal schemas."""
+        """Every pending row as messages within ``bound``: one Arrow IPC stream per run of equal
+        schemas, cut where the estimated bytes pass the bound's aim."""
         self._seal_rows()
         chunks, self._chunks = self._chunks, []
         self.pending_rows = 0
         self.deadline = None
+        aim = self.bound.aim
         due: list[Outgoing] = []
         run: list[_Chunk] = []
         run_bytes = 0
@@ -231,26 +240,43 @@ class Batcher:
             if chunk.table.num_rows == 0:
                 continue
             if run and chunk.table.schema != run[0].table.schema:
-                due.append(self._batch(run))
-                run, run_bytes = [], 0
-            for offset, piece in _offsets(_pieces(chunk.table)):
-                if run and run_bytes + piece.nbytes > MAX_MESSAGE_BYTES:
-                    due.append(self._batch(run))
-                    run, run_bytes = [], 0
+                due += self._batches(run)
+                run = []
+            for offset, piece in _offsets(self.bound.pieces(chunk.table)):
+                size = estimated_bytes(piece)
+                if run and run_bytes + size > aim:
+                    due += self._batches(run)
+                    run = []
+                if not run:
+                    run_bytes = framing(piece.schema)  # the schema that opens the message
                 run.append(_Chunk(piece, chunk.first_row + offset, chunk.sends))
-                run_bytes += piece.nbytes
+                run_bytes += size
         if run:
-            due.append(self._batch(run))
+            due += self._batches(run)
         return due
 
-    def _batch(self, run: list[_Chunk]) -> Outgoing:
+    def _batches(self, run: list[_Chunk]) -> list[Outgoing]:
+        """``run`` as one message, or as two runs again while its bytes do not fit (the estimate
+        fell short). A row that fits in no message is dropped: its error waits in ``errors``."""
+        data = arrow_bytes([c.table for c in run])
+        rows = sum(c.table.num_rows for c in run)
+        if self.bound.fits(len(data), rows):
+            return [self._batch(run, rows, data)]
+        if rows == 1:
+            sends = _sends(*run[0].sends)
+            reason = f"{_rows(run[0].first_row, 1)} of {sends} was not sent: it {self.bound.over(len(data))}"
+            self.errors.append(ResourceExhausted(reason))
+            return []
+        del data
+        first, second = _halves(run)
+        return self._batches(first) + self._batches(second)
+
+    def _batch(self, run: list[_Chunk], rows: int, data: bytes) -> Outgoing:
         self.batches += 1
         self.units += 1
-        rows = sum(c.table.num_rows for c in run)
         first, last = run[0].sends[0], run[-1].sends[1]
-        sends = f"send #{first}" if first == last else f"sends #{first}..#{last}"
-        what = f"batch {self.batches} ({_rows(run[0].first_row, rows)} of {sends})"
-        request = pb.IngestRequest(arrow=arrow_bytes([c.table for c in run]))
+        what = f"batch {self.batches} ({_rows(run[0].first_row, rows)} of {_sends(first, last)})"
+        request = pb.IngestRequest(arrow=data)
         return Outgoing(request, self.units, what, "batch", rows, True, (first, last))
 
     def due(self) -> bool:
@@ -273,6 +299,10 @@ def _rows(first: int, n: int) -> str:
     return f"row {first}" if n == 1 else f"rows {first}..{first + n - 1}"
 
 
+def _sends(first: int, last: int) -> str:
+    return f"send #{first}" if first == last else f"sends #{first}..#{last}"
+
+
 def _offsets(pieces: list[pa.Table]) -> list[tuple[int, pa.Table]]:
     out, offset = [], 0
     for piece in pieces:
@@ -281,12 +311,16 @@ def _offsets(pieces: list[pa.Table]) -> list[tuple[int, pa.Table]]:
     return out
 
 
-def _pieces(table: pa.Table) -> list[pa.Table]:
-    """``table`` in slices of at most about MAX_MESSAGE_BYTES each."""
-    if table.nbytes <= MAX_MESSAGE_BYTES or table.num_rows <= 1:
-        return [table]
-    rows = max(1, table.num_rows * MAX_MESSAGE_BYTES // table.nbytes)
-    return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
+def _halves(run: list[_Chunk]) -> tuple[list[_Chunk], list[_Chunk]]:
+    """``run`` (of two rows or more) in two, in order: between its chunks, or its one chunk cut."""
+    if len(run) > 1:
+        return run[: len(run) // 2], run[len(run) // 2 :]
+    chunk = run[0]
+    half = chunk.table.num_rows // 2
+    return (
+        [_Chunk(chunk.table.slice(0, half), chunk.first_row, chunk.sends)],
+        [_Chunk(chunk.table.slice(half), chunk.first_row + half, chunk.sends)],
+    )
 
 
-__all__ = ["MAX_MESSAGE_BYTES", "Batcher", "Outgoing", "is_row", "prepare", "punctuation_value"]
+__all__ = ["Batcher", "Outgoing", "is_row", "prepare", "punctuation_value"]

@@ -46,7 +46,7 @@ import pyarrow as pa
 from lowtide import errors
 from lowtide.clients._batching import Batcher, Outgoing, prepare, punctuation_value
 from lowtide.clients._checks import Contract, RowCheck
-from lowtide.clients._wire import IngestResult, translate
+from lowtide.clients._wire import IngestResult, MessageBound, translate
 from lowtide.errors import InvalidArgument, LowtideError, ServerError
 from lowtide.punctuation.model import NO_PROGRESS, check_punctuation_value
 from lowtide.schema import to_arrow_table
@@ -143,10 +143,13 @@ class ProducerCore:
     def source(self) -> str:
         return self.batcher.source
 
-    def open(self, streams: list[dict[str, Any]]) -> None:
-        """Take the stream's schema and the source's punctuation (``Client.list_streams()``)."""
+    def open(self, streams: list[dict[str, Any]], bound: MessageBound | None = None) -> None:
+        """Take the stream's schema and the source's punctuation (``Client.list_streams()``), and
+        the server's limit on a message (None: not known)."""
         self.contract = Contract.of(streams, self.stream, self.source)
         self.batcher.row_check = RowCheck(self.contract.schema)
+        if bound is not None:
+            self.batcher.bound = bound
 
     # -- the caller's operations (under the shell's lock): checks, then messages queued ---------
     def usable(self) -> None:

@@ -34,15 +34,18 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from lowtide.clients._producer_core import IngestCall, ProducerCore, Step
-from lowtide.clients._wire import IngestResult
+from lowtide.clients._wire import IngestResult, MessageBound
 
 MAX_QUEUED_MESSAGES = 4  # messages built but not yet handed to gRPC before send() waits
 Streams = Callable[[], list[dict[str, Any]]]
 AsyncStreams = Callable[[], Awaitable[list[dict[str, Any]]]]
 StreamsT = TypeVar("StreamsT", Streams, AsyncStreams)
+Bound = Callable[[], MessageBound]
+AsyncBound = Callable[[], Awaitable[MessageBound]]
+BoundT = TypeVar("BoundT", Bound, AsyncBound)
 
 
-class _Shell(ABC, Generic[StreamsT]):
+class _Shell(ABC, Generic[StreamsT, BoundT]):
     """What both shells hold: the gRPC stub, their Ingest calls' timeout and the core."""
 
     def __init__(
@@ -56,15 +59,17 @@ class _Shell(ABC, Generic[StreamsT]):
         timeout: float | None = None,
         *,
         streams: StreamsT | None = None,
+        bound: BoundT | None = None,
     ) -> None:
         self._stub = stub
         self._timeout = timeout
         self._core = ProducerCore(target, stream, source, max_batch_rows, linger_ms / 1000, timeout)
-        self._set_up(streams)
+        self._set_up(streams, bound)
 
     @abstractmethod
-    def _set_up(self, streams: StreamsT | None) -> None:
-        """The shell's own state; ``streams`` fetches the stream (``ListStreams``) to open it."""
+    def _set_up(self, streams: StreamsT | None, bound: BoundT | None) -> None:
+        """The shell's own state; ``streams`` fetches the stream (``ListStreams``) and ``bound``
+        the server's limit on a message (``Health``, once per client) to open it."""
 
     @property
     def result(self) -> IngestResult | None:
@@ -73,16 +78,16 @@ class _Shell(ABC, Generic[StreamsT]):
 
 
 # -- blocking -------------------------------------------------------------------------------------
-class Producer(_Shell[Streams]):
+class Producer(_Shell[Streams, Bound]):
     """One source of one stream (see the module docstring). Thread-safe; a context manager:
     leaving the block flushes (the source stays open), leaving it on an exception cancels.
 
     The open call's request stream is a generator that gRPC runs on its own thread: it takes the
     core's messages, and sends lingering rows when they are due."""
 
-    def _set_up(self, streams: Streams | None) -> None:
+    def _set_up(self, streams: Streams | None, bound: Bound | None) -> None:
         if streams is not None:
-            self._core.open(streams())
+            self._core.open(streams(), bound() if bound is not None else None)
         self._cond = threading.Condition()  # guards the core; the request stream waits on it
         self._future: Any = None  # the open call's
 
@@ -187,7 +192,7 @@ class Producer(_Shell[Streams]):
 
 
 # -- asyncio --------------------------------------------------------------------------------------
-class AsyncProducer(_Shell[AsyncStreams]):
+class AsyncProducer(_Shell[AsyncStreams, AsyncBound]):
     """:class:`Producer` for asyncio: the same calls, awaited; lingering rows leave from a task.
 
     ``async with client.producer(...) as p`` opens it (fetching the stream) on entry; a producer
@@ -195,8 +200,9 @@ class AsyncProducer(_Shell[AsyncStreams]):
     ``p = await client.producer(...)``.
     """
 
-    def _set_up(self, streams: AsyncStreams | None) -> None:
+    def _set_up(self, streams: AsyncStreams | None, bound: AsyncBound | None) -> None:
         self._streams = streams  # fetched when the producer opens
+        self._bound = bound
         self._lock = asyncio.Lock()  # one writer at a time: the caller or the linger task
         self._rpc: Any = None  # the open call's
         self._linger: asyncio.Task[None] | None = None
@@ -262,7 +268,8 @@ class AsyncProducer(_Shell[AsyncStreams]):
         if self._streams is not None:
             streams, self._streams = self._streams, None
             try:
-                self._core.open(await streams())
+                found = await streams()
+                self._core.open(found, await self._bound() if self._bound is not None else None)
             except BaseException:
                 self._streams = streams  # not opened: the next call tries again
                 raise

@@ -28,7 +28,14 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 
 from lowtide import errors
-from lowtide.errors import DeadlineExceeded, LowtideError, QuerySyntaxError, ServerError, ServerUnavailable
+from lowtide.errors import (
+    DeadlineExceeded,
+    LowtideError,
+    QuerySyntaxError,
+    ResourceExhausted,
+    ServerError,
+    ServerUnavailable,
+)
 from lowtide.handles import Query
 from lowtide.ipc import read_ipc
 from lowtide.proto import lowtide_pb2 as pb
@@ -136,6 +143,83 @@ def arrow_bytes(tables: Sequence[pa.Table]) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+# What a message's Arrow bytes aim at: well below a server's default 64 MiB limit, and the most
+# when the server does not say its limit (an older one).
+MAX_MESSAGE_BYTES = 32 << 20
+# Of the server's max_message_bytes, for the request's fields around its Arrow bytes (tens of bytes).
+ENVELOPE_BYTES = 1024
+
+
+def framing(schema: pa.Schema) -> int:
+    """About what the IPC framing of one record batch adds to its buffers (its metadata, their
+    padding); the schema that opens a message takes about as much."""
+    return 128 + 96 * len(schema)
+
+
+def estimated_bytes(table: pa.Table) -> int:
+    """About the bytes ``table`` adds to a message: its buffers and each record batch's framing."""
+    batches = int(table.column(0).num_chunks) if table.num_columns else 1
+    return int(table.nbytes) + framing(table.schema) * max(1, batches)
+
+
+@dataclass(frozen=True)
+class MessageBound:
+    """How many Arrow bytes one message may carry to a server whose limit on a message is
+    ``server_limit`` (its max_message_bytes, from Health; 0: not known)."""
+
+    server_limit: int = 0
+
+    @property
+    def aim(self) -> int:
+        """What a message of many rows stays within."""
+        if not self.server_limit:
+            return MAX_MESSAGE_BYTES
+        return max(1, min(MAX_MESSAGE_BYTES, self.server_limit - ENVELOPE_BYTES))
+
+    def fits(self, size: int, rows: int) -> bool:
+        """Whether ``size`` Arrow bytes of ``rows`` rows go as one message. A row alone goes up to
+        the server's limit; under a limit not known, whatever its size, for the server to judge."""
+        if size <= self.aim:
+            return True
+        return rows == 1 and (not self.server_limit or size <= self.server_limit - ENVELOPE_BYTES)
+
+    def over(self, size: int) -> str:
+        """Why a row of ``size`` Arrow bytes cannot be sent (to complete "row 3 ...")."""
+        return (
+            f"takes {size} bytes as Arrow, more than one message may carry under the server's "
+            f"max_message_bytes ({self.server_limit})"
+        )
+
+    def pieces(self, table: pa.Table) -> list[pa.Table]:
+        """``table`` in slices of about :attr:`aim` bytes each, as estimated (one row at least)."""
+        if table.num_rows <= 1 or estimated_bytes(table) + framing(table.schema) <= self.aim:
+            return [table]
+        room = self.aim - 2 * framing(table.schema)  # the message's schema, the slice's own framing
+        rows = max(1, table.num_rows * room // max(1, table.nbytes))
+        return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
+
+    def messages(self, table: pa.Table, first_row: int = 0) -> Iterator[tuple[pa.Table, bytes]]:
+        """``table``'s rows as Arrow messages that fit, in order, each with its rows; a slice
+        whose bytes came out over the estimate is cut again. ``ResourceExhausted`` for a row that
+        fits in no message (``first_row``: the number of ``table``'s first row, to name it)."""
+        todo: list[tuple[int, pa.Table]] = []  # (its first row, a slice), the next one last
+        at = first_row
+        for piece in self.pieces(table):
+            todo.append((at, piece))
+            at += piece.num_rows
+        todo.reverse()
+        while todo:
+            at, piece = todo.pop()
+            data = arrow_bytes([piece])
+            if self.fits(len(data), piece.num_rows):
+                yield piece, data
+                continue
+            if piece.num_rows == 1:
+                raise ResourceExhausted(f"row {at} {self.over(len(data))}")
+            half = piece.num_rows // 2
+            todo += [(at + half, piece.slice(half)), (at, piece.slice(0, half))]
+
+
 def read_arrow(data: bytes) -> pa.Table:
     """A result table the server sent, validated in full like everything read from the network
     (:func:`lowtide.ipc.read_ipc`); a malformed one is a :class:`ServerError`."""
@@ -187,6 +271,8 @@ class Call(Generic[T]):
     method: str
     request: Any
     parse: Callable[[Any], T]
+    # What the call raises when it fails: the client's own reason, when it cut the call short.
+    failed: Callable[[LowtideError], LowtideError] = lambda error: error
 
 
 def _nothing(_: Any) -> None:
@@ -304,7 +390,12 @@ def health() -> Call[dict[str, Any]]:
     return Call(
         "Health",
         pb.HealthRequest(),
-        lambda r: {"status": r.status, "workers": int(r.workers), "version": r.version},
+        lambda r: {
+            "status": r.status,
+            "workers": int(r.workers),
+            "version": r.version,
+            "max_message_bytes": int(r.max_message_bytes),
+        },
     )
 
 
@@ -321,20 +412,42 @@ def stage(
     part: str,
     rows: pa.Table | Iterable[pa.Table],
     max_part_rows: int,
+    bound: MessageBound,
 ) -> Call[dict[str, Any]]:
     """One part of batch ``batch_id``: the first message names it, each carries up to
-    ``max_part_rows`` rows (an empty table stages an empty part). ``rows``: a table, or tables
-    made while the call runs (sent as they come)."""
+    ``max_part_rows`` rows, within ``bound`` (an empty table stages an empty part). ``rows``: a
+    table, or tables made while the call runs (sent as they come). A row that fits in no message
+    ends the call before its last message, so nothing is staged, and the call raises why."""
+    refused: list[LowtideError] = []
+
+    def arrow() -> Iterator[bytes]:
+        step, done = max(1, max_part_rows), 0
+        for table in [rows] if isinstance(rows, pa.Table) else rows:
+            for at in range(0, table.num_rows, step):
+                for _, data in bound.messages(table.slice(at, step), done + at):
+                    yield data
+            done += table.num_rows
 
     def requests() -> Iterator[Any]:
         yield pb.StageRequest(stream=stream, source=source, batch_id=batch_id, part=part)
-        step = max(1, max_part_rows)
-        for table in [rows] if isinstance(rows, pa.Table) else rows:
-            for at in range(0, table.num_rows, step):
-                yield pb.StageRequest(arrow=arrow_bytes([table.slice(at, step)]))
+        messages = arrow()
+        while True:
+            try:
+                data = next(messages, None)
+            except ResourceExhausted as exc:
+                refused.append(ResourceExhausted(f"part {part!r} was not staged: {exc}"))
+                return
+            if data is None:
+                break
+            yield pb.StageRequest(arrow=data)
         yield pb.StageRequest(last=True)  # the server keeps the part only once this arrives
 
-    return Call("Stage", requests(), lambda r: {"tuples": int(r.tuples), "duplicate": bool(r.duplicate)})
+    return Call(
+        "Stage",
+        requests(),
+        lambda r: {"tuples": int(r.tuples), "duplicate": bool(r.duplicate)},
+        lambda error: refused[0] if refused else error,
+    )
 
 
 def commit_staged(

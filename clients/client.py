@@ -11,7 +11,8 @@ traceback alone.
 
 A producer (:mod:`lowtide.clients._producers`) feeds one source of a stream over Ingest calls
 and batches for the caller: sends are coalesced into Arrow batches of up to ``max_batch_rows``
-rows, held at most ``linger_ms``; punctuation and close go after the rows sent before them.
+rows, held at most ``linger_ms``, in messages below the server's ``max_message_bytes`` (asked once
+per client, from Health); punctuation and close go after the rows sent before them.
 Producer errors follow docs/design.md, "Producers":
 
 * opening a producer fetches its stream (an unknown stream raises ``NotFound`` there); ``send``
@@ -46,7 +47,7 @@ import pyarrow as pa
 from lowtide.clients import _wire as wire
 from lowtide.clients._producers import AsyncProducer, Producer
 from lowtide.clients._security import RootCertificates, aio_channel, sync_channel
-from lowtide.clients._wire import translate
+from lowtide.clients._wire import MessageBound, translate
 from lowtide.handles import Item, Query
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 
@@ -127,6 +128,7 @@ class Client:
         self.timeout = timeout
         self._channel = sync_channel(target, root_certificates, token)
         self._stub: Any = pb_grpc.LowtideStub(self._channel)
+        self._bound: MessageBound | None = None  # the server's limit on a message, once asked
 
     def __enter__(self) -> Client:
         return self
@@ -137,11 +139,18 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
+    def _message_bound(self) -> MessageBound:
+        """What a message of a producer or a Stage call carries: under the server's
+        max_message_bytes, asked once (Health)."""
+        if self._bound is None:
+            self._bound = MessageBound(self.health()["max_message_bytes"])
+        return self._bound
+
     def _run(self, call: wire.Call[T]) -> T:
         try:
             response = getattr(self._stub, call.method)(call.request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise translate(exc, self.target, self.timeout) from None
+            raise call.failed(translate(exc, self.target, self.timeout)) from None
         return call.parse(response)
 
     def create_stream(
@@ -194,7 +203,9 @@ class Client:
         return self._run(wire.list_workers())
 
     def health(self) -> dict[str, Any]:
-        """``{"status": "SERVING", "workers": n, "version": ...}``."""
+        """``{"status": "SERVING", "workers": n, "version": ..., "max_message_bytes": n}``: the
+        largest message the server takes (0 from a server that does not say); producers and
+        ``stage`` cut their messages below it."""
         return self._run(wire.health())
 
     def commit_offset(self, query: str, reader: str, offset: int) -> None:
@@ -215,10 +226,13 @@ class Client:
     ) -> dict[str, Any]:
         """Stage ``table`` (or tables made while the call runs: sent as they come) as part
         ``part`` of batch ``batch_id`` (1 or more) of ``source``: checked like a batch sent, not
-        applied. Staged again, a part replaces what it held.
+        applied. Staged again, a part replaces what it held. Its messages carry at most
+        ``max_part_rows`` rows each, below the server's ``max_message_bytes``: a row larger than
+        that raises ``ResourceExhausted``, and nothing is staged.
         ``{"tuples": n, "duplicate": bool}``; duplicate: the batch was applied before, nothing
         was staged."""
-        return self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows))
+        bound = self._message_bound()
+        return self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows, bound))
 
     def commit_staged(
         self,
@@ -258,6 +272,7 @@ class Client:
             max_batch_rows,
             timeout,
             streams=self.list_streams,
+            bound=self._message_bound,
         )
 
     def subscribe(self, query: str, from_oldest: bool = True, from_offset: int | None = None) -> Subscription:
@@ -348,6 +363,7 @@ class AsyncClient:
         self.timeout = timeout
         self._channel = aio_channel(target, root_certificates, token)
         self._stub: Any = pb_grpc.LowtideStub(self._channel)
+        self._bound: MessageBound | None = None  # the server's limit on a message, once asked
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -358,11 +374,16 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close(None)
 
+    async def _message_bound(self) -> MessageBound:
+        if self._bound is None:
+            self._bound = MessageBound((await self.health())["max_message_bytes"])
+        return self._bound
+
     async def _run(self, call: wire.Call[T]) -> T:
         try:
             response = await getattr(self._stub, call.method)(call.request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise translate(exc, self.target, self.timeout) from None
+            raise call.failed(translate(exc, self.target, self.timeout)) from None
         return call.parse(response)
 
     async def create_stream(
@@ -414,7 +435,8 @@ class AsyncClient:
         source: str = "default",
         max_part_rows: int = 250_000,
     ) -> dict[str, Any]:
-        return await self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows))
+        bound = await self._message_bound()
+        return await self._run(wire.stage(stream, source, batch_id, part, table, max_part_rows, bound))
 
     async def commit_staged(
         self,
@@ -448,6 +470,7 @@ class AsyncClient:
             max_batch_rows,
             timeout,
             streams=self.list_streams,
+            bound=self._message_bound,
         )
 
     def subscribe(

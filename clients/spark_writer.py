@@ -22,7 +22,8 @@ across its own restart; every call waits for a server that cannot be reached (up
 Options (besides :mod:`.spark_options`'): ``stream`` (required), ``source`` (``spark``),
 ``punctuation`` (``watermark:<delay>`` | ``column:<name>`` | ``none``, as ``LowtideSink``'s;
 ``watermark:0`` by default), ``max_part_rows`` (rows per message, 100000: a task sends its first
-messages while Spark converts the rest of its partition).
+messages while Spark converts the rest of its partition; ``Client.stage`` keeps each below the
+server's max_message_bytes too).
 """
 
 from __future__ import annotations

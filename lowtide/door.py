@@ -191,15 +191,24 @@ class Door(Generic[R]):
         limits: Limits | None = None,
         flush: SlowFlush | None = None,
         collapses_late_markers: bool = True,
+        *,
+        share_slices: bool = PlanOptions.share_slices,
+        paned_min_overlap: int = PlanOptions.paned_min_overlap,
     ) -> None:
         """``flush``: smooth emission (§8.3.3) for the time windows of every query; None: each
         window's results leave as soon as punctuation completes it. ``collapses_late_markers``:
         consecutive unread markers of a late side stream collapse into the last one (see
-        :meth:`RunningQuery.passed`), unless something numbers every item (the server's hubs)."""
+        :meth:`RunningQuery.passed`), unless something numbers every item (the server's hubs).
+        ``share_slices`` and ``paned_min_overlap``: see
+        :class:`~lowtide.query.description.PlanOptions` (False: every Paned-WID query keeps
+        slices of its own)."""
         self.runner = runner
         self.clock: Clock = clock or WallClock()
         self.limits = limits or Limits()
         self.flush = flush
+        # What every query is planned with; each query's own options replace the rest. Made
+        # here so that a paned_min_overlap below 1 is refused now, not at the first query.
+        self.planning = PlanOptions(share_slices=share_slices, paned_min_overlap=paned_min_overlap)
         self.pool = pool
         self.collapses_late_markers = collapses_late_markers
         # Changes applied so far (and output progress of result streams): a CheckedBatch stamped
@@ -407,7 +416,14 @@ class Door(Generic[R]):
         """Plan ``query`` as ``name``; ``parts``: the derived tables planned before it, which it
         may read though they are not registered yet (then it shares no slices)."""
         holder: list[RunningQuery] = []
-        options = PlanOptions(policy, allowed_lateness, self.limits.windows, self.flush, restored_share)
+        options = dataclasses.replace(
+            self.planning,
+            policy=policy,
+            allowed_lateness=allowed_lateness,
+            windows=self.limits.windows,
+            flush=self.flush,
+            restored_share=restored_share,
+        )
         known = parts or {}
 
         def catalog(stream: str) -> Schema:

@@ -608,13 +608,21 @@ class Front:
             self.gave_up = reason
             self.stopping.set()
 
-    async def sync(self) -> None:
-        """Wait until every worker has processed everything posted to it so far (or died)."""
+    async def sync(self, timeout: float = 60.0) -> None:
+        """Wait until every worker has processed everything posted to it so far (or died); past
+        ``timeout`` seconds, a ``TimeoutError`` names the workers that have not."""
         token = next(self._tokens)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._syncs[token] = (set(range(self.workers.size)), future)
+        owing = set(range(self.workers.size))
+        self._syncs[token] = (owing, future)
         self.workers.broadcast(msg.Sync(token))
-        await asyncio.wait_for(future, timeout=60)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            self._syncs.pop(token, None)
+            late = ", ".join(str(worker) for worker in sorted(owing))
+            named = f"workers {late}" if len(owing) > 1 else f"worker {late}"
+            raise TimeoutError(f"{named} did not answer within {timeout:g} s") from None
 
     async def _ticker(self) -> None:
         """Heartbeats, idle sources and EMIT EVERY timers every 20 ms (a logged Tick when any is
@@ -706,16 +714,27 @@ class Front:
             "held": {"pending": self.pending.held, "sending": self.sending.held},
         }
 
-    async def stop(self) -> None:
-        """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly."""
+    async def stop(self, drain_timeout: float = 60.0) -> None:
+        """Drain: what the workers hold reaches the hubs, then every subscription ends cleanly.
+        A worker that has not processed its input within ``drain_timeout`` seconds is not waited
+        for, and a line on stderr says so."""
         for task in self._tasks:
             task.cancel()
         try:
             if not self.gave_up:  # workers that cannot run hold nothing to drain
                 await self.workers.idle()
-                await self.sync()
-        except TimeoutError:
-            pass
+                await self.sync(drain_timeout)
+        except TimeoutError as exc:
+            after = (
+                "the next start from --state-dir makes them from the input log"
+                if self.state is not None
+                else "they are lost (no --state-dir)"
+            )
+            print(
+                f"lowtide: stopping without a full drain: {exc}; results of the input not processed "
+                f"yet reach no subscriber: {after}",
+                file=sys.stderr,
+            )
         for hub in self.hubs.values():
             if self.gave_up:  # it says why, in the status a client retries on (it may come back)
                 hub.close("UNAVAILABLE", f"the server stops: {self.gave_up}")

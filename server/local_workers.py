@@ -1,11 +1,12 @@
 """The workers as processes on this machine: a :class:`~lowtide.server.transport.WorkerTransport`.
 
 Each worker has two shared-memory channels (front -> worker, worker -> front). What the front
-posts to a worker goes into that worker's outbox, in order; one task per worker moves the outbox
-into the channel, waiting while the worker is behind. ``wait_for_room`` is the backpressure the
-ingest path awaits: a producer faster than the workers is slowed down by gRPC flow control,
-never dropped. A worker that dies is noticed at once through its process sentinel and started
-again at once.
+posts to a worker goes into that worker's :class:`~lowtide.server.outbox.Outbox`, in order; one
+task per worker moves the outbox into the channel, a message a call, waiting while the worker is
+behind. ``wait_for_room`` is the backpressure the ingest path awaits: past
+:data:`MAX_QUEUED_BYTES` not yet in a worker's channel, a producer faster than the workers is
+slowed down by gRPC flow control, never dropped. A worker that dies is noticed at once through
+its process sentinel and started again at once.
 
 A worker that cannot start (it exits with an error of its own before it serves: a broken main
 module, shared memory it cannot map) is started again after :data:`START_DELAY_S`, as Flink's
@@ -24,7 +25,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from typing import Any
@@ -38,10 +38,11 @@ from lowtide.server.channel import (
     create_segment,
     remove_stale_segments,
 )
+from lowtide.server.outbox import Outbox, Outboxes
 from lowtide.server.transport import OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import worker_main
 
-Outgoing = tuple[msg.ToWorker, dict[str, Any] | None]
+MAX_QUEUED_BYTES = 4 << 20  # what may wait ahead of a punctuation: bounds its latency
 START_ATTEMPTS = 3  # failed starts in a row of one worker before the server stops
 START_DELAY_S = 1.0  # between a failed start and the next attempt
 NODE = "localhost"  # the node of every local worker: the server's own machine
@@ -54,15 +55,13 @@ class WorkerHandle:
     writer: ChannelWriter[msg.ToWorker]
     reader: ChannelReader[msg.ToFront]
     segments: tuple[shared_memory.SharedMemory, shared_memory.SharedMemory]
-    outbox: deque[Outgoing] = field(default_factory=deque)
-    queued_bytes: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Closed once its process is gone (while the pool stops: not spawned again).
+    outbox: Outbox = field(default_factory=lambda: Outbox(MAX_QUEUED_BYTES))
     task: asyncio.Task[None] | None = None
-    closed: bool = False  # its process is gone (while stopping: not spawned again)
     failed_starts: int = 0  # of this worker, in a row, before this process (see the module)
 
 
-class LocalWorkers:
+class LocalWorkers(Outboxes):
     def __init__(
         self,
         workers: int,
@@ -76,10 +75,8 @@ class LocalWorkers:
         self.on_death = on_death
         self.on_give_up = on_give_up
         self.channel_bytes = channel_bytes
-        self.max_queued_bytes = 4 << 20  # what may wait ahead of a punctuation: bounds its latency
         self.handles: list[WorkerHandle] = []
         self.restarts = [0] * workers  # per worker: spawned again after its first start
-        self._room = asyncio.Event()
         self._stopping = False
         self._ctx = mp.get_context("spawn")
 
@@ -121,45 +118,21 @@ class LocalWorkers:
         handle.task = loop.create_task(self._pump(handle))
         return handle
 
-    def post(self, worker: int, message: msg.ToWorker, arrays: dict[str, Any] | None = None) -> None:
-        """Queue a message for a worker (in order); never blocks. A worker gone while the pool
-        stops takes nothing."""
-        handle = self.handles[worker]
-        if handle.closed:
-            return
-        handle.outbox.append((message, arrays))
-        if arrays:
-            handle.queued_bytes += sum(a.nbytes for a in arrays.values())
-        handle.wake.set()
-
-    def broadcast(self, message: msg.ToWorker) -> None:
-        for w in range(self.size):
-            self.post(w, message)
-
-    async def wait_for_room(self) -> None:
-        """Wait while any worker has more than its share of bytes queued (backpressure)."""
-        while any(h.queued_bytes > self.max_queued_bytes for h in self.handles):
-            self._room.clear()
-            await self._room.wait()
-
-    async def idle(self) -> None:
-        """Wait until every outbox has reached its worker."""
-        while any((h.outbox or h.writer.pending) and not h.closed for h in self.handles):
-            await asyncio.sleep(0.001)
-
     async def _pump(self, handle: WorkerHandle) -> None:
+        """Move the outbox into the channel, a message a call: answered once its frame is whole
+        in the pipe."""
+        outbox, writer = handle.outbox, handle.writer
         pause = 1e-4
         while True:
-            while not handle.outbox and not handle.writer.pending:
-                handle.wake.clear()
-                await handle.wake.wait()
+            await outbox.wait_for(lambda: outbox.busy)
             try:
-                if not handle.outbox:  # only the rest of a frame the pipe could not take at once
-                    if not handle.writer.flush():
+                if outbox.on_way:  # only the rest of a frame the pipe could not take at once
+                    if not writer.flush():
                         raise ChannelFull()
+                    outbox.answered()
                     continue
-                message, arrays = handle.outbox[0]
-                handle.writer.try_send(message, arrays)
+                message, arrays = outbox.messages[0]
+                writer.try_send(message, arrays)
             except ChannelFull:
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 5e-3)
@@ -167,11 +140,9 @@ class LocalWorkers:
             except OSError:
                 return  # the worker is gone: its sentinel reports the death
             pause = 1e-4
-            handle.outbox.popleft()
-            if arrays:
-                handle.queued_bytes -= sum(a.nbytes for a in arrays.values())
-                if handle.queued_bytes <= self.max_queued_bytes:
-                    self._room.set()
+            outbox.take()
+            if not writer.pending:
+                outbox.answered()
 
     def _drain(self, handle: WorkerHandle) -> None:
         try:
@@ -217,19 +188,18 @@ class LocalWorkers:
 
     def places(self) -> list[WorkerPlace]:
         return [
-            WorkerPlace(NODE, h.process.pid, self.restarts[h.index], "placing" if h.closed else "running")
+            WorkerPlace(
+                NODE, h.process.pid, self.restarts[h.index], "placing" if h.outbox.closed else "running"
+            )
             for h in self.handles
         ]
 
     def _close(self, handle: WorkerHandle) -> None:
-        handle.closed = True
+        handle.outbox.close()
         loop = asyncio.get_running_loop()
         loop.remove_reader(handle.reader.fileno())
         if handle.task is not None:
             handle.task.cancel()
-        handle.outbox.clear()
-        handle.queued_bytes = 0
-        self._room.set()
         for segment in handle.segments:
             segment.close()
             segment.unlink()

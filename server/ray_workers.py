@@ -6,15 +6,17 @@ and placed by Ray's SPREAD strategy. Each actor (:class:`RayWorker`) runs the se
 :class:`~lowtide.server.worker_process.Worker` on the same typed messages as a local worker;
 columns travel as numpy arrays (Ray's out-of-band buffers).
 
-A call carries many messages: what the front posts waits in the worker's outbox and goes in one
-call at once while fewer than :data:`AHEAD` calls are on their way to the worker (it would
-otherwise run out of work), else once the outbox holds :data:`CALL_BYTES` of columns or a call
-is answered; at most :data:`IN_FLIGHT` calls are on their way to one worker. A punctuation or
-a control message thus waits only while the worker has calls ahead of it to handle, and under
-load calls grow to many batches each: Ray's cost is per call, not per message. A call and its
-answer travel inline, in the request to the actor's process and in its reply (up to
-:data:`INLINE_BYTES`), rather than through the object store, where each would cost a put, a pull
-by the other node and a release (and a punctuation's results wait for all three).
+A call carries many messages: what the front posts waits in the worker's
+:class:`~lowtide.server.outbox.Outbox` and goes in one call at once while fewer than :data:`AHEAD`
+calls are on their way to the worker (it would otherwise run out of work), else once the outbox
+holds :data:`CALL_BYTES` of columns or a call is answered; at most :data:`IN_FLIGHT` calls are on
+their way to one worker. A punctuation or a control message thus waits only while the worker has
+calls ahead of it to handle, and under load calls grow to many batches each: Ray's cost is per
+call, not per message. Past :data:`MAX_QUEUED_BYTES` posted to a worker and not answered,
+ingestion waits. A call and its answer travel inline, in the request to the actor's process and in
+its reply (up to :data:`INLINE_BYTES`), rather than through the object store, where each would
+cost a put, a pull by the other node and a release (and a punctuation's results wait for all
+three).
 
 Invariant: a worker handles messages in the order they were posted, and the front hands its
 answers to ``on_message`` in the order the worker sent them, whatever order Ray runs calls in:
@@ -60,6 +62,7 @@ from ray.util import get_node_ip_address
 
 from lowtide.errors import StartupFailure
 from lowtide.server import messages as msg
+from lowtide.server.outbox import Outbox, Outboxes
 from lowtide.server.restart_strategy import Backoff, RestartStrategy
 from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import Worker
@@ -100,6 +103,7 @@ class RayWorker:
         self.index = index
         self.next_call = 0
         self.turn = asyncio.Condition()
+        self.parked: set[int] = set()  # numbers of the calls waiting for an earlier one to be handled
         self.answers: list[Wire] = []  # of the call being handled
         self.later_answers: list[Wire] = []  # sent by other threads, for :meth:`later`
         self.later_ready = asyncio.Event()
@@ -122,7 +126,11 @@ class RayWorker:
     async def handle(self, number: int, calls: list[Wire]) -> list[Wire]:
         """Handle one call's messages, after every call numbered before it; its answers."""
         async with self.turn:
-            await self.turn.wait_for(lambda: self.next_call == number)
+            self.parked.add(number)
+            try:
+                await self.turn.wait_for(lambda: self.next_call == number)
+            finally:
+                self.parked.discard(number)
         self.loop, self.loop_thread = asyncio.get_running_loop(), threading.get_ident()
         try:
             for wire, arrays in calls:  # no await in here: no other call runs in between
@@ -160,18 +168,15 @@ class _Actor:
     where: str = ""  # its node and process, for the log
     node: str = ""  # its node's address and its process (see :meth:`RayWorkers.places`)
     pid: int = 0
-    outbox: deque[tuple[msg.ToWorker, Arrays | None]] = field(default_factory=deque)
-    outbox_bytes: int = 0
-    calls: deque[tuple[Any, int]] = field(default_factory=deque)  # (answers' ref, bytes), oldest first
-    call_bytes: int = 0
+    # Closed once its actor is gone (or the pool stops): posts are dropped.
+    outbox: Outbox = field(default_factory=lambda: Outbox(MAX_QUEUED_BYTES))
+    calls: deque[Any] = field(default_factory=deque)  # the answers' refs of the outbox's calls on their way
     numbered: int = 0  # calls sent so far
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # something to send, or room to
     sent: asyncio.Event = field(default_factory=asyncio.Event)  # a call to await
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    closed: bool = False  # its actor is gone (or the pool stops): posts are dropped
 
 
-class RayWorkers:
+class RayWorkers(Outboxes):
     def __init__(
         self,
         workers: int,
@@ -195,7 +200,6 @@ class RayWorkers:
         self.on_give_up = on_give_up
         self.handles: list[_Actor] = []
         self.restarts = [0] * workers  # per worker: placed again after its first start
-        self._room = asyncio.Event()
         self._stopping = False
         self._cluster_gone = False
         self._replacing: set[asyncio.Task[None]] = set()
@@ -277,31 +281,6 @@ class RayWorkers:
             WorkerPlace(h.node, h.pid, self.restarts[h.index], self.status[h.index]) for h in self.handles
         ]
 
-    def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
-        """Queue a message for a worker (in order); never blocks. A gone worker takes nothing."""
-        handle = self.handles[worker]
-        if handle.closed:
-            return
-        handle.outbox.append((message, arrays))
-        if arrays:
-            handle.outbox_bytes += sum(a.nbytes for a in arrays.values())
-        handle.wake.set()
-
-    def broadcast(self, message: msg.ToWorker) -> None:
-        for w in range(self.size):
-            self.post(w, message)
-
-    async def wait_for_room(self) -> None:
-        """Wait while any worker has more than :data:`MAX_QUEUED_BYTES` unanswered (backpressure)."""
-        while any(h.outbox_bytes + h.call_bytes > MAX_QUEUED_BYTES for h in self.handles):
-            self._room.clear()
-            await self._room.wait()
-
-    async def idle(self) -> None:
-        """Wait until every worker has answered everything posted to it."""
-        while any((h.outbox or h.calls) and not h.closed for h in self.handles):
-            await asyncio.sleep(0.001)
-
     async def stop(self) -> None:
         self._stopping = True
         if self._watch is not None:
@@ -313,7 +292,7 @@ class RayWorkers:
         for task in list(self._replacing):
             task.cancel()
         for handle in self.handles:
-            handle.closed = True
+            handle.outbox.close()
             for task in handle.tasks:
                 task.cancel()
             if not self._cluster_gone:  # nothing to kill, and no one to ask
@@ -346,27 +325,18 @@ class RayWorkers:
 
     # -- moving messages -----------------------------------------------------------------------
     @staticmethod
-    def _due(handle: _Actor) -> bool:
-        if not handle.outbox or len(handle.calls) >= IN_FLIGHT:
+    def _due(outbox: Outbox) -> bool:
+        if not outbox.messages or outbox.on_way >= IN_FLIGHT:
             return False
-        return len(handle.calls) < AHEAD or handle.outbox_bytes >= CALL_BYTES
+        return outbox.on_way < AHEAD or outbox.waiting_bytes >= CALL_BYTES
 
     async def _pump(self, handle: _Actor) -> None:
         """Send the outbox in calls of many messages (see the module)."""
+        outbox = handle.outbox
         while True:
-            while not self._due(handle):
-                handle.wake.clear()
-                await handle.wake.wait()
-            calls: list[Wire] = []
-            nbytes = 0
-            while handle.outbox and (not calls or nbytes < CALL_BYTES):
-                message, arrays = handle.outbox.popleft()
-                if arrays:
-                    nbytes += sum(a.nbytes for a in arrays.values())
-                calls.append((msg.TO_WORKER.encode(message), arrays))
-            handle.outbox_bytes -= nbytes
-            handle.call_bytes += nbytes
-            handle.calls.append((handle.actor.handle.remote(handle.numbered, calls), nbytes))
+            await outbox.wait_for(lambda: self._due(outbox))
+            call = [(msg.TO_WORKER.encode(message), arrays) for message, arrays in outbox.take(CALL_BYTES)]
+            handle.calls.append(handle.actor.handle.remote(handle.numbered, call))
             handle.numbered += 1
             handle.sent.set()
 
@@ -376,19 +346,15 @@ class RayWorkers:
             while not handle.calls:
                 handle.sent.clear()
                 await handle.sent.wait()
-            ref, nbytes = handle.calls[0]
             try:
-                answers = await ref
+                answers = await handle.calls[0]
             except CallFailed as exc:
                 self._died(handle, exc)
                 return
-            if handle.closed:
+            if handle.outbox.closed:
                 return
             handle.calls.popleft()
-            handle.call_bytes -= nbytes
-            if handle.outbox_bytes + handle.call_bytes <= MAX_QUEUED_BYTES:
-                self._room.set()
-            handle.wake.set()
+            handle.outbox.answered()
             self._deliver(handle, answers)
 
     async def _later(self, handle: _Actor) -> None:
@@ -398,7 +364,7 @@ class RayWorkers:
             except CallFailed as exc:
                 self._died(handle, exc)
                 return
-            if handle.closed:
+            if handle.outbox.closed:
                 return
             self._deliver(handle, answers)
 
@@ -410,17 +376,14 @@ class RayWorkers:
     def _died(self, handle: _Actor, cause: Exception) -> None:
         """Its actor failed a call: what was on its way is lost with it (the front's recovery
         sends it again); it is killed for good and created again."""
-        if handle.closed:
+        if handle.outbox.closed:
             return
-        handle.closed = True
+        handle.outbox.close()
         current = asyncio.current_task()
         for task in handle.tasks:
             if task is not current:
                 task.cancel()
-        handle.outbox.clear()
         handle.calls.clear()
-        handle.outbox_bytes = handle.call_bytes = 0
-        self._room.set()
         if self._stopping:  # the pool is ending: nothing to place again
             return
         self.status[handle.index] = "placing"

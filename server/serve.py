@@ -8,6 +8,7 @@ end cleanly, the process exits 0.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 import sys
@@ -131,3 +132,25 @@ def serve(config: ServerConfig, truncate_log_tail: bool = False) -> int:
     import uvloop
 
     return uvloop.run(_serve(config, truncate_log_tail))
+
+
+def main(args: argparse.Namespace) -> int:
+    """``lowtide serve``: a server with the command's options (parsed by
+    :mod:`lowtide.clients.cli`, whose one import of the server this is), a ``--config`` file under
+    them; returns the exit code."""
+    config = ServerConfig.load(
+        args.config,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        metrics_port=args.metrics_port,
+        state_dir=args.state_dir,
+        metrics_host=args.metrics_host,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tokens=args.tokens,
+        ray=args.ray,
+        worker_cpus=args.worker_cpus,
+        ray_node_ip=args.ray_node_ip,
+    )
+    return serve(config, truncate_log_tail=args.truncate_log_tail)

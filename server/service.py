@@ -515,4 +515,9 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
-        return pb.HealthResponse(status="SERVING", workers=self.front.workers.size, version=__version__)
+        return pb.HealthResponse(
+            status="SERVING",
+            workers=self.front.workers.size,
+            version=__version__,
+            max_message_bytes=self.front.config.max_message_bytes,
+        )

@@ -9,6 +9,7 @@ never exceeds the smallest ts its source will still send and never regresses; wi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,13 @@ from reference import Agg, Row, Spec, Window
 SCHEMA = {"k1": "string", "k2": "int32", "v": "int32", "f": "float64", "b": "bool", "ts": "int64"}
 TS_LO, TS_HI = -20, 60
 NO_PROGRESS = -(2**63)
+QUICK = os.environ.get("LOWTIDE_QUICK") == "1"  # make quick: the editing loop's shorter run
+
+
+def examples(n: int) -> int:
+    """A property's number of examples: ``n``; under ``make quick`` a quarter (at least 10)."""
+    return max(10, n // 4) if QUICK else n
+
 
 TIMESTAMPS = st.integers(TS_LO, TS_HI)
 keys1 = st.one_of(st.sampled_from(["a", "b", "c"]), st.sampled_from([None, "b"]))  # null strings too

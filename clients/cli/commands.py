@@ -47,25 +47,12 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lowtide.server.config import ServerConfig
-    from lowtide.server.serve import serve
+    """The clients' one way into the server package (tests/unit/test_layers.py holds it to this):
+    the server's own entry reads the ``serve`` options. Imported here, so that every other
+    command starts without the server."""
+    from lowtide.server.serve import main
 
-    config = ServerConfig.load(
-        args.config,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        metrics_port=args.metrics_port,
-        state_dir=args.state_dir,
-        metrics_host=args.metrics_host,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tokens=args.tokens,
-        ray=args.ray,
-        worker_cpus=args.worker_cpus,
-        ray_node_ip=args.ray_node_ip,
-    )
-    return serve(config, truncate_log_tail=args.truncate_log_tail)
+    return main(args)
 
 
 def _sql(text: str) -> str:

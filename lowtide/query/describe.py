@@ -107,8 +107,8 @@ def describe(
     query: Query, catalog: Catalog, options: PlanOptions, shared: ShareIndex | None = None
 ) -> PlanDescription:
     """Plan ``query`` over the streams of ``catalog`` (see the module); ``shared``: the slices
-    queries share already (None: no sharing)."""
-    d = _Describing(catalog, options, shared, Graph(), StringPool())
+    queries share already (None, or ``options.share_slices`` False: no sharing)."""
+    d = _Describing(catalog, options, shared if options.share_slices else None, Graph(), StringPool())
     if not 1 <= len(query.from_) <= 2:
         raise UnsupportedQuery("FROM takes one stream (or union) or two for a join")
     ranked = ranked_item(query)  # ROW_NUMBER() OVER (...): a Window Top-N
@@ -601,7 +601,7 @@ def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
     shares = d.shared is not None and not computes
     key = _share_key(query, aggregate.groups, group_types, policy) if shares else None
     filtered = isinstance(feeding, SelectNode) and not computes
-    feed = Feed(fed, filtered, key, _reads(key, window, d), d.options.flush)
+    feed = Feed(fed, filtered, key, _reads(key, window, d), d.options.flush, d.options.paned_min_overlap)
     chosen = choose(aggregate, feed)
     chosen.describe(aggregate, feed, graph)
     # The window operator counts the Inputs' tuples behind punctuation

@@ -34,13 +34,24 @@ Fields: TypeAlias = tuple[tuple[str, ColumnType], ...]  # columns and their type
 @dataclass(frozen=True)
 class PlanOptions:
     """How a query is planned, besides its text and the catalog: the late policy and lateness
-    allowed, the server's window limits and slow flush, and the slices a restored query read."""
+    allowed, the server's window limits and slow flush, the slices a restored query read, and
+    two choices of operators that change how fast a query runs, never what it emits."""
 
     policy: LatePolicy = LatePolicy.DROP
     allowed_lateness: str | int | None = None
     windows: WindowLimits = field(default_factory=WindowLimits)
     flush: SlowFlush | None = None  # smooth emission of time windows; None: all at punctuation
     restored_share: str | None = None  # described again to restore: the slices_key it read
+    # Sliding queries fed alike read one set of slices (lowtide.query.sharing); False: each
+    # Paned-WID query keeps slices of its own.
+    share_slices: bool = True
+    # Plain WID updates RANGE / SLIDE cells per tuple; Paned-WID one, plus combining RANGE / pane
+    # panes per group when a window closes. Panes pay off once windows overlap this much.
+    paned_min_overlap: int = 4
+
+    def __post_init__(self) -> None:
+        if self.paned_min_overlap < 1:  # below 1, windows with gaps between them would be paned
+            raise ValueError(f"paned_min_overlap is at least 1, not {self.paned_min_overlap}")
 
 
 @dataclass(frozen=True)

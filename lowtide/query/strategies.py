@@ -44,22 +44,21 @@ from lowtide.query.windowing import SlideByTuple
 from lowtide.schema import ColumnType
 from lowtide.strings import StringPool
 
-# Plain WID updates RANGE / SLIDE cells per tuple; Paned-WID one, plus combining RANGE / pane
-# panes per group when a window closes. Panes pay off once windows overlap this much.
-PANED_MIN_OVERLAP = 4
-
 
 @dataclass(frozen=True)
 class Feed:
     """What feeds an aggregation, as the strategies read it: the ``node`` before it, whether that
     is a WHERE (``filtered``), the key its slices would be shared under (None: not shareable),
-    the slices it is to read (fed already, or read before a restore) and the slow flush."""
+    the slices it is to read (fed already, or read before a restore), the slow flush, and the
+    overlap from which Paned-WID runs (the query's
+    :attr:`~lowtide.query.description.PlanOptions.paned_min_overlap`)."""
 
     node: int
     filtered: bool
     share_key: ShareKey | None
     reads: ShareDescription | None
     flush: SlowFlush | None
+    paned_min_overlap: int
 
 
 Grouped: TypeAlias = tuple[
@@ -172,7 +171,7 @@ class PanedStrategy(Strategy):
         window = aggregate.window
         return (
             isinstance(window, Sliding)
-            and window.range >= PANED_MIN_OVERLAP * window.slide
+            and window.range >= feed.paned_min_overlap * window.slide
             and aggregate.lateness is None  # revisions of late tuples need per-window cells
             and (feed.reads is not None or not any(call.func.holistic for call in aggregate.calls))
         )
@@ -339,4 +338,4 @@ def strategy(name: str) -> Strategy:
     return _BY_NAME[name]
 
 
-__all__ = ["PANED_MIN_OVERLAP", "STRATEGIES", "Env", "Feed", "Strategy", "choose", "strategy"]
+__all__ = ["STRATEGIES", "Env", "Feed", "Strategy", "choose", "strategy"]

@@ -2,7 +2,8 @@
 2 workers.
 
 The server's EMIT timers run on wall time, so only the final rows are compared exactly, with the
-in-process engine fed the same calls (on a clock that never moves: it gives final rows only).
+reference fed the same calls (``wire.Mirror``: it gives final rows only, as the in-process engine
+beside it does on a clock that never moves).
 Partial rows are checked loosely: ``final`` is false, each is for a window that later gets its
 final row, after the partial, and none is below an output punctuation already sent. Every kind
 of window aggregate takes part: WID (tumbling, landmark), Paned-WID, AdaptWID and Fused WID.
@@ -114,6 +115,7 @@ def test_emit_queries_give_the_engines_final_rows_and_partials_before_them(serve
         plan = mirror.stub.ExplainQuery(pb.ExplainQueryRequest(sql=sql)).plan
         assert operator in plan and "EMIT EVERY 40 ms" in plan, plan
         names[label] = mirror.register(sql, fresh(label))
+    assert not mirror.on_engine(), mirror.on_engine()  # every query's final rows from the reference
     subs = {label: Subscription(mirror.stub, name, from_oldest=True) for label, name in names.items()}
     data = {(stream, s): packets(rnd, 150, T0, T0 + SPAN) for s in ("a", "b")}
     for call in schedule(data, rnd, {stream: PACKET}):

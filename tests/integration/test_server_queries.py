@@ -264,20 +264,24 @@ def test_a_declared_source_that_has_not_punctuated_holds_the_stream_back(mirror:
 
 
 def test_an_idle_source_stops_holding_the_stream_back(mirror: Mirror) -> None:
-    """b never speaks: 1 s after the stream's creation it stops holding a back, then rejoins."""
+    """b never speaks: 1 s after the stream's creation it stops holding a back, then rejoins. On a
+    stream fed alike whose idle timeout is an hour, b holds a back all along."""
     rnd = random.Random(6)
-    stream = fresh("idle")
+    stream, held = fresh("idle"), fresh("idle_held")
     clock = ManualClock()  # the oracle's time: b idle (1 s since creation), a not (heard at 0.5 s)
     mirror.engine = Engine(clock=clock)
     began = time.monotonic()
     mirror.create_stream(stream, sources=["a", "b"], idle_timeout_s=1.0)
+    mirror.create_stream(held, sources=["a", "b"], idle_timeout_s=3600.0)
     query = mirror.register(_tumbling(stream), fresh("idle_q"))
+    held_query = mirror.register(_tumbling(held), fresh("idle_held_q"))
     sub = Subscription(mirror.stub, query, from_oldest=True)
+    held_sub = Subscription(mirror.stub, held_query, from_oldest=True)
     clock.set(0.5)
-    mirror.ingest(stream, "a", [table(packets(rnd, 80, T0, T0 + 4 * 60_000)), T0 + 4 * 60_000])
-    assert mirror.results(query) == []
-    if time.monotonic() - began < 0.8:  # b cannot be idle yet: nothing may come out
-        assert not rows(sub.items) and streams(mirror.stub)[stream].low_watermark == NO_PROGRESS
+    first = table(packets(rnd, 80, T0, T0 + 4 * 60_000))
+    for name in (stream, held):
+        mirror.ingest(name, "a", [first, T0 + 4 * 60_000])
+    assert mirror.results(query) == [] and mirror.results(held_query) == []
     # a keeps speaking (a source silent for 1 s goes idle too); b went idle: a alone moves the stream.
     while not any(isinstance(i, Punctuation) for i in sub.items):
         assert time.monotonic() - began < 10, "b never went idle"
@@ -288,12 +292,20 @@ def test_an_idle_source_stops_holding_the_stream_back(mirror: Mirror) -> None:
     clock.set(1.0)
     assert_same(items, mirror.results(query), "with b idle")
     assert streams(mirror.stub)[stream].low_watermark == T0 + 4 * 60_000
+    # Past 1 s, within the hour: on the held stream b has not gone idle, so a alone moves nothing.
+    mirror.ingest(held, "a", [T0 + 4 * 60_000])
+    assert streams(mirror.stub)[held].low_watermark == NO_PROGRESS
+    assert mirror.results(held_query) == []
     # b speaks again: it rejoins the minimum (none of its tuples is late here), then both close.
     mirror.ingest(stream, "b", [table(packets(rnd, 30, T0 + 4 * 60_000, T0 + 6 * 60_000)), T0 + 4 * 60_000])
     mirror.ingest(stream, "a", [table(packets(rnd, 30, T0 + 4 * 60_000, T0 + 8 * 60_000)), CLOSE])
     mirror.ingest(stream, "b", [CLOSE])
     assert_same(sub.until(END_OF_STREAM), mirror.results(query), "after b rejoined and both closed")
     assert streams(mirror.stub)[stream].late_tuples == 0
+    # b closes on the held stream: a alone moves it now.
+    mirror.ingest(held, "b", [CLOSE])
+    mirror.ingest(held, "a", [CLOSE])
+    assert_same(held_sub.until(END_OF_STREAM), mirror.results(held_query), "with b held, then both closed")
 
 
 def test_late_and_reconnecting_subscribers(mirror: Mirror) -> None:

@@ -1,6 +1,10 @@
 """Wide results and wide streams through the real server: every row arrives, exactly once.
 
 A result table over max_message_bytes travels in slices (``more``) and arrives as one table.
+A producer (and a Stage call) cuts its messages below the server's max_message_bytes, which the
+client asks once (Health): a server whose limit is below the 32 MiB a producer aimed at used to
+refuse its batches with gRPC's own RESOURCE_EXHAUSTED. A row that fits in no message is refused
+by the client, in one line naming the limit.
 
 Messages between the front and its workers past 16 KiB used to be read in two parts from a
 non-blocking pipe; the second part was taken for an error and the channel fell out of step,
@@ -9,8 +13,9 @@ dropping results without a word (issue: results dropped when a worker message is
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +24,8 @@ import pytest
 from server_harness import running_server
 
 from lowtide import END_OF_STREAM, Punctuation
-from lowtide.clients import Client
+from lowtide.clients import AsyncClient, Client
+from lowtide.errors import NotFound, ResourceExhausted
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +115,102 @@ def test_a_result_table_over_the_message_limit_arrives_whole(fresh: Callable[[st
     assert len(tables) == 1, [t.num_rows for t in tables]
     assert tables[0].num_rows == groups and tables[0].nbytes > 1 << 20
     assert sorted(tables[0].column("k").to_pylist()) == list(range(groups))
+
+
+# -- a server whose message limit is below what a producer would send by default ------------------
+LIMIT = 1 << 20  # the server's max_message_bytes: a 32 MiB message of old was refused whole
+ROWS = 400_000  # three int64 columns: about 9.6 MB, many times the limit
+TOTAL = "SELECT count(*) AS n, sum(k) AS total [RANGE 100, WA ts] FROM {}"
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[str]:
+    """The target of a server taking messages of at most LIMIT bytes."""
+    with running_server(workers=1, metrics=False, config={"max_message_bytes": LIMIT}) as server:
+        yield server.target
+
+
+def several_mib(first: int = 0) -> pa.Table:
+    """ROWS rows whose keys start at ``first``, all in the window [0, 100)."""
+    ts = np.arange(ROWS, dtype=np.int64)
+    return pa.table({"k": ts + first, "v": ts * 2, "ts": ts % 100})
+
+
+def total(client: Client, query: str) -> tuple[int, int]:
+    """(count, sum of k) of the query's one window, once the stream has ended."""
+    result = pa.concat_tables(read_to_end(client, query))
+    assert result.num_rows == 1, result.to_pylist()
+    return result.column("n")[0].as_py(), result.column("total")[0].as_py()
+
+
+def test_a_default_producer_cuts_its_batches_below_the_servers_limit(limited: str) -> None:
+    """Sends of several MiB, with a batch id or not, arrive whole and once; the stage call too."""
+    first, second = several_mib(), several_mib(ROWS)
+    expected = 2 * ROWS, sum(range(2 * ROWS))
+    with Client(limited, timeout=60) as client:
+        assert client.health()["max_message_bytes"] == LIMIT
+        client.create_stream("S", {"k": "int64", "v": "int64", "ts": "int64"})
+        query = client.register_query(TOTAL.format("S"))
+        with client.producer("S") as producer:
+            producer.send(first)
+            producer.send(second, batch_id=1)
+            producer.send(second, batch_id=1)  # applied once
+            result = producer.close()
+        assert (result.tuples, result.duplicates) == (2 * ROWS, 1)
+        assert stream_info(client, "S")["tuples_ingested"] == 2 * ROWS
+        assert total(client, query) == expected
+
+        client.create_stream("Staged", {"k": "int64", "v": "int64", "ts": "int64"})
+        query = client.register_query(TOTAL.format("Staged"))
+        assert client.stage("Staged", 1, "p0", first)["tuples"] == ROWS
+        assert client.stage("Staged", 1, "p1", iter([second]), max_part_rows=ROWS)["tuples"] == ROWS
+        assert client.commit_staged("Staged", 1, ["p0", "p1"])["tuples"] == 2 * ROWS
+        with client.producer("Staged") as producer:
+            producer.close()
+        assert total(client, query) == expected
+
+
+def test_an_async_producer_cuts_its_batches_below_the_servers_limit(limited: str) -> None:
+    async def scenario() -> tuple[int, int]:
+        async with AsyncClient(limited, timeout=60) as client:
+            assert (await client.health())["max_message_bytes"] == LIMIT
+            await client.create_stream("A", {"k": "int64", "v": "int64", "ts": "int64"})
+            async with client.producer("A") as producer:
+                await producer.send(several_mib())
+                await producer.send(several_mib(ROWS), batch_id=1)
+                result = await producer.close()
+            streams = await client.list_streams()
+        return result.tuples, next(s for s in streams if s["name"] == "A")["tuples_ingested"]
+
+    assert asyncio.run(scenario()) == (2 * ROWS, 2 * ROWS)
+
+
+def test_a_row_over_the_servers_limit_is_refused_in_one_line(limited: str) -> None:
+    """The producer's next call raises it, naming the row and the limit; the rest goes through."""
+    huge = "x" * (2 * LIMIT)
+    limit = rf"takes \d+ bytes as Arrow, .* max_message_bytes \({LIMIT}\)$"
+    with Client(limited, timeout=60) as client:
+        client.create_stream("Wide", {"s": "string", "ts": "int64"})
+        with client.producer("Wide") as producer:
+            producer.send({"s": ["a", huge, "b"], "ts": [1, 2, 3]})
+            row = "^row 1 of send #1 was not sent: it "
+            with pytest.raises(ResourceExhausted, match=row + limit) as info:
+                producer.flush()
+            batch = r"^batch_id 7 \(row 3 of send #2\) was not sent: row 3 "
+            with pytest.raises(ResourceExhausted, match=batch + limit):
+                producer.send({"s": [huge], "ts": [4]}, batch_id=7)
+            producer.send({"s": ["c"], "ts": [5]}, batch_id=7)  # the id was not used
+            result = producer.close()
+        assert "\n" not in str(info.value)
+        assert (result.tuples, result.duplicates) == (3, 0)
+        assert stream_info(client, "Wide")["tuples_ingested"] == 3
+
+        client.create_stream("WideStaged", {"s": "string", "ts": "int64"})
+        with pytest.raises(ResourceExhausted, match=f"^part 'p0' was not staged: row 2 {limit}"):
+            client.stage("WideStaged", 1, "p0", pa.table({"s": ["a", "b", huge], "ts": [1, 2, 3]}))
+        with pytest.raises(NotFound):  # nothing of it was staged
+            client.commit_staged("WideStaged", 1, ["p0"])
+
+
+def stream_info(client: Client, name: str) -> dict[str, Any]:
+    return next(s for s in client.list_streams() if s["name"] == name)

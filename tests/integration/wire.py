@@ -5,8 +5,10 @@
 * :class:`Subscription`: a Subscribe call read by a thread, items collected until a punctuation
   value (``until``) or the end of the call (``end``: its status, reason and ``lowtide-error``);
 * ``failure(call, ...)``: the status, reason and ``lowtide-error`` class of a call that must fail;
-* :class:`Mirror`: the same streams, queries and Ingest calls on the server and on an in-process
-  ``lowtide.Engine`` (the oracle), in the same order; ``assert_same`` compares their items;
+* :class:`Mirror`: the same streams, queries and Ingest calls on the server and on the oracles, in
+  the same order: the reference (tests/reference_queries.py, from the definitions) for the
+  queries within its reach, an in-process ``lowtide.Engine`` for the others; ``assert_same``
+  compares items (timestamps as integers in their unit: ``rows``);
 * ``packets`` and ``schedule``: packet-schema rows, and honest, band-disordered, interleaved
   Ingest calls of several sources each, every source closed at the end.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +26,7 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
+from reference_queries import Unsupported, World
 from thesis import PACKET
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, LowtideError, Punctuation
@@ -176,9 +180,21 @@ class Subscription:
         self.end()
 
 
-# -- comparison with the in-process engine ------------------------------------------------------
+# -- comparison with the oracles ----------------------------------------------------------------
+def plain(data: pa.Table, units: dict[str, str] | None = None) -> pa.Table:
+    """Timestamps as integers in their unit (``units``: a column's type to convert to first)."""
+    for i, column in enumerate(data.schema):
+        if pa.types.is_timestamp(column.type):
+            values = data.column(i)
+            unit = re.fullmatch(r"timestamp\[(s|ms|us|ns)\]", (units or {}).get(column.name, ""))
+            if unit is not None:
+                values = values.cast(pa.timestamp(unit.group(1)))
+            data = data.set_column(i, column.name, values.cast(pa.int64()))
+    return data
+
+
 def rows(items: Sequence[Item]) -> list[dict[str, Any]]:
-    return [row for item in items if isinstance(item, pa.Table) for row in item.to_pylist()]
+    return [row for item in items if isinstance(item, pa.Table) for row in plain(item).to_pylist()]
 
 
 def last_punctuation(items: Sequence[Item]) -> dict[str, int]:
@@ -208,30 +224,90 @@ def assert_same(actual: Sequence[Item], expected: Sequence[Item], what: str = ""
     assert last_punctuation(actual) == last_punctuation(expected), what
 
 
+REFERENCE = "the reference"
+
+
 @dataclass
 class Mirror:
-    """A server and an in-process engine fed the same calls in the same order."""
+    """A server and the oracles fed the same calls in the same order: what the server gives is
+    compared with what the definitions give wherever they can say.
+
+    Each query's oracle is chosen when it is registered, and kept in ``oracle`` (its name:
+    :data:`REFERENCE`, or why the engine): the Mirror asks the reference
+    (:func:`reference_queries.read`) whether it evaluates the query, and the query's expected
+    items come from it (:meth:`reference_queries.World.output`, fed every tuple, punctuation and
+    close per source as the server took them, progress and lateness judged from the definitions)
+    unless it answers what it cannot. Those queries, and the few a test keeps on the engine by
+    name (``engine_because``: too many tuples for a brute-force evaluation), compare with an
+    in-process ``lowtide.Engine`` fed the same calls, which runs the same door as the server, so
+    a door bug cannot show there. What the reference cannot evaluate, so the engine answers:
+
+    * joins (band, tumbling, interval; aggregates over a join);
+    * slide-by-tuple windows (``RATTR``, ``SATTR``);
+    * ``late='update'`` (revisions), and ``late='error'`` with a WHERE;
+    * WHERE beyond a conjunction of column-literal comparisons; functions, ``CASE``, ``FILTER``,
+      ``DISTINCT``, expressions; derived tables, Spark's and Flink's spellings, whole-stream
+      GROUP BY without a bracket window; selected columns other than the group columns;
+    * streams with generated punctuation (``ordered``, ``bounded``, ``heartbeat``);
+    * over a query's results: any window but sliding or tumbling, and a query the reference does
+      not evaluate itself.
+
+    The engine is fed every call all the same: it judges what the server refuses
+    (:meth:`reject`: schema, limits, strings), and ``results`` polls it first, so a limit the
+    engine enforces (``max_windows_per_step``) raises there. A batch the server takes must hold
+    no tuple the reference finds late for a query under ``late='error'``, and one refused as
+    late must hold one (when every such query is the reference's). ``late_results``: a query's
+    late side stream, the reference's for its time-window queries under ``'drop'`` without
+    WHERE, else the engine's.
+    """
 
     stub: Any
     engine: Engine = field(default_factory=Engine)
-    expected: dict[str, list[Item]] = field(default_factory=dict)
+    expected: dict[str, list[Item]] = field(default_factory=dict)  # what the engine emitted
+    world: World = field(default_factory=World)
+    oracle: dict[str, str] = field(default_factory=dict)  # query: REFERENCE, or why the engine
+    late: dict[str, str] = field(default_factory=dict)  # query: its late policy
+
+    def now(self) -> float:
+        """The engine's clock judges idle sources for both oracles; its time-driven work runs
+        whenever it is called, the reference's here."""
+        now = self.engine.clock.now()
+        self.world.tick(now)
+        return now
 
     def create_stream(self, name: str, schema: dict[str, str] = PACKET, **options: Any) -> None:
         create_stream(self.stub, name, schema, **options)
-        self.engine.create_stream(
-            name,
-            schema,
-            "ts",
+        args = (
             options.get("punctuation", "explicit"),
             list(options.get("sources", ())),
             options.get("idle_timeout_s") or None,
         )
+        self.engine.create_stream(name, schema, "ts", *args)
+        self.world.create_stream(name, schema, "ts", *args, self.now())
 
-    def register(self, sql: str, name: str, late: str = "drop") -> str:
+    def register(self, sql: str, name: str, late: str = "drop", engine_because: str = "") -> str:
+        """Register on the server and the engine, and on the reference if it evaluates the query
+        (``engine_because``: why a test keeps it on the engine all the same)."""
         register(self.stub, sql, name, late)
         self.engine.register_query(sql, name=name, late=late)
         self.expected[name] = []
+        self.late[name] = late
+        self.now()
+        if engine_because:
+            self.oracle[name] = f"the engine: {engine_because}"
+            return name
+        try:
+            query = self.world.read(sql, late)
+        except Unsupported as exc:
+            self.oracle[name] = f"the engine: the reference cannot evaluate {exc}"
+        else:
+            self.world.register(name, query)
+            self.oracle[name] = REFERENCE
         return name
+
+    def on_engine(self) -> dict[str, str]:
+        """The queries compared with the engine, and why."""
+        return {name: why for name, why in self.oracle.items() if why != REFERENCE}
 
     def ingest(self, stream: str, source: str, items: Sequence[Any]) -> pb.IngestResponse:
         response = ingest(self.stub, stream, source, items)
@@ -241,14 +317,20 @@ class Mirror:
 
     def reject(self, stream: str, source: str, items: Sequence[Any]) -> Failure:
         """An Ingest call whose last item must fail: the items before it stay applied, on the
-        server as on the engine, which must raise the class the server names (raw bytes: only
-        the server reads them)."""
+        server as on the oracles; the engine must raise the class the server names (raw bytes:
+        only the server reads them), and the reference must find a late tuple in a batch refused
+        as late."""
         found = failure(ingest, self.stub, stream, source, items)
         for item in items[:-1]:
             self.apply(stream, source, item)
-        if not isinstance(items[-1], bytes):
+        last = items[-1]
+        if isinstance(last, pa.Table) and found.kind == "LateTuple":
+            unjudged = [q for q, late in self.late.items() if late == "error" and self.oracle[q] != REFERENCE]
+            refusing = self.world.refusing(stream, self._tuples(stream, last))
+            assert refusing or unjudged, "refused as late: the reference finds no tuple late under 'error'"
+        if not isinstance(last, bytes):
             try:
-                self.apply(stream, source, items[-1])
+                self.apply(stream, source, last)
             except LowtideError as exc:
                 assert type(exc).__name__ == found.kind, (exc, found)
             else:
@@ -256,18 +338,59 @@ class Mirror:
         return found
 
     def apply(self, stream: str, source: str, item: Any) -> None:
-        """One item to the engine only (what the server took in a call of its own)."""
+        """One item to the oracles only (what the server took in a call of its own)."""
+        now = self.now()
         if isinstance(item, pa.Table):
             self.engine.push(stream, item, source=source)
+            tuples = self._tuples(stream, item)
+            refusing = self.world.refusing(stream, tuples)
+            assert not refusing, f"taken, yet the reference finds a tuple late for {refusing} (late='error')"
+            self.world.push(stream, source, tuples, now)
         elif item == CLOSE:
             self.engine.close_source(stream, source)
+            self.world.close(stream, source, now)
         else:
             self.engine.punctuate(stream, int(item), source=source)
+            self.world.punctuate(stream, source, int(item), now)
+
+    def _tuples(self, stream: str, data: pa.Table) -> list[dict[str, Any]]:
+        """The batch's tuples as the reference reads them, when a query of the reference reads
+        the stream (timestamps as integers in the stream's unit)."""
+        if not any(stream in q.query.inputs for q in self.world.queries.values()):
+            return []
+        return plain(data, self.world.streams[stream].schema.columns).to_pylist()
 
     def results(self, query: str) -> list[Item]:
-        """Everything the engine emitted for ``query`` so far."""
+        """What ``query`` owes so far: the reference's rows and output punctuation, or everything
+        the engine emitted (polled either way)."""
         self.expected[query] += self.engine.poll(query)
-        return self.expected[query]
+        self.now()
+        if self.oracle[query] != REFERENCE:
+            return self.expected[query]
+        found, punctuation = self.world.output(query)
+        items: list[Item] = [pa.Table.from_pylist(found)] if found else []
+        if punctuation is not None:
+            items.append(Punctuation(punctuation, "window_end"))
+        return items
+
+    def late_results(self, query: str) -> list[Item]:
+        """What ``<query>.late`` owes so far: the tuples the query could not count, and its output
+        punctuation as the side stream marks it (``<query>.window_end``); the reference's where
+        it judges them (:meth:`reference_queries.World.late`), else the engine's."""
+        side = f"{query}.late"
+        self.expected[side] = self.expected.get(side, []) + self.engine.poll(side)
+        self.now()
+        if self.oracle[query] != REFERENCE:
+            return self.expected[side]
+        try:
+            late = self.world.late(query)
+        except Unsupported:
+            return self.expected[side]
+        items: list[Item] = [pa.Table.from_pylist(late)] if late else []
+        punctuation = self.world.punctuation(query)
+        if punctuation is not None:
+            items.append(Punctuation(punctuation, f"{query}.window_end"))
+        return items
 
 
 # -- data ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from harness import Recorder
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window, assert_rows_equal, evaluate
+from strategies import examples
 
 from lowtide.batch import Batch
 from lowtide.operators.adapt_wid import AdaptWIDAggregate
@@ -195,7 +196,7 @@ def as_rows_of(batch: Batch, columns: tuple[str, ...]) -> list[dict[str, Any]]:
     return as_rows(sink, columns)
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(case=scenario())
 def test_adapt_wid_equals_reference_and_wid(case: dict[str, Any]) -> None:
     adapt, rows = run_both(case)

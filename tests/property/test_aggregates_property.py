@@ -16,7 +16,7 @@ from harness import check_query, columns, make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window
-from strategies import AGGREGATES, any_window, specs, stream_sources
+from strategies import AGGREGATES, any_window, examples, specs, stream_sources
 
 pytestmark = pytest.mark.property
 
@@ -24,19 +24,19 @@ ALL = st.just(AGGREGATES)
 VAR_STDDEV = st.just([Agg("var", "f", ""), Agg("stddev", "v", ""), Agg("min", "f", ""), Agg("max", "v", "")])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(spec=specs(any_window, aggs=ALL), sources=stream_sources(1), data=st.data())
 def test_all_aggregates_equal_reference(spec: Spec, sources: Any, data: Any) -> None:
     check_query(spec, sources, data)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(spec=specs(any_window, aggs=VAR_STDDEV, having=False), sources=stream_sources(2), data=st.data())
 def test_moments_and_extremes_over_a_union(spec: Spec, sources: Any, data: Any) -> None:
     check_query(spec, sources, data)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     spec=specs(
         st.just(Window("sliding", 4, 8)), aggs=st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=3)

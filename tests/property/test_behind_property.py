@@ -18,7 +18,7 @@ from harness import behind_expectation, check_emission, check_late, counts_behin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Spec, assert_rows_equal
-from strategies import deliveries, specs, sql_of, stream_sources, time_windows, tuples
+from strategies import deliveries, examples, specs, sql_of, stream_sources, time_windows, tuples
 
 pytestmark = pytest.mark.property
 
@@ -30,7 +30,7 @@ def behind_run(spec: Spec, sources: Any, data: Any, late: str) -> tuple[Any, boo
     return run(spec, sql, sources, events, late), counts_behind(sql, sources)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(spec=specs(time_windows), sources=stream_sources(2), data=st.data())
 def test_drop_counts_behind_tuples_in_every_window_not_yet_emitted(
     spec: Spec, sources: Any, data: Any

@@ -28,6 +28,7 @@ from reference import Agg, Row, Spec, Window, assert_rows_equal, evaluate
 from strategies import (
     any_window,
     deliveries,
+    examples,
     group_bys,
     overlapping_windows,
     session_windows,
@@ -134,7 +135,7 @@ def _oracle(oracles: dict[str, Oracle]) -> Callable[[Agg, Sequence[Row]], Any]:
     return lambda agg, rows: oracles[agg.name](rows)
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(
     query=filtered_specs(st.one_of(any_window, session_windows, overlapping_windows)),
     sources=stream_sources(1),
@@ -160,7 +161,7 @@ def test_filtered_distinct_and_computed_aggregates_equal_brute_force(
     assert obs.late == []
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(query=filtered_specs(time_windows), sources=stream_sources(1, max_sources=2), data=st.data())
 def test_behind_punctuation_they_count_in_the_windows_still_open(
     query: tuple[Spec, str, dict[str, Oracle]], sources: Any, data: Any
@@ -226,7 +227,7 @@ def function_rows(draw: Any) -> list[Row]:
     ]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     rows=function_rows(),
     pattern=st.sampled_from(sorted(PATTERNS)),

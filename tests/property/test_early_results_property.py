@@ -37,6 +37,7 @@ from strategies import (
     Push,
     Sources,
     deliveries,
+    examples,
     landmark_windows,
     overlapping_windows,
     specs,
@@ -199,7 +200,7 @@ def check(spec: Spec, sources: Sources, data: Any, flush: Any = None, explains: 
     check_early(spec, early, [r for rows in streams.values() for r in rows], slow=flush is not None)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     spec=specs(st.one_of(time_windows, landmark_windows)),
     sources=stream_sources(1),
@@ -212,13 +213,13 @@ def test_partial_rows_are_the_reference_over_the_tuples_seen(
     check(spec, sources, data, SlowFlush(1, 1) if slow else None)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(spec=specs(landmark_windows), sources=stream_sources(2), data=st.data())
 def test_landmark_partials_grow_from_the_first_slide(spec: Spec, sources: Sources, data: Any) -> None:
     check(spec, sources, data, explains="WID Aggregate")
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     spec=specs(overlapping_windows, aggs=st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=4)),
     sources=stream_sources(1),
@@ -235,7 +236,7 @@ holistic = st.lists(st.sampled_from([*COMBINABLE[:4], Agg("median", "v", "")]), 
 adaptive_windows = st.builds(lambda s, k: Window("sliding", s, s * k), st.integers(1, 3), st.integers(2, 5))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     spec=specs(adaptive_windows, holistic),
     sources=stream_sources(1),
@@ -246,7 +247,7 @@ def test_adapt_wid_partials_equal_reference(spec: Spec, sources: Sources, data: 
     check(spec, sources, data, explains="AdaptWID Aggregate")
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     window=st.one_of(  # overlapping less than Paned-WID's ground
         st.integers(1, 6).map(lambda r: Window("sliding", r, r)),
@@ -310,7 +311,7 @@ def adapt_case(draw: Any) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(case=adapt_case())
 def test_adapt_wid_partials_while_groups_switch(case: dict[str, Any]) -> None:
     """Eager, lazy and transitional groups, partials after every batch: the reference over

@@ -40,7 +40,17 @@ from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Row
-from strategies import Close, Event, Punct, Push, Sources, ahead_deliveries, deliveries, stream_sources
+from strategies import (
+    Close,
+    Event,
+    Punct,
+    Push,
+    Sources,
+    ahead_deliveries,
+    deliveries,
+    examples,
+    stream_sources,
+)
 
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine
 from lowtide.operators.session import SessionAggregate
@@ -237,7 +247,7 @@ def replayed(obs: Observed, keys: Sequence[str]) -> list[Row]:
 
 
 # -- properties -------------------------------------------------------------------------------------
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(case=cases(honest=True))
 def test_flink_sessions_equal_flinks_definition(case: Any) -> None:
     gap, form, grouped, sources, events = case
@@ -252,7 +262,7 @@ def test_flink_sessions_equal_flinks_definition(case: Any) -> None:
     tally(f"tuples exactly gap apart: {min(touching, 3)}+, sessions: {min(len(expected) // 3 * 3, 9)}+")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(case=cases(honest=False))
 def test_behind_tuples_count_unless_their_flink_session_is_complete(case: Any) -> None:
     gap, form, grouped, sources, events = case
@@ -264,7 +274,7 @@ def test_behind_tuples_count_unless_their_flink_session_is_complete(case: Any) -
     tally(f"behind: {min(behind, 5)}+, late: {min(len(obs.late), 3)}+")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(case=cases(honest=False), lateness=st.integers(0, 40))
 def test_update_ends_at_flinks_sessions_of_the_tuples_counted(case: Any, lateness: int) -> None:
     gap, form, grouped, sources, events = case
@@ -282,7 +292,7 @@ def test_update_ends_at_flinks_sessions_of_the_tuples_counted(case: Any, latenes
     tally(f"revisions: {revised}, retractions: {retracted}")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     gap=st.integers(1, 8),
     values=st.lists(st.tuples(st.integers(0, 3), st.integers(-30, 60)), max_size=60),

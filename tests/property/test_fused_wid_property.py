@@ -16,7 +16,7 @@ from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Agg, Spec, Window, assert_rows_equal
-from strategies import SCHEMA, Close, Punct, Push, deliveries, sql_of, stream_sources, tuples
+from strategies import SCHEMA, Close, Punct, Push, deliveries, examples, sql_of, stream_sources, tuples
 
 from lowtide import Engine
 
@@ -31,7 +31,7 @@ aggregates = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     window=windows,
     group_by=st.sampled_from([("k2",), ("k1",)]),

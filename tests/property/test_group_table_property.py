@@ -10,6 +10,7 @@ import pytest
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from lowtide.operators.group_table import DENSE_SPAN, GroupTable
 
@@ -20,7 +21,7 @@ far = st.sampled_from([DENSE_SPAN, -DENSE_SPAN, 2**62, -(2**63)])
 batches = st.lists(st.lists(st.one_of(near, near, near, far), max_size=30), min_size=1, max_size=8)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(batches=batches, width=st.sampled_from([1, 1, 2]), data=st.data())
 def test_ids_equal_a_dict(batches: list[list[int]], width: int, data: Any) -> None:
     table = GroupTable(width)

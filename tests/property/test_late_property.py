@@ -34,6 +34,7 @@ from strategies import (
     Push,
     any_window,
     deliveries,
+    examples,
     specs,
     sql_of,
     stream_sources,
@@ -53,7 +54,7 @@ def late_run(spec: Spec, sources: Any, data: Any, late: str, lateness: int | Non
     return run(spec, sql_of(spec, list(sources)), sources, events, late, lateness, partition)
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(spec=specs(any_window), sources=stream_sources(2), data=st.data())
 def test_drop_keeps_late_tuples_out_of_results_and_in_the_side_stream(
     spec: Spec, sources: Any, data: Any
@@ -68,7 +69,7 @@ def test_drop_keeps_late_tuples_out_of_results_and_in_the_side_stream(
     assert sum(s["behind"] for s in obs.stats["streams"].values()) == len(behind)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(spec=specs(time_windows, having=False), sources=stream_sources(1), data=st.data())
 def test_error_rejects_late_batches_whole(spec: Spec, sources: Any, data: Any) -> None:
     obs = late_run(spec, sources, data, "error")
@@ -113,7 +114,7 @@ def check_update(spec: Spec, obs: Observed, allowed: int) -> None:
     check_late(obs, [row for row in too_late if extents(spec, row)])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     spec=specs(time_windows, having=False),
     sources=stream_sources(2),

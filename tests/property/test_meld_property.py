@@ -21,6 +21,7 @@ from strategies import (
     Push,
     any_window,
     deliveries,
+    examples,
     specs,
     sql_of,
     stream_sources,
@@ -48,7 +49,7 @@ class Collect(Operator):
         self.items.append(punctuation)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     inputs=st.integers(1, 3),
     steps=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["t", "u"]), st.integers(0, 6)), max_size=30),
@@ -75,13 +76,13 @@ def test_meld_punctuation_is_the_monotone_min_without_repeats(inputs: int, steps
         assert out.items[-1] == 1  # tuples pass through at once
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(spec=specs(any_window), sources=stream_sources(3), data=st.data())
 def test_union_of_three_streams_equals_reference(spec: Spec, sources: Any, data: Any) -> None:
     check_query(spec, sources, data, max_size=15)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(spec=specs(time_windows, having=False), data=st.data())
 def test_declared_source_that_never_punctuates_holds_the_stream_back(spec: Spec, data: Any) -> None:
     sources = {"A": ("a0", "silent"), "B": ("b0",)}
@@ -102,7 +103,7 @@ def test_declared_source_that_never_punctuates_holds_the_stream_back(spec: Spec,
     assert_rows_equal(rows, evaluate(spec, streams["A"] + streams["B"]), spec)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     window=time_windows,
     early=tuples(max_size=15),

@@ -35,6 +35,7 @@ from strategies import (
     agg_sql,
     any_window,
     deliveries,
+    examples,
     overlapping_windows,
     rows,
     session_windows,
@@ -139,7 +140,7 @@ def float_rows(draw: Any, n: int) -> list[Row]:
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # a NaN made on purpose warns nobody
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     spec=specs(
         st.one_of(any_window, overlapping_windows, session_windows), aggs=float_aggregates, having=False
@@ -159,7 +160,7 @@ def test_float_aggregates_follow_numpy(spec: Spec, sources: Any, data: Any) -> N
     assert_rows_equal(obs.rows, expected, spec)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     window=overlapping_windows,
     group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),

@@ -29,6 +29,7 @@ from strategies import (
     Sources,
     ahead_deliveries,
     deliveries,
+    examples,
     stream_sources,
 )
 
@@ -97,7 +98,7 @@ windows = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(left=tuples, right=tuples, window=windows, n_keys=st.integers(0, 2), data=st.data())
 def test_oa_join_equals_nested_loop(
     left: list[Tup], right: list[Tup], window: Band | Tumbling, n_keys: int, data: st.DataObject
@@ -153,7 +154,7 @@ def test_oa_join_equals_nested_loop(
     assert join.tuples_out == len(expected)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     sizes=st.tuples(st.integers(0, 2500), st.integers(0, 2500)),
@@ -302,7 +303,7 @@ def check_nothing_lost(
                 assert later[0] in late_ids, (left, right)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(left=many_tuples, right=many_tuples, window=windows, n_keys=st.integers(0, 2), data=st.data())
 def test_oa_join_behind_punctuation_equals_replay_of_the_rule(
     left: list[Tup], right: list[Tup], window: Band | Tumbling, n_keys: int, data: st.DataObject
@@ -435,7 +436,7 @@ SLIDE = 5  # the aggregate over the join: tumbling windows of SLIDE on A.ts
 
 
 @pytest.mark.parametrize("late", ["drop", "error"])
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(query=join_queries, aggregate=st.booleans(), sources=stream_sources(2, max_sources=2), data=st.data())
 def test_engine_join_behind_punctuation_drop_and_error(
     late: str, query: tuple[Band | Tumbling, str], aggregate: bool, sources: Sources, data: st.DataObject
@@ -552,7 +553,7 @@ def until_out(window: Until, arrivals: list[UArrival], bounds: tuple[int, int]) 
     }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     left=until_tuples,
     right=until_tuples,
@@ -644,7 +645,7 @@ until_rows = st.integers(0, 25).flatmap(
 
 
 @pytest.mark.parametrize("late", ["drop", "error"])
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(window=untils, sources=stream_sources(2, max_sources=2), data=st.data())
 def test_engine_until_join_behind_punctuation_drop_and_error(
     late: str, window: Until, sources: Sources, data: st.DataObject
@@ -688,7 +689,7 @@ def test_engine_until_join_behind_punctuation_drop_and_error(
     assert sorted(run.pairs) == pairs
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     sizes=st.tuples(st.integers(0, 2500), st.integers(0, 2500)),

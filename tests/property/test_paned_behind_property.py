@@ -28,7 +28,16 @@ from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Spec, Window, assert_rows_equal, evaluate
-from strategies import COMBINABLE, deliveries, overlapping_windows, specs, sql_of, stream_sources, tuples
+from strategies import (
+    COMBINABLE,
+    deliveries,
+    examples,
+    overlapping_windows,
+    specs,
+    sql_of,
+    stream_sources,
+    tuples,
+)
 
 pytestmark = pytest.mark.property
 
@@ -51,7 +60,7 @@ def paned_run(spec: Spec, sources: Any, data: Any, late: str) -> Any:
     return run(spec, sql, sources, events, late)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(spec=specs(overlapping_windows, aggs=partials), sources=one_or_two, data=st.data())
 def test_drop_counts_behind_tuples_in_the_windows_not_yet_emitted(
     spec: Spec, sources: Any, data: Any
@@ -63,7 +72,7 @@ def test_drop_counts_behind_tuples_in_the_windows_not_yet_emitted(
     check_late(obs, late)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(spec=specs(wide_slides, aggs=partials, having=False), sources=one_or_two, data=st.data())
 def test_error_rejects_exactly_the_batches_with_a_tuple_in_an_emitted_window(
     spec: Spec, sources: Any, data: Any

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from lowtide import Engine
 
@@ -57,7 +58,7 @@ def _sql(size_a: int, slide_b: int, size_b: int, join: str, extra: str) -> str:
     return f"SELECT A.k, A.n, B.m, A.s, B.e FROM ({a}) A JOIN ({b}) AS B ON {on}{extra}"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     tuples=st.lists(
         st.tuples(st.integers(0, 40), st.integers(0, 2), st.integers(0, 5)), min_size=1, max_size=60

@@ -60,6 +60,7 @@ from strategies import (
     Sources,
     ahead_deliveries,
     deliveries,
+    examples,
     rows,
     session_windows,
     specs,
@@ -76,19 +77,19 @@ pytestmark = pytest.mark.property
 sessions = specs(session_windows)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(spec=sessions, sources=stream_sources(1), declared=st.booleans(), data=st.data())
 def test_sessions_equal_reference(spec: Spec, sources: Any, declared: bool, data: Any) -> None:
     check_query(spec, sources, data, declared=declared)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(spec=sessions, sources=stream_sources(2), data=st.data())
 def test_sessions_over_a_union_equal_reference(spec: Spec, sources: Any, data: Any) -> None:
     check_query(spec, sources, data, max_size=20)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(spec=sessions, sources=stream_sources(1), data=st.data())
 def test_far_apart_sessions_equal_reference(spec: Spec, sources: Any, data: Any) -> None:
     k = 1 << 40  # values near 2^46: no int32 shortcut, ends far from 0
@@ -154,7 +155,7 @@ def punctuate_all(draw: Any, sources: Sources, events: list[Event]) -> list[Even
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(spec=sessions, sources=stream_sources(2), data=st.data())
 def test_drop_counts_behind_tuples_whose_sessions_are_not_gone(spec: Spec, sources: Any, data: Any) -> None:
     obs = late_run(spec, sources, data, "drop")
@@ -231,7 +232,7 @@ def replay(
     group[extent] = row
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     spec=specs(session_windows, having=False),
     merging=st.sampled_from([True, True, False]),
@@ -293,7 +294,7 @@ def why_late(spec: Spec, obs: Observed, allowed: int) -> str:
     return f"behind: {min(len(behind), 5)}+, counted: {min(counted, 3)}+, by (b): {min(len(by_b), 2)}+"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     case=st.sampled_from(["drop", "update"]).flatmap(lambda late: st.tuples(st.just(late), ahead_case(late)))
 )
@@ -312,7 +313,7 @@ def test_behind_tuples_count_unless_a_session_of_theirs_is_gone(case: Any) -> No
     check_late(obs, missed)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=ahead_case("error"))
 def test_error_rejects_every_batch_behind_punctuation(case: Any) -> None:
     """Under ``error`` a rule of punctuation alone cannot see the sessions gone: a batch is
@@ -339,7 +340,7 @@ def test_error_rejects_every_batch_behind_punctuation(case: Any) -> None:
 
 
 # -- the session table's kernel, on its own --------------------------------------------------------
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     gap=st.integers(1, 12),
     values=st.lists(st.tuples(st.integers(0, 3), st.integers(-30, 60)), max_size=60),

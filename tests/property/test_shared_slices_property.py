@@ -3,8 +3,10 @@
 
 Several sliding-window queries on one stream, registered at different points of a delivery (and
 one maybe dropped midway), run in an engine that shares slices and in one that gives every query
-slices of its own (the server's workers do; the unshared Paned-WID is checked against the
-brute-force reference in test_windows_property). After every call each query must have emitted
+slices of its own (``Engine(share_slices=False)``; a lone Paned-WID query is checked against the
+brute-force reference in test_windows_property). The unshared engine must build no slices that
+two queries read, and the sharing one must share wherever the planner would (so the comparison is
+never of sharing with sharing). After every call each query must have emitted
 the same rows and the same punctuation in both: a query registered later counts only the tuples
 that arrived after it, whatever the queries before it have seen, and its windows come out when
 punctuation covers them, not before, not later.
@@ -53,7 +55,8 @@ from strategies import (
 )
 
 from lowtide import END_OF_STREAM, Engine
-from lowtide.query.sharing import Shares
+from lowtide.operators.paned_wid import pane_of
+from lowtide.operators.windows import Sliding
 
 pytestmark = pytest.mark.property
 
@@ -67,11 +70,6 @@ windows = st.builds(
 aggregates = st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=3) | st.lists(
     st.sampled_from([a for a in AGGREGATES if a.func in HOLISTIC]), min_size=1, max_size=2
 )
-
-
-class UnsharedEngine(Engine):
-    def _slice_shares(self) -> Shares | None:
-        return None
 
 
 def _apply(engine: Engine, event: Event) -> None:
@@ -107,7 +105,7 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
     ]
     starts = [0, *sorted(data.draw(st.integers(0, len(events)), label="start") for _ in specs[1:])]
     drop_at = data.draw(st.none() | st.integers(0, len(events)), label="drop query 0 at")
-    shared, own = Engine(), UnsharedEngine()
+    shared, own = Engine(), Engine(share_slices=False)
     for engine in (shared, own):
         engine.create_stream("A", SCHEMA, progressing="ts", sources=list(sources["A"]))
     live: list[int] = []
@@ -129,7 +127,23 @@ def test_shared_slices_equal_own_slices(group_by: Any, queries: Any, sources: An
             want, want_punctuation = polled(own, f"q{i}")
             assert got_punctuation == want_punctuation, (i, call)
             assert_rows_equal(got, want, specs[i])
+    # Unshared: every Paned-WID query reads slices of its own, which no other query reads.
+    own_readers = [own.runner.plan(f"q{i}").reader for i in live]
+    assert all(own.share_of(f"q{i}") is None for i in live)
+    assert all(len(r.slices.readers) == 1 for r in own_readers if r is not None)
+    assert 0 not in live or own_readers[live.index(0)] is not None  # Paned-WID, not another operator
+    # Shared: a later query whose panes the first query's slices tile reads those slices (they
+    # are the first fed alike: every query here has the same stream, no WHERE, the same GROUP
+    # BY, late="drop", and overlaps at least 4 times).
     readers = [shared.runner.plan(f"q{i}").reader for i in live]
+    if 0 in live:
+        first = readers[live.index(0)]
+        assert first is not None
+        width = first.slices.width
+        for i, reader in zip(live, readers, strict=True):
+            if i and pane_of(Sliding(specs[i].window.range, specs[i].window.slide, "ts")).range % width == 0:
+                assert reader is not None and reader.slices is first.slices, i
+                assert shared.share_of(f"q{i}") == shared.share_of("q0"), i
     sharing = len({id(r.slices) for r in readers if r is not None}) < len(readers)
     later_generation = any(r is not None and r.generation > 0 for r in readers)
     tally(f"slices shared: {sharing}, a reader in a later generation: {later_generation}")

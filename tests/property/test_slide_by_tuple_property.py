@@ -17,6 +17,7 @@ import pytest
 from harness import Recorder
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from lowtide.batch import Batch
 from lowtide.operators.aggregates import AggFunc, AggregateCall
@@ -88,7 +89,7 @@ def close(a: Any, b: Any) -> bool:
     return bool(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(scenario())
 def test_matches_brute_force(sc: dict[str, Any]) -> None:
     tuples, r, n, by_rank, grouped = sc["tuples"], sc["r"], sc["n"], sc["by_rank"], sc["grouped"]

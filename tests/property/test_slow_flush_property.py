@@ -16,14 +16,14 @@ from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import assert_rows_equal, covered, evaluate
-from strategies import deliveries, specs, sql_of, stream_sources, time_windows, tuples
+from strategies import deliveries, examples, specs, sql_of, stream_sources, time_windows, tuples
 
 from lowtide import END_OF_STREAM, SlowFlush
 
 pytestmark = pytest.mark.property
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     spec=specs(time_windows),
     every=st.sampled_from([1, 2, 7, 1000]),

@@ -40,6 +40,7 @@ from strategies import (
     Push,
     Sources,
     deliveries,
+    examples,
     landmark_windows,
     overlapping_windows,
     row_windows,
@@ -360,7 +361,7 @@ KINDS: dict[str, tuple[st.SearchStrategy[Case], set[str]]] = {
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@settings(max_examples=25 * SCALE, deadline=None, derandomize=SCALE == 1)
+@settings(max_examples=examples(25) * SCALE, deadline=None, derandomize=SCALE == 1)
 @given(data=st.data())
 def test_restored_operators_go_on_exactly(kind: str, data: st.DataObject) -> None:
     cases, expected = KINDS[kind]
@@ -439,7 +440,7 @@ def run_chain(window: Sliding, calls: Any, case: Any, cut: int | None) -> list[t
     return log
 
 
-@settings(max_examples=40 * SCALE, deadline=None, derandomize=SCALE == 1)
+@settings(max_examples=examples(40) * SCALE, deadline=None, derandomize=SCALE == 1)
 @given(
     slide=st.integers(1, 5),
     extra=st.integers(0, 8),
@@ -538,7 +539,7 @@ def streams_of(sql: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("label", "sql"), sorted(thesis_queries().items()))
-@settings(max_examples=4 * SCALE, deadline=None, derandomize=SCALE == 1)
+@settings(max_examples=examples(4) * SCALE, deadline=None, derandomize=SCALE == 1)
 @given(data=st.data())
 def test_thesis_queries_restore_exactly(label: str, sql: str, data: st.DataObject) -> None:
     names = streams_of(sql)

@@ -17,7 +17,7 @@ import pytest
 from harness import run
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import Event, deliveries, stream_sources, tuples
+from strategies import Event, deliveries, examples, stream_sources, tuples
 
 from lowtide import END_OF_STREAM
 
@@ -33,7 +33,7 @@ def _nothing_before_the_end(obs: Any) -> None:
     assert obs.punctuation[-1] == END_OF_STREAM
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(sources=stream_sources(1, max_sources=2), honest=st.booleans(), data=st.data())
 def test_a_group_by_without_a_window_is_over_the_whole_stream(
     sources: Any, honest: bool, data: st.DataObject
@@ -54,7 +54,7 @@ def test_a_group_by_without_a_window_is_over_the_whole_stream(
     _nothing_before_the_end(obs)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     sources=stream_sources(1, max_sources=2),
     honest=st.booleans(),

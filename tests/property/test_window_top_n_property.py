@@ -26,7 +26,7 @@ import pytest
 from harness import Recorder, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import Event, deliveries, stream_sources, tuples
+from strategies import Event, deliveries, examples, stream_sources, tuples
 
 from lowtide.batch import Batch
 from lowtide.operators.window_top_n import WindowTopN
@@ -212,7 +212,7 @@ def drive(
     return emitted
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(setup=setups, rows=operator_rows, data=st.data())
 def test_operator_emits_each_windows_top_exactly_once_when_covered(
     setup: Setup, rows: list[Row], data: st.DataObject
@@ -269,7 +269,7 @@ def plain(row: Row, names: tuple[str, ...] = COLUMNS) -> tuple[Any, ...]:
     return tuple(None if isinstance(row[n], float) and math.isnan(row[n]) else row[n] for n in names)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(top=flink_top_ns, sources=stream_sources(1, max_sources=2), data=st.data())
 def test_flink_window_top_n_equals_the_reference(top: FlinkTopN, sources: Any, data: st.DataObject) -> None:
     rows = data.draw(tuples(max_size=30), label="rows")
@@ -301,7 +301,7 @@ def test_flink_window_top_n_equals_the_reference(top: FlinkTopN, sources: Any, d
     assert obs.punctuation[-1] == END_OF_STREAM and obs.punctuation == sorted(set(obs.punctuation))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     limit=st.integers(1, 3),
     size=st.sampled_from([3, 5]),

@@ -23,6 +23,7 @@ from strategies import (
     Push,
     any_window,
     deliveries,
+    examples,
     landmark_windows,
     overlapping_windows,
     row_windows,
@@ -39,7 +40,7 @@ from lowtide.operators import paned_wid
 pytestmark = pytest.mark.property
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     spec=specs(any_window),
     sources=stream_sources(1),
@@ -80,7 +81,7 @@ def test_a_tuple_after_the_end_is_late_only_in_a_window(
     assert len(obs.rows) == 1  # the window [0, 1) of the first tuple
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     spec=specs(overlapping_windows, aggs=st.lists(st.sampled_from(COMBINABLE), min_size=1, max_size=4)),
     sources=stream_sources(2),
@@ -98,19 +99,19 @@ def test_paned_wid_equals_reference(spec: Spec, sources: Any, data: Any) -> None
         paned_wid.EMIT_CHUNK = chunk
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(spec=specs(landmark_windows), sources=stream_sources(2), data=st.data())
 def test_landmark_equals_reference(spec: Spec, sources: Any, data: Any) -> None:
     check_query(spec, sources, data)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(spec=specs(row_windows), sources=stream_sources(2), data=st.data())
 def test_tuple_windows_equal_reference(spec: Spec, sources: Any, data: Any) -> None:
     check_query(spec, sources, data)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     window=time_windows,
     group_by=st.sampled_from([(), ("k1",), ("k2", "k1")]),
@@ -129,7 +130,7 @@ def test_results_do_not_depend_on_delivery(window: Any, group_by: Any, sources: 
     assert canonical(results[0].values(), spec.keys) == canonical(results[1].values(), spec.keys)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(spec=specs(any_window), sources=stream_sources(1), data=st.data())
 def test_far_apart_timestamps_equal_reference(spec: Spec, sources: Any, data: Any) -> None:
     k = 100_000  # windows far apart: the aggregate's sparse path over window ids
@@ -139,7 +140,7 @@ def test_far_apart_timestamps_equal_reference(spec: Spec, sources: Any, data: An
     check_query(Spec(w, spec.group_by, spec.aggs, spec.having), sources, data, scale=k)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(first=time_windows, second=time_windows, sources=stream_sources(1), data=st.data())
 def test_a_query_over_a_query_equals_reference_over_reference(
     first: Window, second: Window, sources: Any, data: Any

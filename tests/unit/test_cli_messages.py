@@ -176,6 +176,9 @@ class Refusing(pb_grpc.LowtideServicer):  # type: ignore[misc]
         time.sleep(SLOW_S)  # never in time: the caller's deadline passes first
         return pb.ListQueriesResponse()
 
+    def Health(self, request: Any, context: Any) -> Any:  # a producer asks the message limit first
+        return pb.HealthResponse(status="SERVING", workers=1, max_message_bytes=1 << 20)
+
 
 @pytest.fixture(scope="module")
 def refusing() -> Iterator[str]:

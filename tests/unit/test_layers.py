@@ -1,96 +1,368 @@
 """The rooms hold what their names say, read from the source with ``ast``.
 
-* The core package ``lowtide/`` is the engine: none of its modules imports ``lowtide.server`` or
-  ``lowtide.clients``, at run time or for typing.
+* The engine (the folders ``lowtide/``, ``operators/`` and ``punctuation/``) imports neither
+  ``lowtide.server`` nor ``lowtide.clients``, at run time or for typing.
+* The clients import nothing of ``lowtide.server`` but through one seam: ``lowtide serve`` runs
+  the server's own entry, ``lowtide.server.serve.main``, imported inside the command's
+  ``_serve`` only (every other command, and every user of the clients, loads no server module).
 * No import cycle among the product's modules, counting the imports for typing too (a cycle
   through annotations ties two modules together as much), except a package ``__init__``'s lazy
-  re-exports (PEP 562: what it imports under ``if TYPE_CHECKING:`` it loads on first use).
+  re-exports (PEP 562: what it imports under ``if TYPE_CHECKING:`` or names in a
+  ``lowtide.lazy.loader`` map it loads on first use).
 * The checkpoint's modules see the front through their collaborators: they do not import
   ``lowtide.server.front``, not even for typing.
+
+An import is any the interpreter can make: ``import``, ``from ... import`` (relative ones
+resolved), ``importlib.import_module`` and ``__import__`` with a constant name, and the modules a
+``lowtide.lazy.loader`` map names. One whose name the check cannot read fails it. Each rule has a
+planted violation the check must catch.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-CORE = ROOT / "lowtide"
 # Each folder of the product and the name it is installed under (pyproject's package-dir).
 PACKAGES = {
-    "lowtide": CORE,
+    "lowtide": ROOT / "lowtide",
     "lowtide.operators": ROOT / "operators",
     "lowtide.punctuation": ROOT / "punctuation",
     "lowtide.server": ROOT / "server",
     "lowtide.clients": ROOT / "clients",
 }
+ENGINE = ("lowtide", "lowtide.operators", "lowtide.punctuation")
+# The clients' one way into the server: (module, function) -> the server module it may import.
+SEAMS = {("lowtide.clients.cli.commands", "_serve"): "lowtide.server.serve"}
+# Modules that import by a name they compute: lowtide.lazy's loader imports what its callers'
+# maps name, and those maps are read where ``loader`` is called.
+COMPUTED = {"lowtide.lazy"}
+IMPORTERS = ("import_module", "__import__")
 
 
-def _typing_only(tree: ast.Module) -> set[int]:
-    """The ids of the nodes under ``if TYPE_CHECKING:``."""
-    nodes: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            test = node.test
-            if isinstance(test, ast.Attribute):  # typing.TYPE_CHECKING
-                name = test.attr
-            else:
-                name = test.id if isinstance(test, ast.Name) else ""
-            if name == "TYPE_CHECKING":
-                nodes.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
-    return nodes
+class Unreadable(Exception):
+    """An import the check cannot name: passing over it would leave a hole."""
 
 
-def imported(path: Path, typing: bool = True) -> set[str]:
-    """The modules ``path`` imports, anywhere in it (functions included), by their full name;
-    ``from package import name`` counts as ``package.name`` too (``name`` may be a module).
-    ``typing=False`` leaves out the imports under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text(), str(path))
-    skipped = set() if typing else _typing_only(tree)
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    if isinstance(test, ast.Attribute):  # typing.TYPE_CHECKING
+        return test.attr == "TYPE_CHECKING"
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+
+
+def _callee(func: ast.expr) -> str:
+    if isinstance(func, ast.Attribute):  # importlib.import_module, lazy.loader
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _from_base(node: ast.ImportFrom, module: str, package: bool) -> str:
+    """The full name ``from <base> import ...`` reads from in ``module``: a relative one (level 1
+    is the package ``module`` is in, or ``module`` itself if it is a package's ``__init__``)."""
+    if node.level == 0:
+        assert node.module is not None
+        return node.module
+    parts = module.split(".") if package else module.split(".")[:-1]
+    if node.level > len(parts):
+        raise Unreadable(f"{module}, line {node.lineno}: a relative import above the top package")
+    return ".".join([*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
+
+
+def _lazy_map(call: ast.Call, where: str) -> Iterator[str]:
+    """The modules of a ``loader(package, {attribute: module, ...}, globals())`` map; an entry may
+    be ``**dict.fromkeys((attribute, ...), module)``."""
+    names = next(
+        (k.value for k in call.keywords if k.arg == "names"), call.args[1] if call.args[1:] else None
+    )
+    if not isinstance(names, ast.Dict):
+        raise Unreadable(f"{where}: a lazy loader's map that is not written out")
+    for key, value in zip(names.keys, names.values, strict=True):
+        if key is None and isinstance(value, ast.Call) and _callee(value.func) == "fromkeys":
+            value = value.args[-1]
+        if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
+            raise Unreadable(f"{where}: a lazy loader's map names a module by a computed name")
+        yield value.value
+
+
+def import_sites(
+    source: str, module: str, *, package: bool = False, typing: bool = True, lazy: bool = True
+) -> set[tuple[str, str]]:
+    """What ``module`` (its ``source``; ``package``: it is a package's ``__init__``) imports, anywhere
+    in it: (the full name, the function it is imported in, "" at module level). ``from a import b``
+    counts ``a`` and ``a.b`` (``b`` may be a module). ``typing=False`` leaves out what is under
+    ``if TYPE_CHECKING:``, ``lazy=False`` the modules of a ``lowtide.lazy.loader`` map."""
+    tree = ast.parse(source, module)
+    importers, loaders = set(IMPORTERS), {"loader"}
+    for node in ast.walk(tree):  # the names these functions are imported under
+        if isinstance(node, ast.ImportFrom):
+            base = _from_base(node, module, package)
+            for alias in node.names:
+                if (base, alias.name) == ("importlib", "import_module"):
+                    importers.add(alias.asname or alias.name)
+                elif (base, alias.name) == ("lowtide.lazy", "loader"):
+                    loaders.add(alias.asname or alias.name)
+    sites: set[tuple[str, str]] = set()
+
+    def visit(node: ast.AST, function: str) -> None:
+        where = f"{module}, line {getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+            sites.update((alias.name, function) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, module, package)
+            sites.add((base, function))
+            sites.update((f"{base}.{alias.name}", function) for alias in node.names)
+        elif isinstance(node, ast.Call) and _callee(node.func) in importers:
+            name = node.args[0] if node.args else None
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value[:1] != ".":
+                sites.add((name.value, function))
+            elif module not in COMPUTED:
+                raise Unreadable(f"{where}: an import by a name the check cannot read")
+        elif isinstance(node, ast.Call) and _callee(node.func) in loaders:
+            names = set(_lazy_map(node, where))  # read even when left out: an unreadable map fails
+            if lazy:
+                sites.update((name, function) for name in names)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        if isinstance(node, ast.If) and not typing and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child, function)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "")
+    return sites
+
+
+def imports_of(source: str, module: str, **options: bool) -> set[str]:
+    """The full names ``module`` imports (:func:`import_sites`' options)."""
+    return {name for name, _ in import_sites(source, module, **options)}
+
+
+def imported(path: Path, module: str, **options: bool) -> set[str]:
+    return imports_of(path.read_text(), module, package=path.stem == "__init__", **options)
 
 
 def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(f"{package}.")
 
 
-def test_the_core_package_imports_neither_the_server_nor_the_clients() -> None:
-    modules = sorted(CORE.rglob("*.py"))
-    assert len(modules) > 20  # the engine is there to be read
-    found = {
-        f"{path.relative_to(ROOT)} imports {name}"
-        for path in modules
-        for name in imported(path)
-        if _within(name, "lowtide.server") or _within(name, "lowtide.clients")
-    }
-    assert not found, sorted(found)
-
-
-def modules() -> dict[str, Path]:
-    """Every module of the product, by its installed name."""
+def modules(packages: Mapping[str, Path] = PACKAGES) -> dict[str, Path]:
+    """Every module of the product (of ``packages``: name -> folder), by its installed name."""
     found: dict[str, Path] = {}
-    for package, folder in PACKAGES.items():
+    for package, folder in packages.items():
         for path in folder.rglob("*.py"):
             parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
             found[".".join([package, *parts])] = path
     return found
 
 
+def engine_breaks(packages: Mapping[str, Path] = PACKAGES) -> set[str]:
+    """Each import of the server or the clients by a module of the engine's folders."""
+    return {
+        f"{name} imports {target}"
+        for name, path in modules({p: packages[p] for p in ENGINE}).items()
+        for target in imported(path, name)
+        if _within(target, "lowtide.server") or _within(target, "lowtide.clients")
+    }
+
+
+def client_breaks(packages: Mapping[str, Path] = PACKAGES) -> set[str]:
+    """Each import of the server by a module of the clients, but through a seam of :data:`SEAMS`."""
+    return {
+        f"{name} imports {target}" + (f" in {function}" if function else "")
+        for name, path in modules({"lowtide.clients": packages["lowtide.clients"]}).items()
+        for target, function in import_sites(path.read_text(), name, package=path.stem == "__init__")
+        if _within(target, "lowtide.server") and not _within(target, SEAMS.get((name, function), "\0"))
+    }
+
+
+def test_the_engine_imports_neither_the_server_nor_the_clients() -> None:
+    engine = modules({p: PACKAGES[p] for p in ENGINE})
+    # the engine is there to be read, each folder of it
+    assert {"lowtide.door", "lowtide.operators.meld", "lowtide.punctuation.model"} <= engine.keys()
+    assert engine_breaks() == set()
+
+
+def test_the_clients_reach_the_server_only_through_the_serve_seam() -> None:
+    assert client_breaks() == set()
+    commands = PACKAGES["lowtide.clients"] / "cli" / "commands.py"
+    seam = import_sites(commands.read_text(), "lowtide.clients.cli.commands")
+    assert ("lowtide.server.serve.main", "_serve") in seam  # the seam is there, and what it is
+
+
+# -- planted violations: each must fail the check ---------------------------------------------------
+def plant(tmp_path: Path, files: Mapping[str, str]) -> dict[str, Path]:
+    """A product of the files given (paths under the repository's folders), for the checks."""
+    packages = {name: tmp_path / folder.name for name, folder in PACKAGES.items()}
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return packages
+
+
+# case -> (the planted file, its text, what the check must say: "<module> imports <each name>")
+PLANTED_ENGINE = {
+    "core imports the server": (
+        "lowtide/query/planted.py",
+        "def f():\n    from lowtide.server.front import Front\n",
+        "lowtide.query.planted",
+        ["lowtide.server.front", "lowtide.server.front.Front"],
+    ),
+    "operators/ imports the clients for typing": (
+        "operators/planted.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import lowtide.clients\n",
+        "lowtide.operators.planted",
+        ["lowtide.clients"],
+    ),
+    "punctuation/ imports the server": (
+        "punctuation/planted.py",
+        "import lowtide.server.hub\n",
+        "lowtide.punctuation.planted",
+        ["lowtide.server.hub"],
+    ),
+    "a relative import": (
+        "lowtide/query/planted.py",
+        "from ..server import front\n",
+        "lowtide.query.planted",
+        ["lowtide.server", "lowtide.server.front"],
+    ),
+    "a relative import from a package": (
+        "operators/sub/__init__.py",
+        "from ...clients import client\n",
+        "lowtide.operators.sub",
+        ["lowtide.clients", "lowtide.clients.client"],
+    ),
+    "importlib.import_module": (
+        "lowtide/planted.py",
+        "import importlib\n\ndef f():\n    return importlib.import_module('lowtide.server.front')\n",
+        "lowtide.planted",
+        ["lowtide.server.front"],
+    ),
+    "import_module under another name": (
+        "lowtide/planted.py",
+        "from importlib import import_module as load\nload('lowtide.clients.client')\n",
+        "lowtide.planted",
+        ["lowtide.clients.client"],
+    ),
+    "a lazy loader's map": (
+        "lowtide/planted/__init__.py",
+        "from lowtide.lazy import loader\n"
+        "__getattr__ = loader(__name__, {'Front': 'lowtide.server.front'}, globals())\n",
+        "lowtide.planted",
+        ["lowtide.server.front"],
+    ),
+    "a lazy loader's map by dict.fromkeys": (
+        "punctuation/planted.py",
+        "from lowtide import lazy\n"
+        "__getattr__ = lazy.loader(__name__, names={**dict.fromkeys(('A', 'B'), 'lowtide.clients.spark')},"
+        " namespace=globals())\n",
+        "lowtide.punctuation.planted",
+        ["lowtide.clients.spark"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLANTED_ENGINE)
+def test_the_engine_check_catches_a_planted_import(tmp_path: Path, case: str) -> None:
+    relative, text, module, names = PLANTED_ENGINE[case]
+    packages = plant(tmp_path, {relative: text, "lowtide/fine.py": "import lowtide.errors\n"})
+    assert engine_breaks(packages) == {f"{module} imports {name}" for name in names}
+
+
+PLANTED_CLIENTS = {
+    "the clients import the server": (
+        "clients/planted.py",
+        "from lowtide.server.config import ServerConfig\n",
+        "lowtide.clients.planted",
+        ["lowtide.server.config", "lowtide.server.config.ServerConfig"],
+    ),
+    "relative, from the CLI": (
+        "clients/cli/planted.py",
+        "def f():\n    from ...server import front\n",
+        "lowtide.clients.cli.planted",
+        ["lowtide.server in f", "lowtide.server.front in f"],
+    ),
+    "importlib.import_module": (
+        "clients/planted.py",
+        "import importlib\nimportlib.import_module('lowtide.server.serve')\n",
+        "lowtide.clients.planted",
+        ["lowtide.server.serve"],
+    ),
+    "the seam's module, outside the seam's function": (
+        "clients/cli/commands.py",
+        "import lowtide.server.serve\n\ndef _serve(args):\n    from lowtide.server.serve import main\n",
+        "lowtide.clients.cli.commands",
+        ["lowtide.server.serve"],
+    ),
+    "the seam's function, another server module": (
+        "clients/cli/commands.py",
+        "def _serve(args):\n    from lowtide.server import front\n",
+        "lowtide.clients.cli.commands",
+        ["lowtide.server in _serve", "lowtide.server.front in _serve"],
+    ),
+    "a lazy loader's map": (
+        "clients/planted/__init__.py",
+        "from lowtide.lazy import loader\n"
+        "__getattr__ = loader(__name__, {'Front': 'lowtide.server.front'}, globals())\n",
+        "lowtide.clients.planted",
+        ["lowtide.server.front"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLANTED_CLIENTS)
+def test_the_clients_check_catches_a_planted_import(tmp_path: Path, case: str) -> None:
+    relative, text, module, names = PLANTED_CLIENTS[case]
+    packages = plant(tmp_path, {relative: text, "clients/fine.py": "from lowtide.errors import NotFound\n"})
+    assert client_breaks(packages) == {f"{module} imports {name}" for name in names}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import importlib\nname = 'lowtide.server'\nimportlib.import_module(name)\n",
+        "__import__('lowtide.' + 'server')\n",
+        "from importlib import import_module\nimport_module('.front', 'lowtide.server')\n",
+        "from lowtide.lazy import loader\n__getattr__ = loader(__name__, MAP, globals())\n",
+        "from lowtide.lazy import loader\n__getattr__ = loader(__name__, {'A': NAME}, globals())\n",
+        "from .... import x\n",
+    ],
+)
+def test_an_import_the_check_cannot_name_fails_it(text: str) -> None:
+    with pytest.raises(Unreadable):
+        imports_of(text, "lowtide.query.planted")
+
+
+@pytest.mark.parametrize(
+    ("text", "module", "package", "names"),
+    [
+        ("from . import a", "lowtide.query.plan", False, {"lowtide.query", "lowtide.query.a"}),
+        ("from . import a", "lowtide.query", True, {"lowtide.query", "lowtide.query.a"}),
+        ("from .b import c", "lowtide.query.plan", False, {"lowtide.query.b", "lowtide.query.b.c"}),
+        ("from ..errors import E", "lowtide.query.plan", False, {"lowtide.errors", "lowtide.errors.E"}),
+        ("from .. import x", "lowtide.query", True, {"lowtide", "lowtide.x"}),
+    ],
+)
+def test_relative_imports_resolve_to_full_names(
+    text: str, module: str, package: bool, names: set[str]
+) -> None:
+    assert imports_of(text, module, package=package) == names
+
+
 def product_imports() -> dict[str, set[str]]:
     """Module -> the product's modules it imports (a package ``__init__``: at run time only)."""
     found = modules()
     return {
-        name: (imported(path, typing=path.stem != "__init__") & found.keys()) - {name}
+        name: (imported(path, name, typing=eager, lazy=eager) & found.keys()) - {name}
         for name, path in found.items()
+        for eager in [path.stem != "__init__"]
     }
 
 

@@ -16,13 +16,14 @@ from lowtide.clients import _producer_core
 from lowtide.clients._batching import Batcher
 from lowtide.clients._checks import Contract, RowCheck
 from lowtide.clients._producer_core import CallLog, ProducerCore
-from lowtide.clients._wire import read_arrow
+from lowtide.clients._wire import MAX_MESSAGE_BYTES, MessageBound, read_arrow
 from lowtide.clients.spark import LowtideSink
 from lowtide.errors import (
     InvalidArgument,
     LateTuple,
     NotFound,
     RegressingPunctuation,
+    ResourceExhausted,
     SchemaMismatch,
     ServerUnavailable,
 )
@@ -193,6 +194,44 @@ def test_messages_name_their_batch_rows_and_sends() -> None:
     assert (punctuation.what, punctuation.unit) == ("punctuation 50 (punctuate #1)", 3)
     assert parts.close()[-1].what == "close()"
     assert all(not m.request.stream for m in [*first, *due])  # the call's header names the stream
+
+
+def test_messages_stay_below_the_servers_limit() -> None:
+    """Under a server's max_message_bytes every message fits, whatever the sends: one wide table,
+    many small ones, a batch in parts; a row that fits in none is dropped, its error kept."""
+    limit = 1 << 20
+    batcher = Batcher("S", "a", 100_000, 60.0)
+    batcher.bound = MessageBound(limit)
+    ts = np.arange(300_000, dtype=np.int64)
+    wide = pa.table({"k": ts, "v": ts * 2, "ts": ts})  # 7.2 MB
+    small = [pa.table({"k": [i], "v": [i], "ts": [i]}) for i in range(20_000)]  # framing beyond nbytes
+    due = batcher.add(wide, send=1) + [m for i, t in enumerate(small) for m in batcher.add(t, send=i + 2)]
+    due += batcher.flush() + batcher.add_batch(wide, batch_id=7, send=20_002)
+    assert all(m.request.ByteSize() <= limit for m in due)
+    tables = [read_arrow(m.request.arrow) for m in due]
+    assert pa.concat_tables(tables).equals(pa.concat_tables([wide, *small, wide]))
+    assert [m.rows for m in due] == [t.num_rows for t in tables]
+    parts = [m.request.batch_parts for m in due if m.request.batch_id]
+    assert set(parts) == {len(parts)}
+
+    strings = pa.table({"s": ["a", "x" * 2 * limit, "b"], "ts": [1, 2, 3]})
+    due = batcher.add(strings, send=20_003) + batcher.flush()
+    sent = pa.concat_tables(read_arrow(m.request.arrow) for m in due)
+    assert sent.column("s").to_pylist() == ["a", "b"]
+    (error,) = batcher.errors
+    assert isinstance(error, ResourceExhausted)
+    assert str(error).startswith("row 620001 of send #20003 was not sent: it takes ")
+    assert str(error).endswith(f"under the server's max_message_bytes ({limit})")
+    assert batcher.add(pa.table({"s": ["c"], "ts": [4]}), send=20_004) == []
+    with pytest.raises(ResourceExhausted, match=r"^batch_id 8 \(rows 620004..620006 of send #20005\)"):
+        batcher.add_batch(strings, batch_id=8, send=20_005)
+    (pending,) = batcher.flush()  # what was pending before the batch refused stays
+    assert pending.what.endswith("(row 620003 of send #20004)")
+
+    unknown = Batcher("S", "a", 1_000_000, 0.0)  # a server that does not say: messages up to 32 MiB
+    (one,) = unknown.add(wide, send=1)
+    assert MessageBound().aim == MAX_MESSAGE_BYTES and one.rows == wide.num_rows
+    assert len(unknown.add(strings, send=2)) == 1 and unknown.errors == []
 
 
 # -- the contract: stream, declared sources, punctuation floor -------------------------------------

@@ -20,11 +20,17 @@ def wire(message: msg.ToWorker) -> Wire:
     return (msg.TO_WORKER.encode(message), None)
 
 
+async def parked(actor: RayWorker, number: int) -> None:
+    """Until call ``number`` waits for its turn (each pass lets the other tasks run)."""
+    while number not in actor.parked:
+        await asyncio.sleep(0)
+
+
 def test_an_actor_takes_calls_in_their_numbers_order() -> None:
     async def run() -> list[msg.ToFront]:
         actor = RayWorker(0)
         stats = asyncio.ensure_future(actor.handle(1, [wire(msg.GetStats())]))
-        await asyncio.sleep(0.01)  # call 1 arrived first and waits for call 0
+        await asyncio.wait_for(parked(actor, 1), 5)  # call 1 arrived first and waits for call 0
         assert not stats.done()
         strings = await actor.handle(0, [wire(msg.Strings([0, 1], ["a", "b"]))])
         assert strings == []

@@ -63,3 +63,29 @@ def test_the_first_strategy_that_applies_runs_the_aggregation(
 
 def test_every_strategy_is_some_querys_choice() -> None:
     assert {s.name for s in STRATEGIES} == {chosen for _, _, chosen, _ in CASES}
+
+
+@pytest.mark.parametrize(("overlap", "chosen"), [(1, "paned"), (6, "paned"), (7, "wid")])
+def test_paned_min_overlap_decides_paned_wid(overlap: int, chosen: str) -> None:
+    sql = "SELECT k, sum(v) AS s [RANGE 12, SLIDE 2, WA ts] FROM A GROUP BY k"  # windows overlap 6 times
+    options = PlanOptions(paned_min_overlap=overlap)
+    description = describe(parse_query(sql), lambda name: SCHEMA, options, ShareIndex())
+    (node,) = [n.kind for n in description.nodes if isinstance(n.kind, AggregateNode)]
+    assert node.strategy == chosen
+
+
+def test_unshared_slices_are_no_share() -> None:
+    """Without share_slices a Paned-WID query starts no share and joins none, even one that fits."""
+    sql = "SELECT k, sum(v) AS s [RANGE 12, SLIDE 2, WA ts] FROM A GROUP BY k"
+    first = describe(parse_query(sql), lambda name: SCHEMA, PlanOptions(), ShareIndex())
+    assert first.share is not None
+    shared = ShareIndex()
+    shared.enter(first.share)
+    again = describe(parse_query(sql), lambda name: SCHEMA, PlanOptions(), shared)
+    assert again.share is not None and again.share.joins
+    own = describe(parse_query(sql), lambda name: SCHEMA, PlanOptions(share_slices=False), shared)
+    assert own.share is None
+    (node,) = [n.kind for n in own.nodes if isinstance(n.kind, AggregateNode)]
+    assert node.strategy == "paned"  # slices of its own
+    with pytest.raises(ValueError, match="paned_min_overlap"):
+        PlanOptions(paned_min_overlap=0)
