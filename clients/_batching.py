@@ -175,15 +175,10 @@ class Batcher:
         ``ResourceExhausted`` here, and nothing of the batch is sent."""
         if batch_id < 1:
             raise InvalidArgument("batch_id must be a positive integer (0 means no id)")
-        step = self.max_batch_rows
         rows = _rows(self.rows, table.num_rows)
         try:  # before the flush: a batch that raises leaves what is pending as it was
-            parts = [
-                part
-                for start in range(0, table.num_rows, step)
-                for part in self.bound.messages(table.slice(start, step), self.rows + start)
-            ]
-        except ResourceExhausted as exc:
+            parts = list(self.bound.messages(table, self.rows, self.max_batch_rows))
+        except ResourceExhausted as exc:  # re-raised naming the batch: none of it was sent
             raise ResourceExhausted(
                 f"batch_id {batch_id} ({rows} of send #{send}) was not sent: {exc}"
             ) from None

@@ -198,13 +198,20 @@ class MessageBound:
         rows = max(1, table.num_rows * room // max(1, table.nbytes))
         return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
 
-    def messages(self, table: pa.Table, first_row: int = 0) -> Iterator[tuple[pa.Table, bytes]]:
-        """``table``'s rows as Arrow messages that fit, in order, each with its rows; a slice
-        whose bytes came out over the estimate is cut again. ``ResourceExhausted`` for a row that
-        fits in no message (``first_row``: the number of ``table``'s first row, to name it)."""
+    def messages(
+        self, table: pa.Table, first_row: int = 0, max_rows: int | None = None
+    ) -> Iterator[tuple[pa.Table, bytes]]:
+        """``table``'s rows as Arrow messages that fit, in order, each with its rows (at most
+        ``max_rows``: then an empty table is no message); a slice whose bytes came out over the
+        estimate is cut again. ``ResourceExhausted`` for a row that fits in no message
+        (``first_row``: the number of ``table``'s first row, to name it)."""
+        if max_rows is None:
+            slices = [table]
+        else:
+            slices = [table.slice(start, max_rows) for start in range(0, table.num_rows, max_rows)]
         todo: list[tuple[int, pa.Table]] = []  # (its first row, a slice), the next one last
         at = first_row
-        for piece in self.pieces(table):
+        for piece in (piece for rows in slices for piece in self.pieces(rows)):
             todo.append((at, piece))
             at += piece.num_rows
         todo.reverse()
@@ -421,11 +428,10 @@ def stage(
     refused: list[LowtideError] = []
 
     def arrow() -> Iterator[bytes]:
-        step, done = max(1, max_part_rows), 0
+        done = 0
         for table in [rows] if isinstance(rows, pa.Table) else rows:
-            for at in range(0, table.num_rows, step):
-                for _, data in bound.messages(table.slice(at, step), done + at):
-                    yield data
+            for _, data in bound.messages(table, done, max(1, max_part_rows)):
+                yield data
             done += table.num_rows
 
     def requests() -> Iterator[Any]:
@@ -434,7 +440,7 @@ def stage(
         while True:
             try:
                 data = next(messages, None)
-            except ResourceExhausted as exc:
+            except ResourceExhausted as exc:  # the call ends before `last`: nothing is staged
                 refused.append(ResourceExhausted(f"part {part!r} was not staged: {exc}"))
                 return
             if data is None:

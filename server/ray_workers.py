@@ -508,7 +508,7 @@ def _join(address: str, options: dict[str, Any], retry: bool) -> None:
         try:
             ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
             return
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except (ConnectionError, RuntimeError, ValueError) as exc:  # at the start: nothing taken yet
             reason = f"cannot join the Ray cluster at {address}: {_first_line(exc)}"
             if isinstance(exc, ValueError) or time.monotonic() >= deadline:
                 raise StartupFailure(reason) from None
