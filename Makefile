@@ -6,6 +6,10 @@ STAMP   := $(VENV)/.installed
 TYPECHECK := build/typecheck
 SOURCES := lowtide operators punctuation clients server tests bench deploy setup.py
 
+# Bytecode is cached even where the environment says not to: make test starts hundreds of
+# interpreters (servers, their workers, the CLI), and each would compile lowtide from source.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup pyflink test quick lint unit nexmark test-explore faults demo bench clean
 
 setup: $(STAMP)

@@ -40,10 +40,10 @@ from lowtide.operators.aggregates import AggFunc, AggregateCall
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.meld import Meld
-from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
+from lowtide.operators.paned_wid import PanedWIDAggregate
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Sliding
+from lowtide.operators.windows import Sliding, pane_of
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
 

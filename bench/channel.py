@@ -61,11 +61,11 @@ def run_shm(batches: int, rows: int) -> float:
     reader.start()
     writer = ChannelWriter(segment, ours, msg.TO_WORKER)
     columns = _columns(rows)
-    writer.send(msg.Sync(0), columns)  # warm-up
+    writer.send(msg.SyncMessage(0), columns)  # warm-up
     done_here.recv()
     began = time.perf_counter()
     for i in range(batches):
-        writer.send(msg.Batch("q", i, False, rows), columns)
+        writer.send(msg.BatchMessage("q", i, False, rows), columns)
     done_here.recv()
     seconds = time.perf_counter() - began
     reader.join()

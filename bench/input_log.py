@@ -8,7 +8,7 @@ measures what that adds to an append, in one process, same run: records of ``--r
 to a fresh log in a scratch directory, ``--records`` of them, with the end kept (as the server
 does) and with it skipped (the log before this change), in turn, ``--runs`` rounds, the order
 reversed every other round; the median rate of each and the median of their ratio per round.
-Also the start's extra work: finding the ``Refused`` records in each segment's bytes as it is
+Also the start's extra work: finding the ``RefusedRecord`` records in each segment's bytes as it is
 read, beside the whole replay.
 
     .venv/bin/python bench/input_log.py [--rows 100 1000 10000] [--records 20000] [--runs 5]
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from lowtide.server.input_log import Batch, InputLog, _refusals
+from lowtide.server.input_log import BatchRecord, InputLog, _refusals
 from lowtide.server.journal import StateDirectory
 
 
@@ -52,7 +52,7 @@ def appends_per_second(scratch: Path, data: bytes, records: int, keep_end: bool)
     state.log.recovered()
     if not keep_end:
         state.log._mark_end = lambda: None  # type: ignore[method-assign]  # the log before D/log/end
-    batches = [Batch(0.0, "S", "a", i + 1, (data,)) for i in range(records)]
+    batches = [BatchRecord(0.0, "S", "a", i + 1, (data,)) for i in range(records)]
     began = time.perf_counter()
     for record in batches:
         state.log.append(record)
@@ -62,7 +62,7 @@ def appends_per_second(scratch: Path, data: bytes, records: int, keep_end: bool)
 
 
 def start_reads(scratch: Path) -> tuple[float, float]:
-    """Seconds to find the Refused records in the bytes of the log in ``scratch`` (what a start's
+    """Seconds to find the RefusedRecord records in the bytes of the log in ``scratch`` (what a start's
     replay does for each segment it reads), and the whole replay, that search included."""
     log = InputLog(scratch / "log")
     segments = [path.read_bytes() for path in sorted((scratch / "log").glob("*.seg"))]
@@ -107,7 +107,7 @@ def main() -> None:
         print(
             f"start, {size / 1e6:.0f} MB of log: replay {replay * 1e3:.0f} ms, of which {search * 1e3:.1f} ms"
         )
-        print("  finding the Refused records in the segments' bytes")
+        print("  finding the RefusedRecord records in the segments' bytes")
     finally:
         shutil.rmtree(scratch.parent, ignore_errors=True)
 

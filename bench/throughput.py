@@ -38,7 +38,7 @@ from engine import Workload, baseline, run_query, workload
 
 from lowtide import Engine
 from lowtide.operators import select
-from lowtide.operators.fused_wid import fusable
+from lowtide.operators.aggregates import fusable
 from lowtide.query import strategies
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -12,10 +12,10 @@ streams and every other query; the failed query takes no more input, and polling
 :class:`~lowtide.errors.ResourceExhausted` naming it once the results it made before are drained.
 
 Invariant: a batch is judged late once, by :meth:`Door.check_batch`; its judgement travels with it
-(:class:`CheckedBatch`) to :meth:`Door.push_admitted` and is taken again only when a change was
-applied in between (:attr:`Door.changes`), so what applies is what the state at application says.
-Its strings enter the string pool only as it applies, in the order changes apply
-(:mod:`lowtide.strings`).
+(:class:`CheckedBatch`) to :meth:`Door.push_admitted` and is taken again only when the door's
+:class:`Epoch` moved in between (something the judgement reads changed), so what applies is what
+the state at application says. Its strings enter the string pool only as it applies, in the order
+changes apply (:mod:`lowtide.strings`), within its stream's limits as they stand then.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ from lowtide.punctuation.model import (
     check_punctuation_value,
 )
 from lowtide.punctuation.policies import LatePolicy
-from lowtide.query import Query as QueryTree
-from lowtide.query import parse_query
+from lowtide.query import QueryTree, parse_query
 from lowtide.query.build import explain
 from lowtide.query.derived import Part, part_of, split
 from lowtide.query.describe import describe
@@ -162,22 +161,44 @@ class RunningQuery:
 
 
 @dataclass(frozen=True)
+class Epoch:
+    """What a batch is admitted and judged against, as :attr:`Door.epoch` gives it out: work
+    prepared in one epoch applies as prepared in that epoch only, and is redone in another.
+
+    ``generation``: which door (a server makes a new one at each recovery, a generation later).
+    ``catalog``: changes to what a batch is admitted and judged against - streams and queries
+    created or dropped, a query failed, a source closed, a dropped stream's strings released.
+    ``progress``: moves of any stream's published progress, which the late check reads. Nothing
+    else moves it: a batch that applies without moving progress leaves the judgement of the
+    batches checked before it standing (the strings it adds are the pool's to reconcile, see
+    :meth:`~lowtide.strings.StringPool.commit`)."""
+
+    generation: int = 0
+    catalog: int = 0
+    progress: int = 0
+
+    def admits_like(self, other: Epoch) -> bool:
+        """Whether parts admitted in this epoch are what ``other`` admits (only progress moved in
+        between): such a batch is judged again, its parts kept."""
+        return (self.generation, self.catalog) == (other.generation, other.catalog)
+
+
+@dataclass(frozen=True)
 class CheckedBatch:
-    """One batch from ``source`` as :meth:`Door.check_batch` judged it after ``stamp`` changes
-    (:attr:`Door.changes`): its admitted ``parts``, how their string columns code as it applies
-    (``coding``: the pool adds the strings new to it only then) and which of its tuples are
-    ``behind`` punctuation."""
+    """One batch from ``source`` as :meth:`Door.check_batch` judged it in ``epoch``: its admitted
+    ``parts``, how their string columns code as it applies (``coding``: the pool adds the strings
+    new to it only then) and which of its tuples are ``behind`` punctuation."""
 
     stream: str
     source: str
     parts: list[Batch]
     coding: Coding
     behind: list[npt.NDArray[np.bool_]]
-    stamp: int
+    epoch: Epoch
 
-    def current(self, stream: str, source: str, changes: int) -> bool:
-        """Whether the judgement holds for this batch applied now (nothing changed since)."""
-        return (self.stream, self.source, self.stamp) == (stream, source, changes)
+    def current(self, stream: str, source: str, epoch: Epoch) -> bool:
+        """Whether the judgement holds for this batch applied now (in the same epoch)."""
+        return (self.stream, self.source, self.epoch) == (stream, source, epoch)
 
 
 class Door(Generic[R]):
@@ -194,6 +215,7 @@ class Door(Generic[R]):
         *,
         share_slices: bool = PlanOptions.share_slices,
         paned_min_overlap: int = PlanOptions.paned_min_overlap,
+        generation: int = 0,
     ) -> None:
         """``flush``: smooth emission (§8.3.3) for the time windows of every query; None: each
         window's results leave as soon as punctuation completes it. ``collapses_late_markers``:
@@ -201,7 +223,8 @@ class Door(Generic[R]):
         :meth:`RunningQuery.passed`), unless something numbers every item (the server's hubs).
         ``share_slices`` and ``paned_min_overlap``: see
         :class:`~lowtide.query.description.PlanOptions` (False: every Paned-WID query keeps
-        slices of its own)."""
+        slices of its own). ``generation``: of its :class:`Epoch` (a door that replaces another
+        takes a later one, so nothing prepared with the other applies as prepared)."""
         self.runner = runner
         self.clock: Clock = clock or WallClock()
         self.limits = limits or Limits()
@@ -211,9 +234,8 @@ class Door(Generic[R]):
         self.planning = PlanOptions(share_slices=share_slices, paned_min_overlap=paned_min_overlap)
         self.pool = pool
         self.collapses_late_markers = collapses_late_markers
-        # Changes applied so far (and output progress of result streams): a CheckedBatch stamped
-        # with another count is judged again when it applies.
-        self.changes = 0
+        # What a batch is admitted and judged against, as it changes (only the door replaces it).
+        self.epoch = Epoch(generation)
         self._streams: dict[str, Stream] = {}
         self._queries: dict[str, RunningQuery] = {}
         self._counter = 0
@@ -233,7 +255,7 @@ class Door(Generic[R]):
         """Create a stream; ``idle_timeout`` is in seconds of wall time."""
         typed, generator = self.check_stream(name, schema, progressing, punctuation, sources, idle_timeout)
         self._streams[name] = Stream(name, typed, generator, self.clock, tuple(sources or ()), idle_timeout)
-        self.changes += 1
+        self._catalog_changed()
 
     def check_stream(
         self,
@@ -261,7 +283,7 @@ class Door(Generic[R]):
     def drop_stream(self, name: str) -> None:
         self.check_drop_stream(name)
         del self._streams[name]
-        self.changes += 1
+        self._catalog_changed()
         self.runner.strings_released(self.pool.release(name))
 
     def check_drop_stream(self, name: str) -> None:
@@ -271,6 +293,14 @@ class Door(Generic[R]):
         readers = [q.part_of or q.name for q in self._queries.values() if name in q.streams]
         if readers:
             raise InvalidArgument(f"stream {name!r} is read by query {readers[0]!r}; drop the query first")
+
+    def _catalog_changed(self) -> None:
+        self.epoch = dataclasses.replace(self.epoch, catalog=self.epoch.catalog + 1)
+
+    def _progressed(self, stream: Stream, before: int) -> None:
+        """Count a move of ``stream``'s published progress from ``before`` (see :class:`Epoch`)."""
+        if stream.progress != before:
+            self.epoch = dataclasses.replace(self.epoch, progress=self.epoch.progress + 1)
 
     def list_streams(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self._streams.values() if not s.derived]
@@ -457,8 +487,9 @@ class Door(Generic[R]):
         def on_punctuation(punctuation: Punctuation) -> None:
             holder[0].passed(punctuation, self.collapses_late_markers)
             if derived is not None and punctuation.attribute == derived.attribute:
+                before = derived.progress
                 derived.punctuate(name, punctuation.value)
-                self.changes += 1  # a progress the late rules of its readers read
+                self._progressed(derived, before)  # a progress the late rules of its readers read
 
         sink = Sink(
             fields,
@@ -510,7 +541,7 @@ class Door(Generic[R]):
 
     def _attach(self, running: RunningQuery) -> None:
         self._reads.clear()
-        self.changes += 1
+        self._catalog_changed()
         derived = running.derived
         if derived is not None:
             self._streams[running.name] = derived
@@ -555,7 +586,7 @@ class Door(Generic[R]):
         """The runner failed a query while it ran (see :attr:`PlannedQuery.fail`); a derived
         table's part fails its query too (else the query would wait for it without a word)."""
         if running.failure is None:
-            self.changes += 1
+            self._catalog_changed()  # it judges no batch any more
             running.failure = ResourceExhausted(f"query {running.name!r} failed: {exc}")
         owner = self._queries.get(running.part_of or "")
         if owner is not None:
@@ -592,7 +623,7 @@ class Door(Generic[R]):
         for name, stream in as_dict(saved["streams"], "streams").items():
             self._stream(name).restore(stream)
         self._counter = as_int(saved["counter"], "counter")
-        self.changes += 1
+        self._catalog_changed()  # sources closed, and progress
         for name, next_at in as_dict(saved.get("emit", {}), "emit").items():
             running = self._queries.get(name)
             if running is not None and running.timer is not None:
@@ -610,7 +641,7 @@ class Door(Generic[R]):
         self._shared.leave(running.description.share)
         del self._queries[name]
         self._reads.clear()
-        self.changes += 1
+        self._catalog_changed()
         for stream_name, op in running.subscribers:
             if not self._shared_input(op):
                 self._streams[stream_name].subscribers.remove(op)
@@ -724,21 +755,27 @@ class Door(Generic[R]):
     ) -> None:
         """Apply the admitted parts of one batch from ``source``, all or none: they are late
         against the same progress, and the stream advances once, after all of them; the string
-        pool takes the strings new to it now. A batch :meth:`check_batch` judged applies as
-        judged, unless a change applied since: then it is judged again (and may fail)."""
+        pool takes the strings new to it now, within the stream's limits as they stand now. A
+        batch :meth:`check_batch` judged applies as judged in the same :class:`Epoch`; in
+        another it is judged again (and may fail), and its parts must be what the door admits
+        now (:meth:`Epoch.admits_like`: the caller admits them again otherwise)."""
         target = self._stream(stream)
         self.tick()
         if not isinstance(batch, CheckedBatch):
             checked = self.check_batch(stream, batch, source)
-        elif batch.current(stream, source, self.changes):
+        elif batch.current(stream, source, self.epoch):
             checked = batch
         else:
             checked = self.check_batch(stream, batch.parts, source, batch.coding)
-        codes = self.pool.commit(checked.coding)
+        codes = self.pool.commit(checked.coding, self._pool_limits())
         schema = target.schema
         coded = [with_codes(part, schema, c) for part, c in zip(checked.parts, codes, strict=True)]
+        before = target.progress
         target.ingest_parts(list(zip(coded, checked.behind, strict=True)), source)
-        self.changes += 1
+        self._progressed(target, before)
+
+    def _pool_limits(self) -> PoolLimits:
+        return PoolLimits(self.limits.max_strings, self.limits.max_string_bytes)
 
     def check_batch(
         self, stream: str, parts: Sequence[Batch], source: str = DEFAULT_SOURCE, before: Coding | None = None
@@ -759,7 +796,7 @@ class Door(Generic[R]):
         made: Sequence[dict[str, Uncoded]] = before.columns if before is not None else [{} for _ in parts]
         columns = [target.to_code(p, reads, m, kept) for p, m, kept in zip(parts, behind, made, strict=True)]
         coding = self.pool.look(stream, columns)
-        self.pool.check(coding, PoolLimits(self.limits.max_strings, self.limits.max_string_bytes))
+        self.pool.check(coding, self._pool_limits())
         strict = [q for q in self._queries.values() if q.policy is LatePolicy.ERROR and stream in q.streams]
         n_late = 0
         if strict and any(mask.any() for mask in behind):
@@ -778,14 +815,15 @@ class Door(Generic[R]):
                 f"{n_late} tuple(s) of stream {stream!r} are below its punctuation {target.progress} "
                 "and a query reading it has late='error'"
             )
-        return CheckedBatch(stream, source, list(parts), coding, behind, self.changes)
+        return CheckedBatch(stream, source, list(parts), coding, behind, self.epoch)
 
     def punctuate(self, stream: str, value: int, source: str = DEFAULT_SOURCE) -> None:
         """Promise that ``source`` sends no more tuples with a progressing value below ``value``."""
         target = self._stream(stream)
         self.tick()
+        before = target.progress
         target.punctuate(source, self.check_punctuation(stream, value, source))
-        self.changes += 1
+        self._progressed(target, before)
 
     def check_punctuation(self, stream: str, value: Any, source: str = DEFAULT_SOURCE) -> int:
         """Raise what :meth:`punctuate` would raise now; the value as an int."""
@@ -809,7 +847,7 @@ class Door(Generic[R]):
         """End ``source``: its punctuation becomes +inf."""
         self.check_close(stream, source)
         self._stream(stream).close(source)
-        self.changes += 1
+        self._catalog_changed()  # a batch from it is refused from now on
 
     def check_close(self, stream: str, source: str = DEFAULT_SOURCE) -> None:
         self._input_stream(stream).check_source(source)
@@ -818,8 +856,9 @@ class Door(Generic[R]):
         """Run heartbeats and idle timeouts against the engine's clock, then the early results
         due (each EMIT EVERY query's timer fires at most once a tick)."""
         for stream in list(self._streams.values()):
+            before = stream.progress
             if not stream.derived and stream.tick():
-                self.changes += 1
+                self._progressed(stream, before)
         now = self.clock.now()
         for running in list(self._queries.values()):
             if running.timer is not None and running.timer.due(now):
@@ -889,4 +928,4 @@ def _shortened(text: str, most: int = 60) -> str:
     return flat if len(flat) <= most else flat[:most] + "..."
 
 
-__all__ = ["DEFAULT_SOURCE", "MAX_QUERY_BYTES", "CheckedBatch", "Door", "Limits", "RunningQuery"]
+__all__ = ["DEFAULT_SOURCE", "MAX_QUERY_BYTES", "CheckedBatch", "Door", "Epoch", "Limits", "RunningQuery"]

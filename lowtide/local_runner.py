@@ -22,8 +22,8 @@ from lowtide.operators.base import Operator
 from lowtide.operators.input import Input
 from lowtide.query.build import BuildContext, build
 from lowtide.query.description import Fields, PlanDescription
+from lowtide.query.live_shares import Shares
 from lowtide.query.plan import Plan
-from lowtide.query.sharing import Shares
 from lowtide.results import to_table
 from lowtide.runner import PlannedQuery, Subscribers
 from lowtide.strings import StringPool

@@ -2,10 +2,17 @@
 
 A snapshot is a :data:`State`: nested ``dict`` (``str`` keys) and ``list`` of numpy arrays (numeric
 or fixed-width unicode, never object dtype) and Python ``int``, ``float``, ``bool``, ``str`` and
-``None``. Every operator names its state in one place, the class attribute ``STATE``: attribute ->
-how it is kept (a :class:`Keep`). Helpers holding state (group tables, accumulators, stores) have
-``snapshot``/``restore`` of their own. Configuration - window sizes, columns, compiled kernels,
-downstream links - is no state: planning the same query again rebuilds it.
+``None``. Configuration - window sizes, columns, compiled kernels, downstream links - is no state:
+planning the same query again rebuilds it.
+
+Saved forms (:class:`Versioned`): whatever a checkpoint keeps of an object is
+``{"version": VERSION, "fields": {name: State}}``, named fields under the version of their
+layout, the class's ``VERSION``. Every operator declares its fields in one place, the class
+attribute ``STATE`` (:class:`Stateful`): public name -> the attribute holding it and how it is
+kept (a :class:`Keep`), so renaming an attribute leaves the saved form as it is. Helpers holding
+state (group tables, accumulators, stores) write their fields by hand, under versions of their
+own. A saved form of another version is brought to this build's by the class's ``MIGRATIONS``
+or refused in one line, never read as if it were this build's: see :meth:`Versioned.opened`.
 
 Contract: on an object built like ``a`` (the same query planned again), ``b.restore(a.snapshot())``
 makes ``b`` emit from then on exactly what ``a`` emits. ``snapshot`` copies (``a`` goes on
@@ -37,7 +44,8 @@ import re
 import struct
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeAlias
 
@@ -254,9 +262,75 @@ def as_array(state: State, where: str, dtype: Any = None, ndim: int | None = Non
     return np.require(state, requirements=["C", "W", "A"])
 
 
+# -- saved forms ----------------------------------------------------------------------------------------
+Migration: TypeAlias = Callable[[dict[str, State]], dict[str, State]]
+
+
+def _as_saved(fields: dict[str, State]) -> dict[str, State]:
+    """Version 0 of a helper, saved before state versions: the same fields, without the envelope."""
+    return fields
+
+
+class Versioned(ABC):
+    """An object a checkpoint keeps, as the fields of its saved form under the class's ``VERSION``.
+
+    A class bumps ``VERSION`` whenever its saved form changes - a field added, dropped, renamed,
+    kept another way or meaning something else - and then either adds a step to ``MIGRATIONS``
+    (``{N: fields of version N -> fields of version N + 1}``) or lets states of version N be
+    refused. A ``VERSION`` covers the fields a class inherits (a change to ``Operator.STATE`` bumps
+    every operator's); helpers restored as one field (:data:`NESTED`, :data:`EACH`) have their own.
+    """
+
+    VERSION: ClassVar[int] = 1
+    MIGRATIONS: ClassVar[Mapping[int, Migration]] = MappingProxyType({0: _as_saved})
+
+    def snapshot(self) -> State:
+        return {"version": self.VERSION, "fields": self.save_fields()}
+
+    def restore(self, state: State, where: str | None = None) -> None:
+        """Put this object where ``snapshot`` took ``state``; raises ``CorruptState`` naming
+        ``where`` (default: its ``label``, else its class) and the field for a state that is not
+        of this class or of no version this build reads (the object is then partly restored)."""
+        where = where if where is not None else str(getattr(self, "label", type(self).__name__))
+        self.load_fields(self.opened(state, where), where)
+
+    @classmethod
+    def opened(cls, state: State, where: str) -> dict[str, State]:
+        """The fields of the saved form ``state`` in this build's layout: as saved under
+        ``VERSION``, or brought forward from an older version by ``MIGRATIONS`` one step at a time
+        (a state without version is version 0, saved before there were any)."""
+        found = as_dict(state, where)
+        if found.keys() == {"version", "fields"}:
+            saved, named = as_int(found["version"], f"{where}.version"), as_dict(found["fields"], where)
+        else:
+            saved, named = 0, found
+        version = saved
+        while version != cls.VERSION:
+            step = cls.MIGRATIONS.get(version) if version < cls.VERSION else None
+            if step is None:
+                raise CorruptState(
+                    f"checkpoint of {where} has state version {saved}, this build reads {cls.VERSION}"
+                )
+            named, version = step(named), version + 1
+        return named
+
+    @abstractmethod
+    def save_fields(self) -> dict[str, State]:
+        """The fields of the saved form: copies, never views of live values."""
+
+    @abstractmethod
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
+        """Take the fields of a saved form of this ``VERSION``, checking every one: a field that
+        is damaged or of another plan raises ``CorruptState`` naming ``where`` and the field."""
+
+
 # -- declaring state ------------------------------------------------------------------------------------
 class Keep(ABC):
-    """How one attribute is kept: saved as State, loaded back in place of its fresh value."""
+    """How one field is kept: saved as State, loaded back in place of its attribute's fresh value."""
+
+    def at(self, attribute: str) -> Field:
+        """The field kept this way in ``attribute``, a name the saved form does not depend on."""
+        return Field(attribute, self)
 
     @abstractmethod
     def save(self, value: Any) -> State:
@@ -360,8 +434,8 @@ class MapOf(Keep):
 
 
 class _Nested(Keep):
-    """A helper with ``snapshot``/``restore``, restored in place (whatever refers to it still
-    does); ``None`` when the operator has none."""
+    """A :class:`Versioned` helper, restored in place (whatever refers to it still does);
+    ``None`` when the operator has none."""
 
     def save(self, value: Any) -> State:
         return None if value is None else value.snapshot()
@@ -371,12 +445,12 @@ class _Nested(Keep):
             if fresh is not state:
                 raise CorruptState(f"state of {where} does not match the operator: saved by another plan?")
             return None
-        fresh.restore(state)
+        fresh.restore(state, where)
         return fresh
 
 
 class _Each(Keep):
-    """A tuple (or list) of helpers, each restored in place."""
+    """A tuple (or list) of :class:`Versioned` helpers, each restored in place."""
 
     def save(self, value: Any) -> State:
         return [item.snapshot() for item in value]
@@ -385,8 +459,8 @@ class _Each(Keep):
         items = as_list(state, where)
         if len(items) != len(fresh):
             raise CorruptState(f"state of {where} holds {len(items)} parts, the operator {len(fresh)}")
-        for helper, part in zip(fresh, items, strict=True):
-            helper.restore(part)
+        for i, (helper, part) in enumerate(zip(fresh, items, strict=True)):
+            helper.restore(part, f"{where}[{i}]")
         return fresh
 
 
@@ -425,27 +499,63 @@ EACH = _Each()
 DATA = _Data()
 
 
-def declare(*bases: Mapping[str, Keep], **keeps: Keep) -> Mapping[str, Keep]:
-    """A ``STATE`` declaration: the attributes of ``bases`` and ``keeps`` (name -> how kept)."""
-    merged: dict[str, Keep] = {}
+@dataclass(frozen=True)
+class Field:
+    """A field of a saved form: the attribute holding it, and how it is kept."""
+
+    attribute: str
+    keep: Keep
+
+
+def declare(*bases: Mapping[str, Field], **declared: Keep | Field) -> Mapping[str, Field]:
+    """A ``STATE`` declaration: the fields of ``bases``, then ``declared`` by their public names;
+    ``name=KEEP`` keeps the attribute ``name``, ``name=KEEP.at("_attribute")`` a private one."""
+    merged: dict[str, Field] = {}
     for base in bases:
         merged.update(base)
-    merged.update(keeps)
+    for name, how in declared.items():
+        if name.startswith("_"):
+            raise ValueError(f"state field {name!r}: a saved name is public ({name[1:]}=KEEP.at({name!r}))")
+        merged[name] = how if isinstance(how, Field) else Field(name, how)
     return MappingProxyType(merged)
 
 
-class Stateful:
-    """Snapshot and restore of the attributes its class names in ``STATE`` (and only those)."""
+def _unprivate(fields: dict[str, State]) -> dict[str, State]:
+    """Version 0 of a :class:`Stateful`: its fields were saved under the names of their
+    attributes, which version 1 made public by dropping the leading underscore (``_mode`` ->
+    ``mode``)."""
+    return {name.removeprefix("_"): value for name, value in fields.items()}
 
-    STATE: ClassVar[Mapping[str, Keep]] = {}
 
-    def snapshot(self) -> State:
-        return {name: keep.save(getattr(self, name)) for name, keep in self.STATE.items()}
+class Stateful(Versioned):
+    """A saved form declared in ``STATE`` (public name -> :class:`Field`) under ``VERSION``,
+    declared together: a class that declares ``STATE`` declares its ``VERSION``."""
 
-    def restore(self, state: State) -> None:
-        """Put this object where the snapshot ``state`` was taken; raises ``CorruptState`` for a
-        state that is not of this class (on error the object is left partly restored)."""
-        where = str(getattr(self, "label", type(self).__name__))
-        found = fields(state, self.STATE, where)
-        for name, keep in self.STATE.items():
-            setattr(self, name, keep.load(getattr(self, name), found[name], f"{where}.{name}"))
+    STATE: ClassVar[Mapping[str, Field]] = MappingProxyType({})
+    MIGRATIONS: ClassVar[Mapping[int, Migration]] = MappingProxyType({0: _unprivate})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "STATE" in vars(cls) and "VERSION" not in vars(cls):
+            raise TypeError(f"{cls.__name__} declares STATE without the VERSION of that saved form")
+
+    def save_fields(self) -> dict[str, State]:
+        return {name: field.keep.save(getattr(self, field.attribute)) for name, field in self.STATE.items()}
+
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
+        found = fields(saved, self.STATE, where)
+        self.adopt(
+            {
+                name: field.keep.load(getattr(self, field.attribute), found[name], f"{where}.{name}")
+                for name, field in self.STATE.items()
+            },
+            where,
+        )
+
+    def adopt(self, saved: Mapping[str, Any], where: str) -> None:
+        """The restore hook, called once every field of a saved form is read and checked
+        (``saved``: by public name): each value becomes the attribute its field names. A class
+        whose state is more than its fields (a cache of them, an invariant across them) extends
+        it; ``where`` names this object in its errors."""
+        for name, value in saved.items():
+            setattr(self, self.STATE[name].attribute, value)

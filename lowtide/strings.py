@@ -7,9 +7,10 @@ string. Invariants:
 * **Only what applies is added.** A batch holds its strings as :class:`Uncoded` columns until it
   applies; :meth:`StringPool.look` finds, before that, what it would add (its limits are checked
   and its late tuples judged on that, see :class:`Coding`), and :meth:`StringPool.commit` adds it
-  as it applies. Changes apply in one order (the input log's, at replay too), so a string gets the
-  same code at every replay (unless strings a server's front computes came in between: see
-  below), and a batch refused, or cut short by its producer, adds nothing.
+  as it applies (what is still new then, within the limits again). Changes apply in one order
+  (the input log's, at replay too), so a string gets the same code at every replay (unless
+  strings a server's front computes came in between: see below), and a batch refused, or cut
+  short by its producer, adds nothing.
 * **Only what is used is added.** A batch adds the strings its rows hold, never the unused
   entries of a dictionary-encoded column (the door also leaves out the columns no query reads:
   see :mod:`lowtide.schema`).
@@ -144,17 +145,18 @@ class Uncoded:
 @dataclass(frozen=True)
 class Coding:
     """How the string columns of one batch's parts code, as :meth:`StringPool.look` found the
-    pool after ``releases`` releases: each distinct string's code, or for a string new to the pool
-    its *provisional* code ``-2 - k`` (``new[k]``: new strings in order of first use, with what
-    each costs). Provisional codes compare as codes do (equal strings, equal codes; never a
-    held string's), so the door judges late tuples on them before the batch applies."""
+    pool: each distinct string's code, or for a string new to the pool its *provisional* code
+    ``-2 - k`` (``new[k]``: new strings in order of first use, with what each costs).
+    Provisional codes compare as codes do (equal strings, equal codes; never a held string's),
+    so the door judges late tuples on them before the batch applies. A coding holds until the
+    pool releases a holder (a freed code may name another string then): the door looks a batch
+    up again once its :class:`~lowtide.door.Epoch` moved past a release."""
 
     holder: str | None
     columns: list[dict[str, Uncoded]]  # per part
     found: list[dict[str, I64]]  # per part, per column: each distinct string's code
     new: list[str]
     costs: I64  # of each new string
-    releases: int
 
     def provisional(self) -> list[dict[str, I64]]:
         """Each part's columns, with provisional codes for the strings new to the pool."""
@@ -201,7 +203,6 @@ class StringPool:
         self._charged: dict[str, tuple[int, int]] = {}  # stream -> (strings, bytes) it owns
         self._unsent: list[int] | None = [] if mirrored else None
         self.bytes = 0  # what the strings held cost (see cost; a mirror's stays 0)
-        self.releases = 0  # releases that freed codes: what was coded before may name others now
         # While a server's checkpoint waits for its barriers: the codes computed strings pinned
         # (its output side saves them with :meth:`held`; see lowtide.server.checkpoint_coordinator).
         self.recording: list[int] | None = None
@@ -289,7 +290,7 @@ class StringPool:
                 codes[name] = got
             found.append(codes)
         strings: list[str] = list(new)  # type: ignore[arg-type]
-        return Coding(holder, [dict(p) for p in columns], found, strings, _costs(strings), self.releases)
+        return Coding(holder, [dict(p) for p in columns], found, strings, _costs(strings))
 
     def _find(self, strings: Sequence[str | None]) -> I64:
         """The code of each string, ``_NOT_FOUND`` where it has none (C-level look-ups)."""
@@ -301,11 +302,12 @@ class StringPool:
 
     def check(self, coding: Coding, limits: PoolLimits) -> None:
         """ResourceExhausted if what ``coding`` adds would take its stream past ``limits``."""
-        holder = coding.holder
-        if not coding.new or holder is None:
+        self._within(coding.holder, len(coding.new), int(coding.costs.sum()), limits)
+
+    def _within(self, holder: str | None, n_new: int, new_bytes: int, limits: PoolLimits) -> None:
+        if not n_new or holder is None:
             return
         held, held_bytes = self.charged(holder)
-        n_new, new_bytes = len(coding.new), int(coding.costs.sum())
         if held + n_new > limits.max_strings:
             raise ResourceExhausted(
                 f"the batch adds {n_new} strings to the {held} stream {holder!r} added, over the "
@@ -318,20 +320,22 @@ class StringPool:
                 f"each string's object and {ENTRY_BYTES} bytes of entry)"
             )
 
-    def commit(self, coding: Coding) -> list[dict[str, I64]]:
+    def commit(self, coding: Coding, limits: PoolLimits | None = None) -> list[dict[str, I64]]:
         """Add what ``coding`` found new (charged to its holder), make its holder hold every
-        string it uses, and return each part's code columns. No limit applies: the batch was
-        accepted. Looked up again when a release since may have freed a code it found."""
-        if coding.releases != self.releases:
-            coding = self.look(coding.holder, coding.columns)
+        string it uses, and return each part's code columns; all or nothing. ``coding`` was
+        looked up since the pool last released a holder (see :class:`Coding`); other batches
+        may have added some of its new strings since: only those still new are added, and
+        checked against ``limits`` (None: none) as :meth:`check` would check them now."""
         holder = coding.holder
         final = self._find(coding.new)  # another batch may have added some since the look-up
         todo = np.flatnonzero(final == _NOT_FOUND)
+        costs = coding.costs[todo]
+        if limits is not None:
+            self._within(holder, todo.size, int(costs.sum()), limits)
         if todo.size:
             codes = self._allocate(todo.size)
             values = coding.new if todo.size == len(coding.new) else [coding.new[k] for k in todo.tolist()]
             self._put(codes, values)
-            costs = coding.costs[todo]
             self._owners[codes] = NO_OWNER if holder is None else self._owner_of(holder)
             self.bytes += int(costs.sum())
             if holder is not None:
@@ -417,7 +421,6 @@ class StringPool:
         self._owners[freed] = NO_OWNER
         self.bytes -= int(_costs(gone).sum())
         if freed.size:
-            self.releases += 1
             self._compact()
         return freed
 

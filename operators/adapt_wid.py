@@ -77,7 +77,8 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.window_ids import admit_behind, touched_windows, window_rows
-from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.window_logic import WidLogic, logic_of
+from lowtide.operators.window_operator import WindowOperator
 from lowtide.operators.windows import Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
@@ -89,8 +90,9 @@ from lowtide.snapshot import (
     INTS,
     NESTED,
     OPTIONAL_ARRAY,
-    Keep,
+    Field,
     State,
+    Versioned,
     as_array,
     as_dict,
     declare,
@@ -218,7 +220,7 @@ def _grown(a: Arr, n: int, fill: Any) -> Arr:
     return out
 
 
-class LazyBuffer:
+class LazyBuffer(Versioned):
     """B: the tuples of lazy groups, each once, as columns.
 
     ``gid`` int32 (global group id), ``ws`` int64 (first window), ``span`` (windows of the tuple:
@@ -226,6 +228,8 @@ class LazyBuffer:
     every aggregated column in its own dtype. Capacity grows by half and shrinks when half of
     it is unused.
     """
+
+    VERSION = 1
 
     def __init__(self, value_columns: tuple[str, ...], max_span: int) -> None:
         self.value_columns = value_columns
@@ -298,7 +302,7 @@ class LazyBuffer:
     def take(self, index: I64) -> dict[str, Arr]:
         return {c: a[index] for c, a in self.values.items()}
 
-    def snapshot(self) -> State:
+    def save_fields(self) -> dict[str, State]:
         values: dict[str, State] = {c: a[: self.n].copy() for c, a in self.values.items()}
         return {
             "gid": self.gid[: self.n].copy(),
@@ -307,17 +311,17 @@ class LazyBuffer:
             "values": values,
         }
 
-    def restore(self, state: State) -> None:
-        found = fields(state, ("gid", "ws", "span", "values"), "lazy buffer")
-        self.gid = as_array(found["gid"], "lazy buffer.gid", np.int32, 1)
-        self.ws = as_array(found["ws"], "lazy buffer.ws", np.int64, 1)
-        self.span = as_array(found["span"], "lazy buffer.span", self.span.dtype, 1)
-        values = as_dict(found["values"], "lazy buffer.values")
-        self.values = {c: as_array(a, f"lazy buffer.values.{c}", ndim=1) for c, a in values.items()}
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
+        found = fields(saved, ("gid", "ws", "span", "values"), where)
+        self.gid = as_array(found["gid"], f"{where}.gid", np.int32, 1)
+        self.ws = as_array(found["ws"], f"{where}.ws", np.int64, 1)
+        self.span = as_array(found["span"], f"{where}.span", self.span.dtype, 1)
+        values = as_dict(found["values"], f"{where}.values")
+        self.values = {c: as_array(a, f"{where}.values.{c}", ndim=1) for c, a in values.items()}
         self.n = self.gid.shape[0]
         columns = [self.ws, self.span, *self.values.values()]
         if any(a.shape[0] != self.n for a in columns) or not self.values.keys() <= set(self.value_columns):
-            raise CorruptState("state of the lazy buffer does not fit the aggregate: saved by another plan?")
+            raise CorruptState(f"state of {where} does not fit the aggregate: saved by another plan?")
 
 
 class AdaptWIDAggregate(WindowOperator):
@@ -329,25 +333,26 @@ class AdaptWIDAggregate(WindowOperator):
     """
 
     label = "AdaptWID Aggregate"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         Operator.STATE,
         groups=NESTED,
-        _mode=ARRAY,
-        _eid=ARRAY,
-        _vol=ARRAY,
+        mode=ARRAY.at("_mode"),
+        eid=ARRAY.at("_eid"),
+        vol=ARRAY.at("_vol"),
         cells=NESTED,
-        _expire=OPTIONAL_ARRAY,
-        _eid_gid=ARRAY,
-        _until=ARRAY,
-        _eager_width=INT,
-        _free_eids=INTS,
-        _row_of=INT_MAP,
-        _free_rows=INTS,
-        _rows_used=INT,
+        expire=OPTIONAL_ARRAY.at("_expire"),
+        eid_gid=ARRAY.at("_eid_gid"),
+        until=ARRAY.at("_until"),
+        eager_width=INT.at("_eager_width"),
+        free_eids=INTS.at("_free_eids"),
+        row_of=INT_MAP.at("_row_of"),
+        free_rows=INTS.at("_free_rows"),
+        rows_used=INT.at("_rows_used"),
         buffer=NESTED,
-        _unfolded=INT,
+        unfolded=INT.at("_unfolded"),
         first_open=INT,
-        _hw_end=INT,
+        hw_end=INT.at("_hw_end"),
         windows_open=INT,
         high=FLOAT,
         low=FLOAT,
@@ -374,6 +379,7 @@ class AdaptWIDAggregate(WindowOperator):
         if not isinstance(window, Sliding):
             raise ValueError("AdaptWID evaluates time-based sliding and tumbling windows")
         self.window = window
+        self.logic: WidLogic = logic_of(window)
         self.group_columns = group_columns
         self.calls = calls
         self.decode = decode
@@ -460,11 +466,6 @@ class AdaptWIDAggregate(WindowOperator):
         self.low = low if low is not None else self.hysteresis * high
 
     # -- input ------------------------------------------------------------------------------
-    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
-        """Which tuples behind punctuation belong to a window emitted once the input
-        punctuation is ``punctuation`` (for ``error``)."""
-        return late_at(self.window, batch, punctuation)
-
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
         if batch.n == 0:
@@ -472,7 +473,7 @@ class AdaptWIDAggregate(WindowOperator):
         ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
         below, hw = _admit(ws, we, self.first_open)
         if below:  # behind punctuation: their open windows only, late for the emitted ones
-            batch, ws, we = admit_behind(batch, ws, we, self.first_open, self.late_sink)
+            batch, ws, we = admit_behind(batch, ws, we, self.first_open, self.late_sink, self.logic)
             if batch.n == 0:
                 return
         self._hw_end = max(self._hw_end, int(hw))

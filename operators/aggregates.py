@@ -28,7 +28,7 @@ from lowtide.batch import Batch
 from lowtide.errors import CorruptState
 from lowtide.operators import aggregate_kernels as k
 from lowtide.schema import FLOAT64, INT64, ColumnType
-from lowtide.snapshot import State, as_array, as_dict, as_list, as_str, fields
+from lowtide.snapshot import State, Versioned, as_array, as_dict, as_list, as_str, fields
 from lowtide.strings import NULL_CODE
 
 I64 = npt.NDArray[np.int64]
@@ -83,6 +83,23 @@ class AggregateCall:
         if func is AggFunc.HEAVY_HITTERS and kind is not None:
             return ColumnType(f"list<{kind.name}>")
         return FLOAT64
+
+
+def fusable(calls: tuple[AggregateCall, ...], group_types: tuple[ColumnType, ...]) -> bool:
+    """Whether Fused WID's kernel (:mod:`lowtide.operators.fused_wid`) computes these aggregates
+    by these groups: count(*), and count and sum of integer columns, by one column that is not a
+    float. The planner reads it to choose Fused WID, so it lives here and not beside the kernel."""
+    if len(group_types) != 1 or group_types[0].name == "float64":
+        return False
+    return all(
+        call.func is AggFunc.COUNT_STAR
+        or (
+            call.func in (AggFunc.COUNT, AggFunc.SUM)
+            and call.input_type is not None
+            and call.input_type.is_integer  # strings (codes) and floats count their nulls apart
+        )
+        for call in calls
+    )
 
 
 # +inf + -inf in a sum, inf - inf in a mean make NaN on purpose (numpy's answer): no warning.
@@ -157,8 +174,10 @@ def _grown(a: Arr, cap: int) -> Arr:
     return out
 
 
-class CellState:
+class CellState(Versioned):
     """Accumulators of all aggregate calls of one operator, as ``[row, group]`` arrays."""
+
+    VERSION = 1
 
     def __init__(self, calls: tuple[AggregateCall, ...], track_revisions: bool = False) -> None:
         self.calls = calls
@@ -217,7 +236,7 @@ class CellState:
         self._identity[name] = _identity(name, dtype)
         self._dtype[name] = dtype
 
-    def snapshot(self) -> State:
+    def save_fields(self) -> dict[str, State]:
         """Every accumulator array whole (capacity too), every value log, the string columns."""
         return {
             "arrays": {name: array.copy() for name, array in self.arrays.items()},
@@ -225,27 +244,27 @@ class CellState:
             "strings": [col for col in sorted(self.string_columns)],
         }
 
-    def restore(self, state: State) -> None:
-        """The accumulators and logs of ``state``, which may be more than this operator's calls
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
+        """The accumulators and logs saved, which may be more than this operator's calls
         declare (shared slices keep those of every query that read them)."""
-        found = fields(state, ("arrays", "logs", "strings"), "accumulators")
+        found = fields(saved, ("arrays", "logs", "strings"), where)
         arrays = {
-            name: as_array(array, f"accumulators.{name}", ndim=2)
-            for name, array in as_dict(found["arrays"], "accumulators.arrays").items()
+            name: as_array(array, f"{where}.arrays.{name}", ndim=2)
+            for name, array in as_dict(found["arrays"], f"{where}.arrays").items()
         }
         if "n" not in arrays:
-            raise CorruptState("state of the accumulators lacks the cell counts")
+            raise CorruptState(f"state of {where} lacks the cell counts")
         shape = arrays["n"].shape
         for name, array in arrays.items():
             if name.partition(":")[0] not in _KINDS or array.shape != shape or array.dtype.kind not in "if":
-                raise CorruptState(f"state of accumulator {name!r} does not fit the accumulators")
+                raise CorruptState(f"state of {where}.arrays.{name} does not fit the accumulators")
         self.arrays = arrays
         self._dtype = {name: array.dtype for name, array in arrays.items()}
         self._identity = {name: _identity(name, array.dtype) for name, array in arrays.items()}
-        logs = as_dict(found["logs"], "accumulators.logs")
-        self.logs = {col: _ValueLog.restored(log, f"value log of {col}") for col, log in logs.items()}
-        strings = as_list(found["strings"], "accumulators.strings")
-        self.string_columns = {as_str(col, "accumulators.strings") for col in strings}
+        logs = as_dict(found["logs"], f"{where}.logs")
+        self.logs = {col: _ValueLog.restored(log, f"{where}.logs.{col}") for col, log in logs.items()}
+        strings = as_list(found["strings"], f"{where}.strings")
+        self.string_columns = {as_str(col, f"{where}.strings") for col in strings}
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -5,12 +5,14 @@ punctuation to the operators connected downstream. It never sorts its input and 
 tuple back to restore order: whatever it holds is state that punctuation eventually releases.
 Each subclass states in its docstring what its output punctuation promises.
 
-Each subclass also names its state in ``STATE`` (see :mod:`lowtide.snapshot`): restored into
-the same operator planned again, it resumes exactly where the snapshot was taken. The counters
-and the last punctuation emitted are every operator's state. And each says how its input may be
-split across workers, :meth:`Operator.placement` (see :mod:`lowtide.operators.placement`): one
-worker unless it says otherwise; ``placement_for``, a static method of the parameters it is built
-with, says the same before it is built (a query's partitioning is known from its description).
+Each subclass also names its state in ``STATE``, the public fields of its saved form under its
+``VERSION`` (see :mod:`lowtide.snapshot`): restored into the same operator planned again, it
+resumes exactly where the snapshot was taken. The counters and the last punctuation emitted are
+every operator's state (a change to these fields bumps every operator's ``VERSION``). And each
+says how its input may be split across workers, :meth:`Operator.placement` (see
+:mod:`lowtide.operators.placement`): one worker unless it says otherwise; ``placement_for``, a
+static method of the parameters it is built with, says the same before it is built (a query's
+partitioning is known from its description).
 Operators over windows declare more: :mod:`lowtide.operators.window_operator`.
 """
 
@@ -23,14 +25,15 @@ from typing import ClassVar
 from lowtide.batch import Batch
 from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.punctuation.model import Punctuation
-from lowtide.snapshot import DATA, INT, Keep, Stateful, declare
+from lowtide.snapshot import DATA, INT, Field, Stateful, declare
 
 
 class Operator(Stateful, ABC):
     """A node of an operator graph; ``label`` names it in ``explain`` and in metrics."""
 
     label: str = "Operator"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(tuples_in=INT, tuples_out=INT, progress_out=DATA)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(tuples_in=INT, tuples_out=INT, progress_out=DATA)
 
     def __init__(self) -> None:
         self._outputs: list[tuple[Operator, int]] = []

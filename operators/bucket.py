@@ -29,9 +29,10 @@ from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
+from lowtide.operators.window_logic import logic_of
 from lowtide.operators.windows import Landmark, Rows, Sliding, Window
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.snapshot import ARRAY, INT, NESTED, Keep, declare
+from lowtide.snapshot import ARRAY, INT, NESTED, Field, declare
 
 I64 = npt.NDArray[np.int64]
 
@@ -63,13 +64,18 @@ def key_matrix(batch: Batch, columns: tuple[str, ...]) -> I64:
 
 class Bucket(Operator):
     label = "Bucket"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
-        Operator.STATE, _rows_seen=INT, _partitions=NESTED, _partition_counts=ARRAY
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
+        Operator.STATE,
+        rows_seen=INT.at("_rows_seen"),
+        partitions=NESTED.at("_partitions"),
+        partition_counts=ARRAY.at("_partition_counts"),
     )
 
     def __init__(self, window: Window, allowed_lateness: int | None = None) -> None:
         super().__init__()
         self.window = window
+        self.logic = logic_of(window)  # tags with open_for, punctuates close_for
         self.allowed_lateness = allowed_lateness
         self._rows_seen = 0
         self._partitions = GroupTable(len(window.partition)) if isinstance(window, Rows) else None
@@ -111,16 +117,16 @@ class Bucket(Operator):
             else:
                 positions = np.arange(self._rows_seen, self._rows_seen + batch.n, dtype=np.int64)
             self._rows_seen += batch.n
-            start, end = window.wids(positions)
+            start, end = self.logic.open_for(positions)
         else:
-            start, end = window.wids(batch.columns[window.attribute].astype(np.int64, copy=False))
+            start, end = self.logic.open_for(batch.columns[window.attribute].astype(np.int64, copy=False))
         out = batch.with_columns({"wid_start": start, "wid_end": end, **extra})
         inside = start < end
         if not inside.all() and "partition" not in extra:
             out = out.select(inside)
         self.emit(out)
         if isinstance(window, Rows) and not window.partition:
-            self._advance(window.first_open(self._rows_seen), None)
+            self._advance(self.logic.close_for(self._rows_seen), None)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         window = self.window
@@ -136,9 +142,9 @@ class Bucket(Operator):
             retain = (
                 END_OF_STREAM
                 if p >= END_OF_STREAM
-                else window.first_open(max(NO_PROGRESS, p - self.allowed_lateness))
+                else self.logic.close_for(max(NO_PROGRESS, p - self.allowed_lateness))
             )
-        self._advance(window.first_open(p), retain)
+        self._advance(self.logic.close_for(p), retain)
 
     def _advance(self, first_open: int, retain: int | None) -> None:
         # Windows are emitted (wid) before they may be forgotten (wid_retain <= wid).

@@ -19,12 +19,13 @@ from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.punctuation.model import Punctuation
-from lowtide.snapshot import NESTED, Keep, declare
+from lowtide.snapshot import NESTED, Field, declare
 
 
 class DupElim(Operator):
     label = "DupElim"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _seen=NESTED)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(Operator.STATE, seen=NESTED.at("_seen"))
 
     def __init__(self, columns: tuple[str, ...], attribute: str) -> None:
         super().__init__()

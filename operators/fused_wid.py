@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.operators.aggregates import AggFunc, AggregateCall
+from lowtide.operators.aggregates import AggFunc, AggregateCall, fusable
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
 from lowtide.operators.result_queue import SlowFlush
@@ -43,11 +43,12 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.select import Predicate
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind
-from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.window_logic import WidLogic, logic_of
+from lowtide.operators.window_operator import WindowOperator
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
 from lowtide.schema import ColumnType
-from lowtide.snapshot import NESTED, Keep, declare
+from lowtide.snapshot import NESTED, Field, declare
 
 I64 = npt.NDArray[np.int64]
 B1 = npt.NDArray[np.bool_]
@@ -106,25 +107,10 @@ def _fused_count_sums(
                 sums[a][r, g] += values[a][i]
 
 
-def fusable(calls: tuple[AggregateCall, ...], group_types: tuple[ColumnType, ...]) -> bool:
-    """Whether the kernel computes these aggregates by these groups: count(*), and count and sum
-    of integer columns, by one column that is not a float."""
-    if len(group_types) != 1 or group_types[0].name == "float64":
-        return False
-    return all(
-        call.func is AggFunc.COUNT_STAR
-        or (
-            call.func in (AggFunc.COUNT, AggFunc.SUM)
-            and call.input_type is not None
-            and call.input_type.is_integer  # strings (codes) and floats count their nulls apart
-        )
-        for call in calls
-    )
-
-
 class FusedWIDAggregate(WindowOperator):
     label = "Fused WID Aggregate"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, state=NESTED)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(Operator.STATE, state=NESTED)
 
     def __init__(
         self,
@@ -142,6 +128,7 @@ class FusedWIDAggregate(WindowOperator):
         assert fusable(calls, group_types) and predicates
         super().__init__()
         self.window = window
+        self.logic: WidLogic = logic_of(window)
         self.predicates = predicates
         self.group_columns = group_columns
         self.late_sink = late_sink
@@ -184,13 +171,15 @@ class FusedWIDAggregate(WindowOperator):
         lo, hi = _ts_range(ts, rows)
         first, last = (lo - window.range) // window.slide + 1, hi // window.slide + 1
         if batch.late:  # behind punctuation: Bucket's path, from the first window not emitted
-            ws, we = window.wids(ts[rows])
-            kept, ws, we = admit_behind(batch.select(rows), ws, we, state.first_open, self.late_sink)
+            ws, we = self.logic.open_for(ts[rows])
+            kept, ws, we = admit_behind(
+                batch.select(rows), ws, we, state.first_open, self.late_sink, self.logic
+            )
             if kept.n:
                 state.add(kept, ws, we)
         elif last - first > _SPARSE * rows.shape[0] + 64:
             # Far-apart tuples: Bucket's path allocates rows only for windows holding tuples.
-            ws, we = window.wids(ts[rows])
+            ws, we = self.logic.open_for(ts[rows])
             state.add(batch.select(rows), ws, we)
         else:
             keys = columns[self.group_columns[0]][rows].astype(np.int64, copy=False)
@@ -209,11 +198,6 @@ class FusedWIDAggregate(WindowOperator):
             state.release([w for w in new if not touched[w - first]])  # windows between tuples, empty
         state.queue.flush_some(rows.shape[0])
 
-    def late_mask(self, batch: Batch, punctuation: int) -> B1:
-        """Which tuples behind punctuation (before the WHERE) belong to a window emitted once
-        the input punctuation is ``punctuation`` (for ``error``)."""
-        return late_at(self.window, batch, punctuation)
-
     def emit_partials(self) -> None:
         """Early results: the open windows' current rows, ``final = false``."""
         self.state.emit_partials()
@@ -222,7 +206,7 @@ class FusedWIDAggregate(WindowOperator):
         """Stream punctuation on the window attribute, as Bucket would turn it into window ids."""
         if punctuation.attribute != self.window.attribute:
             return
-        state, q = self.state, self.window.first_open(punctuation.value)
+        state, q = self.state, self.logic.close_for(punctuation.value)
         if q <= state.first_open:
             return
         state.queue_windows(state.ready(q))
@@ -230,4 +214,4 @@ class FusedWIDAggregate(WindowOperator):
         state.queue.punctuate(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(q))
 
 
-__all__ = ["FusedWIDAggregate", "fusable"]
+__all__ = ["FusedWIDAggregate"]

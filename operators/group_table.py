@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.errors import CorruptState
-from lowtide.snapshot import State, as_array, as_bool, as_int, fields
+from lowtide.snapshot import State, Versioned, as_array, as_bool, as_int, fields
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -130,8 +130,10 @@ def _rebuild(stored: I64, n_groups: int, slots: I64) -> None:
         slots[s] = g
 
 
-class GroupTable:
+class GroupTable(Versioned):
     """Maps key rows to dense group ids; ``keys()`` gives the key of every id."""
+
+    VERSION = 1
 
     def __init__(self, width: int) -> None:
         self.width = width
@@ -225,21 +227,21 @@ class GroupTable:
         self._slots = np.full(capacity, _EMPTY, dtype=np.int64)
         _rebuild(self._stored, self.n_groups, self._slots)
 
-    def snapshot(self) -> State:
+    def save_fields(self) -> dict[str, State]:
         """The key of every group id, and the range of the direct lookup (``span`` 0: none)."""
         return {"keys": self.keys.copy(), "dense": self.dense, "base": self._base, "span": len(self._index)}
 
-    def restore(self, state: State) -> None:
-        found = fields(state, ("keys", "dense", "base", "span"), "group table")
-        keys = as_array(found["keys"], "group table.keys", np.int64, 2)
-        dense, base = as_bool(found["dense"], "group table.dense"), as_int(found["base"], "group table.base")
-        span, n = as_int(found["span"], "group table.span"), keys.shape[0]
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
+        found = fields(saved, ("keys", "dense", "base", "span"), where)
+        keys = as_array(found["keys"], f"{where}.keys", np.int64, 2)
+        dense, base = as_bool(found["dense"], f"{where}.dense"), as_int(found["base"], f"{where}.base")
+        span, n = as_int(found["span"], f"{where}.span"), keys.shape[0]
         if keys.shape[1] != self.width or (dense and self.width != 1):
-            raise CorruptState(f"group table state has keys of width {keys.shape[1]}, not {self.width}")
+            raise CorruptState(f"state of {where} has keys of width {keys.shape[1]}, not {self.width}")
         if dense and not (
             0 <= span <= DENSE_SPAN and (n == 0 or (base <= keys.min() and keys.max() < base + span))
         ):
-            raise CorruptState(f"group table state has keys outside its direct range of {span} from {base}")
+            raise CorruptState(f"state of {where} has keys outside its direct range of {span} from {base}")
         self._stored = np.empty((max(64, n), self.width), dtype=np.int64)
         self._stored[:n] = keys
         self.n_groups, self.dense, self._base = n, dense, base

@@ -31,7 +31,7 @@ from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
 from lowtide.punctuation.model import Punctuation
 from lowtide.punctuation.policies import LatePolicy
-from lowtide.snapshot import INT, Keep, declare
+from lowtide.snapshot import INT, Field, declare
 
 # Which tuples behind punctuation are late for a query, given every stream's published progress.
 LateRule: TypeAlias = Callable[[Batch, Mapping[str, int]], npt.NDArray[np.bool_]]
@@ -39,7 +39,8 @@ LateRule: TypeAlias = Callable[[Batch, Mapping[str, int]], npt.NDArray[np.bool_]
 
 class Input(Operator):
     label = "Input"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, late_tuples=INT)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(Operator.STATE, late_tuples=INT)
 
     def __init__(self, stream: str, policy: LatePolicy, on_drop: Callable[[Batch], None]) -> None:
         super().__init__()
@@ -57,7 +58,10 @@ class Input(Operator):
 
     @property
     def counts_behind(self) -> bool:
-        """Whether tuples behind punctuation travel on for the window operator to judge."""
+        """Whether tuples behind punctuation travel on for the window operator to judge: a
+        window logic judges them (the rule is one, compiled by :mod:`lowtide.query.late_rules`)."""
+        # Under update they travel on without a rule too: that is the policy's (windows revised
+        # past punctuation), not a window's logic, so it stays a clause of its own.
         return self.late_rule is not None or self.policy is LatePolicy.UPDATE
 
     def describe(self) -> str:

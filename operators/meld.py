@@ -16,12 +16,13 @@ from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
-from lowtide.snapshot import DATA, Keep, declare
+from lowtide.snapshot import DATA, Field, declare
 
 
 class Meld(Operator):
     label = "Meld"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _bounds=DATA)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(Operator.STATE, bounds=DATA.at("_bounds"))
 
     def __init__(self, inputs: int) -> None:
         super().__init__()

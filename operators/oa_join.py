@@ -116,8 +116,7 @@ without keys.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -127,9 +126,22 @@ from lowtide.batch import Batch, Column
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.group_table import hash_rows
+from lowtide.operators.join_windows import Band, JoinSide, JoinWindow, Tumbling, Until
 from lowtide.operators.placement import Placement
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.snapshot import EACH, INT, INTS, Keep, State, as_array, as_dict, as_int, declare, fields
+from lowtide.snapshot import (
+    EACH,
+    INT,
+    INTS,
+    Field,
+    State,
+    Versioned,
+    as_array,
+    as_dict,
+    as_int,
+    declare,
+    fields,
+)
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -291,45 +303,6 @@ def _heap_drop(h_ts: I64, h_end: I64, n: int, threshold: int) -> int:
     return n
 
 
-@dataclass(frozen=True)
-class Band:
-    """Sliding-window (band) join: ``S0.ts - r1 <= S1.ts <= S0.ts + r0``, in ts units."""
-
-    r0: int
-    r1: int
-
-
-@dataclass(frozen=True)
-class Tumbling:
-    """Tumbling-window join: ``S0.ts // d == S1.ts // d``."""
-
-    d: int
-
-
-@dataclass(frozen=True)
-class Until:
-    """Interval join bounded by a column of input ``side`` (0 left, 1 right): a tuple ``x`` of it
-    and a tuple ``y`` of the other match when ``x.ts + low <= y.ts <= x.column + high``."""
-
-    side: int
-    column: str
-    low: int
-    high: int = 0
-
-
-JoinWindow: TypeAlias = Band | Tumbling | Until
-
-
-@dataclass(frozen=True)
-class JoinSide:
-    """One input of the join: output prefix, carried columns, progressing attribute, keys."""
-
-    prefix: str
-    columns: tuple[str, ...]
-    ts: str
-    keys: tuple[str, ...]
-
-
 def _plus(b: int, c: int) -> int:
     """``b + c`` with ``NO_PROGRESS``/``END_OF_STREAM`` as -inf/+inf, clamped into int64."""
     if b <= NO_PROGRESS or b >= END_OF_STREAM:
@@ -412,12 +385,14 @@ def _offset(c: int) -> str:
     return f" + {c}" if c > 0 else f" - {-c}"
 
 
-class _Store:
+class _IndexedInput(Versioned):
     """The stored tuples of one input: columnar rows plus the chained hash index on the keys.
 
     ``bounded``: the rows have ends of their own (an until join's bounded input), kept in ``ends``
     beside the ts, with the min-heap on ts that finds the oldest live row; otherwise a row's end
     is its ts (:attr:`end` is ``ts``)."""
+
+    VERSION = 1
 
     def __init__(self, n_keys: int, payload: tuple[str, ...], bounded: bool = False) -> None:
         self.n_keys = n_keys
@@ -573,7 +548,7 @@ class _Store:
         row = 8 * (3 + self.n_keys + self.bounded) + sum(v.dtype.itemsize for v in self.payload.values())
         return self.n * row + int(self.heads.nbytes) + 16 * self.heap_n
 
-    def snapshot(self) -> State:
+    def save_fields(self) -> dict[str, State]:
         """The stored rows (ts, keys, hash, chain link, carried columns; ends when bounded), the
         slot heads, when to purge next, and when bounded the heap."""
         n = self.n
@@ -588,22 +563,22 @@ class _Store:
             state["heap_end"] = self.heap_end[: self.heap_n].copy()
         return state
 
-    def restore(self, state: State) -> None:
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
         names = ["ts", "keys", "hashes", "nxt", "payload", "heads", "scan_n", "purge_at"]
-        found = fields(state, names + (["ends", "heap_ts", "heap_end"] if self.bounded else []), "join store")
-        self.ts = as_array(found["ts"], "join store.ts", np.int64, 1)
-        self.keys = as_array(found["keys"], "join store.keys", np.int64, 2)
-        self.hashes = as_array(found["hashes"], "join store.hashes", np.uint64, 1)
-        self.nxt = as_array(found["nxt"], "join store.nxt", np.int64, 1)
-        self.heads = as_array(found["heads"], "join store.heads", np.int64, 1)
-        payload = as_dict(found["payload"], "join store.payload")
-        self.payload = {c: as_array(v, f"join store.payload.{c}", ndim=1) for c, v in payload.items()}
+        found = fields(saved, names + (["ends", "heap_ts", "heap_end"] if self.bounded else []), where)
+        self.ts = as_array(found["ts"], f"{where}.ts", np.int64, 1)
+        self.keys = as_array(found["keys"], f"{where}.keys", np.int64, 2)
+        self.hashes = as_array(found["hashes"], f"{where}.hashes", np.uint64, 1)
+        self.nxt = as_array(found["nxt"], f"{where}.nxt", np.int64, 1)
+        self.heads = as_array(found["heads"], f"{where}.heads", np.int64, 1)
+        payload = as_dict(found["payload"], f"{where}.payload")
+        self.payload = {c: as_array(v, f"{where}.payload.{c}", ndim=1) for c, v in payload.items()}
         n = self.ts.shape[0]
         columns = [self.keys, self.hashes, self.nxt, *self.payload.values()]
         if self.bounded:
-            self.ends = as_array(found["ends"], "join store.ends", np.int64, 1)
-            self.heap_ts = as_array(found["heap_ts"], "join store.heap_ts", np.int64, 1)
-            self.heap_end = as_array(found["heap_end"], "join store.heap_end", np.int64, 1)
+            self.ends = as_array(found["ends"], f"{where}.ends", np.int64, 1)
+            self.heap_ts = as_array(found["heap_ts"], f"{where}.heap_ts", np.int64, 1)
+            self.heap_end = as_array(found["heap_end"], f"{where}.heap_end", np.int64, 1)
             self.heap_n = self.heap_ts.shape[0]
             columns.append(self.ends)
         heads = self.heads.shape[0]
@@ -615,10 +590,10 @@ class _Store:
             or heads < _MIN_SLOTS
             or heads & (heads - 1)
         ):
-            raise CorruptState("state of a join store does not fit the join: saved by another plan?")
+            raise CorruptState(f"state of {where} does not fit the join: saved by another plan?")
         self.n = n
-        self.scan_n = as_int(found["scan_n"], "join store.scan_n")
-        self.purge_at = as_int(found["purge_at"], "join store.purge_at")
+        self.scan_n = as_int(found["scan_n"], f"{where}.scan_n")
+        self.purge_at = as_int(found["purge_at"], f"{where}.purge_at")
 
 
 class OAJoin(Operator):
@@ -632,7 +607,10 @@ class OAJoin(Operator):
 
     label = "OA-Join"
     # _need sizes the reused probe buffers (their content is scratch).
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _stores=EACH, _bounds=INTS, _need=INT)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
+        Operator.STATE, stores=EACH.at("_stores"), bounds=INTS.at("_bounds"), need=INT.at("_need")
+    )
 
     def __init__(
         self,
@@ -661,8 +639,8 @@ class OAJoin(Operator):
         n_keys = len(left.keys) + (1 if isinstance(window, Tumbling) else 0)
         bounded = window.side if isinstance(window, Until) else None
         self._stores = (
-            _Store(n_keys, left.columns, bounded == 0),
-            _Store(n_keys, right.columns, bounded == 1),
+            _IndexedInput(n_keys, left.columns, bounded == 0),
+            _IndexedInput(n_keys, right.columns, bounded == 1),
         )
         self._bounds = [NO_PROGRESS, NO_PROGRESS]  # b0, b1
         # probe output buffers, reused across batches: about the largest recent probe output
@@ -722,7 +700,9 @@ class OAJoin(Operator):
         payload = {c: batch[c] for c in side.columns}
         self._stores[port].append(ts, end, keys, hashes, payload, rows)
 
-    def _probe(self, hashes: U64, keys: I64, lo: I64, hi: I64, need: I64, other: _Store) -> tuple[I64, I64]:
+    def _probe(
+        self, hashes: U64, keys: I64, lo: I64, hi: I64, need: I64, other: _IndexedInput
+    ) -> tuple[I64, I64]:
         """Probe ``other`` with a batch into the reused pair buffers, doubling them as needed."""
         buf_p, buf_s = self._pairs
         index = (other.heads, other.nxt, other.hashes, other.keys, other.ts, other.end)
@@ -739,7 +719,7 @@ class OAJoin(Operator):
         self._pairs = (buf_p[:keep].copy(), buf_s[:keep].copy()) if buf_p.size > 2 * keep else (buf_p, buf_s)
         return buf_p[:n], buf_s[:n]
 
-    def _emit_pairs(self, batch: Batch, rows: I64, other: _Store, stored: I64, port: int) -> None:
+    def _emit_pairs(self, batch: Batch, rows: I64, other: _IndexedInput, stored: I64, port: int) -> None:
         parts: list[dict[str, Column]] = [{}, {}]
         mine, theirs = self.sides[port], self.sides[1 - port]
         parts[port] = {f"{mine.prefix}.{c}": batch[c][rows] for c in mine.columns}

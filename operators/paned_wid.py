@@ -50,7 +50,6 @@ results it has queued; the rows themselves (running window, scratch) are the sli
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -67,10 +66,11 @@ from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.shared_slices import SharedSlices
 from lowtide.operators.wid_state import Cells, nonempty_cells
 from lowtide.operators.window_ids import touched_windows, window_rows
-from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.window_logic import WidLogic, logic_of
+from lowtide.operators.window_operator import WindowOperator
 from lowtide.operators.windows import Sliding
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.snapshot import INT, NESTED, OPTIONAL_INT, Keep, declare
+from lowtide.snapshot import INT, NESTED, OPTIONAL_INT, Field, declare
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
@@ -79,22 +79,17 @@ Mask = npt.NDArray[np.bool_]
 EMIT_CHUNK = 64
 
 
-def pane_of(window: Sliding) -> Sliding:
-    """The tumbling window of panes that ``window`` is cut into."""
-    pane = math.gcd(window.range, window.slide)
-    return Sliding(pane, pane, window.attribute)
-
-
 class PanedWIDAggregate(WindowOperator):
     label = "Paned-WID Aggregate"
     # The group table and accumulators it reads are the slices' state, not its own.
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         Operator.STATE,
         first_open=INT,
         queue=NESTED,
-        _next_window=INT,
-        _running=OPTIONAL_INT,
-        _running_window=OPTIONAL_INT,
+        next_window=INT.at("_next_window"),
+        running=OPTIONAL_INT.at("_running"),
+        running_window=OPTIONAL_INT.at("_running_window"),
         generation=INT,
     )
 
@@ -113,6 +108,7 @@ class PanedWIDAggregate(WindowOperator):
             raise ValueError(f"slices of {slices.width} do not tile windows of {window.describe()}")
         super().__init__()
         self.window = window
+        self.logic: WidLogic = logic_of(window)
         self.slices = slices
         self.calls = calls
         self.late_sink = late_sink  # this query's late side stream
@@ -172,24 +168,20 @@ class PanedWIDAggregate(WindowOperator):
         raise TypeError("Paned-WID reads its shared slices: tuples go to them")
 
     # -- tuples behind punctuation (docs/design.md, "Punctuation and lateness") -----------------
-    def late_mask(self, batch: Batch, punctuation: int) -> Mask:
-        """Which tuples (behind punctuation, as they enter the query) belong to a window this
-        query has emitted once its input punctuation is ``punctuation`` (for ``error``): those
-        :meth:`judge_behind` sends to the late side stream. Its windows end on slice edges, so
-        the slices' punctuation ``p // width`` completes exactly the windows ending at or before ``p``."""
-        return late_at(self.window, batch, punctuation)
-
     def judge_behind(self, batch: Batch) -> Mask:
         """Which tuples behind punctuation count in a window of this query not yet emitted;
         those that missed an emitted one go to its late side stream, once (a sliding window
-        may count them in its open windows too)."""
+        may count them in its open windows too). Its windows end on slice edges, so the slices'
+        punctuation ``p // width`` completes exactly the windows ending at or before ``p``: those
+        its ``late_mask`` (its logic's ``late_for``) finds at ``p``."""
         values = batch.columns[self.window.attribute].astype(np.int64, copy=False)
-        ws, we = self.window.wids(values)
-        inside = ws < we
-        missed = inside & (ws < self._next_window)
+        ws, we = self.logic.open_for(values)
+        missed = self.logic.missed(ws, we, self._next_window)
         if self.late_sink is not None and missed.any():
             self.late_sink(batch.select(missed))
-        return inside & (we > self._next_window)
+        ws, we = self.logic.still_open(ws, we, self._next_window)
+        counted: Mask = ws < we
+        return counted
 
     def running_holds(self, slices: I64) -> Mask:
         """Which of the ``slices`` the running window has summed already."""
@@ -211,7 +203,7 @@ class PanedWIDAggregate(WindowOperator):
             return
         q = self.first_open = punctuation.value
         complete = END_OF_STREAM if q >= END_OF_STREAM else q * self.pane
-        first_open = self.window.first_open(complete)
+        first_open = self.logic.close_for(complete)
         if first_open > self._next_window:
             self._emit_complete(first_open)
         self.queue.punctuate(END_OF_STREAM if q >= END_OF_STREAM else self.window.end_of(first_open))
@@ -273,7 +265,7 @@ class PanedWIDAggregate(WindowOperator):
 
     def _windows_of(self, panes: I64) -> I64:
         """The windows holding at least one of the sorted live slices ``panes``, sorted."""
-        ws, we = self.window.wids(panes * self.pane)
+        ws, we = self.logic.open_for(panes * self.pane)
         return touched_windows(ws, we)
 
     def _combine(
@@ -336,7 +328,7 @@ class PanedWIDAggregate(WindowOperator):
         live[pane_rows] = True  # not rows of other generations, readers' running windows or scratch
         for log in logs:
             entries = np.flatnonzero(live[log.rows[: log.n]])
-            ws, we = self.window.wids(slice_of[log.rows[entries]] * self.pane)
+            ws, we = self.logic.open_for(slice_of[log.rows[entries]] * self.pane)
             ws, we = np.maximum(ws, first), np.minimum(we, last)
             rows, gids, index = expand_cells(
                 *window_rows(ws, we, windows, np.array(scratch, np.int64)), log.gids[entries]
@@ -373,4 +365,4 @@ class PanedWIDAggregate(WindowOperator):
         self._running_window = w
 
 
-__all__ = ["PanedWIDAggregate", "pane_of"]
+__all__ = ["PanedWIDAggregate"]

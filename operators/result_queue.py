@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from lowtide.errors import CorruptState
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
-from lowtide.snapshot import Keep, State, Stateful, as_array, as_int, as_list, as_str, declare, fields
+from lowtide.snapshot import Field, Keep, State, Stateful, as_array, as_int, as_list, as_str, declare, fields
 
 I64 = npt.NDArray[np.int64]
 
@@ -116,7 +116,8 @@ class ResultQueue(Stateful):
     """Cells of complete windows and punctuation, leaving through ``outlet`` in the order queued;
     ``flush`` None: all at once."""
 
-    STATE: ClassVar[Mapping[str, Keep]] = declare(items=_Items())
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(items=_Items())
 
     def __init__(self, outlet: Outlet, flush: SlowFlush | None) -> None:
         self.outlet = outlet

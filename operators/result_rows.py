@@ -25,6 +25,7 @@ from lowtide.schema import ColumnType
 
 I64 = npt.NDArray[np.int64]
 FINAL = "final"  # the column of early results: false on a partial row (EMIT EVERY)
+RETRACTED = "retracted"  # the column of sessions under late = update: true on a withdrawn session
 Having = Callable[[dict[str, Any]], npt.NDArray[np.bool_]]
 
 
@@ -125,4 +126,4 @@ class ResultRows:
         return Batch({name: columns[name] for name in self.columns}, size), keep
 
 
-__all__ = ["FINAL", "Having", "ResultRows", "apply_having", "key_columns"]
+__all__ = ["FINAL", "RETRACTED", "Having", "ResultRows", "apply_having", "key_columns"]

@@ -25,7 +25,7 @@ from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
 from lowtide.punctuation.model import Punctuation
-from lowtide.snapshot import INT, Keep, State, as_array, declare, fields
+from lowtide.snapshot import INT, Field, Keep, State, as_array, declare, fields
 
 Predicate = Callable[[Mapping[str, npt.NDArray[Any]]], Any]
 RERANK = 16  # batches between re-rankings
@@ -109,7 +109,10 @@ def passing(predicates: Sequence[Predicate], batch: Batch) -> npt.NDArray[np.boo
 
 class Select(Operator):
     label = "Select"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, conjuncts=_Ranking(), _batches=INT)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
+        Operator.STATE, conjuncts=_Ranking(), batches=INT.at("_batches")
+    )
 
     def __init__(self, conjuncts: list[tuple[Predicate, str]]) -> None:
         super().__init__()

@@ -22,8 +22,10 @@ once), then purged; ``gone[g]`` keeps the largest end purged of each group ``g``
     q = min(window_end of every session held and never shown,  floor + gap) = p - L + 1 - r
 
 where ``floor = p - L - gap - r + 1`` is the smallest value a tuple may have and still count
-(below). The rule - when a tuple joins, when a session is complete, the floor, ``gone`` - is the
-session table's (:class:`~lowtide.operators.session_table.SessionTable`): this operator asks it.
+(below). When a tuple joins a session is the session table's rule
+(:class:`~lowtide.operators.session_table.SessionTable`); when a session is complete, the floor and
+which tuples ``gone`` makes late are the window's logic
+(:class:`~lowtide.operators.window_logic.SessionLogic`): this operator asks them.
 Invariant (what makes ``q`` truthful): a session only grows, so one held never ends below its
 current end, at least ``p - L + 1 - r`` (else it was purged); a session a counted tuple
 ``t >= floor`` starts or joins ends at ``t + gap >= floor + gap`` or later. So no row of revision
@@ -40,7 +42,8 @@ come in time: it joins, starts or merges held sessions (under ``drop`` those are
 nothing emitted changes). Every other tuple is late for the query and goes to the late side
 stream, once. Under ``error`` the query's Inputs reject every batch holding a tuple behind
 punctuation: whether one is late depends on ``gone``, which a rule of punctuation alone
-(:meth:`SessionAggregate.late_mask`, what the server's front evaluates) cannot know.
+(:meth:`~lowtide.operators.window_logic.SessionLogic.late_for`, what the server's front
+evaluates) cannot know.
 
 Late policy ``update`` (allowed lateness ``L``, 0 when not given; Flink's allowed lateness): a
 session stays held, after it was emitted, until ``p >= window_end + r + L``; a tuple counts by (a)
@@ -81,17 +84,17 @@ from lowtide.operators.base import Operator
 from lowtide.operators.bucket import key_matrix
 from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import Placement
-from lowtide.operators.result_rows import FINAL, Having, apply_having, key_columns
+from lowtide.operators.result_rows import FINAL, RETRACTED, Having, apply_having, key_columns
 from lowtide.operators.session_table import SessionTable
-from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.window_logic import SessionLogic, logic_of
+from lowtide.operators.window_operator import WindowOperator
 from lowtide.operators.windows import Session
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
-from lowtide.snapshot import INT, NESTED, Keep, declare
+from lowtide.snapshot import INT, NESTED, Field, declare
 
 I64 = npt.NDArray[np.int64]
 LateSink = Callable[[Batch], None]
-RETRACTED = "retracted"  # the column of queries under late = update: true on a withdrawn session
 _ROW = np.zeros(1, np.int64)  # every session's cells are in accumulator row 0
 COMPACT_GROUPS = 4096  # group tables this large drop the groups without sessions (key churn)
 _WINDOWS = np.zeros((2, 0), np.int64)
@@ -110,7 +113,8 @@ def _one_window(n: int) -> tuple[I64, I64]:
 
 class SessionAggregate(WindowOperator):
     label = "Session Aggregate"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         Operator.STATE, groups=NESTED, table=NESTED, cells=NESTED, progress_in=INT
     )
 
@@ -131,6 +135,7 @@ class SessionAggregate(WindowOperator):
         sessions purged as they are emitted)."""
         super().__init__()
         self.window = window
+        self.logic: SessionLogic = logic_of(window)
         self.group_columns = group_columns
         self.group_types = group_types
         self.calls = calls
@@ -175,17 +180,7 @@ class SessionAggregate(WindowOperator):
     def _floor(self) -> int:
         """The smallest value a tuple may have and still be counted: its own session is not
         complete at the horizon (module docstring, (a))."""
-        return self.table.floor(self._horizon())
-
-    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
-        """Which tuples behind punctuation (as they enter the query) are late once the input
-        punctuation is ``punctuation``, as a rule of punctuation alone (``late = error``): all of
-        them. Whether this operator can count one depends on the sessions it purged (``gone``,
-        its state), which the server's front, judging batches before any worker sees them, does
-        not have; so under ``error`` a batch with any tuple behind punctuation is rejected, as
-        before issue 14. Under ``drop`` the rule only makes the Inputs forward such tuples:
-        :meth:`process` decides."""
-        return late_at(self.window, batch, punctuation)
+        return self.logic.floor(self._horizon())
 
     # -- input ------------------------------------------------------------------------------
     def process(self, batch: Batch, port: int = 0) -> None:
@@ -200,7 +195,7 @@ class SessionAggregate(WindowOperator):
         if p > NO_PROGRESS:
             behind = ts < p  # only these can be late: gone + r <= p - L <= p
             if behind.any():
-                late = behind & ((ts < self._floor()) | table.joins_gone(gid, ts))
+                late = behind & self.logic.missed(ts, table.gone[gid], self._horizon())
                 if late.any():
                     if self.late_sink is not None:
                         self.late_sink(batch.select(late))
@@ -220,15 +215,15 @@ class SessionAggregate(WindowOperator):
             behind = ts < p  # only these can touch a complete session
             if behind.any():
                 touched = np.unique(slot[behind])
-                self._emit(touched[table.end[touched] <= table.settled(p)])
+                self._emit(touched[table.end[touched] <= self.logic.close_for(p)])
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute != self.window.attribute or punctuation.value <= self.progress_in:
             return
         p = self.progress_in = punctuation.value
         table = self.table
-        self._emit(table.due(p))
-        purged = table.purge(END_OF_STREAM if p >= END_OF_STREAM else self._horizon())
+        self._emit(table.due(self.logic.close_for(p)))
+        purged = table.purge(self.logic.close_for(END_OF_STREAM if p >= END_OF_STREAM else self._horizon()))
         if purged.shape[0]:
             self.cells.clear_cells(0, purged)
             table.release(purged)
@@ -245,7 +240,7 @@ class SessionAggregate(WindowOperator):
         if width < COMPACT_GROUPS:
             return
         table = self.table
-        live = (table.head[:width] >= 0) | table.remembered(width, self._floor())
+        live = (table.head[:width] >= 0) | self.logic.joins_gone(self._floor(), table.gone[:width])
         if live.sum() * 2 <= width:
             table.regroup(self.groups.compact(live))
 
@@ -253,7 +248,7 @@ class SessionAggregate(WindowOperator):
     def emit_partials(self) -> None:
         """EMIT EVERY: the current rows of the sessions not complete yet, ``final = false``."""
         if FINAL in self.columns:
-            self._emit(self.table.open(self.progress_in), final=False)
+            self._emit(self.table.open(self.logic.close_for(self.progress_in)), final=False)
 
     def _emit(self, slots: I64, final: bool = True) -> None:
         """Emit the rows of the sessions ``slots`` (at their next revision) that HAVING lets
@@ -305,4 +300,4 @@ class SessionAggregate(WindowOperator):
         return columns
 
 
-__all__ = ["RETRACTED", "SessionAggregate"]
+__all__ = ["SessionAggregate"]

@@ -21,15 +21,17 @@ sessions that touch; :class:`~lowtide.operators.windows.Session`), decided here 
 ``t`` joins the session ``[s, e)`` iff ``s - gap - reach < t < e + reach`` (strict: ``t`` is less
 than ``gap`` from a member; touching: at most ``gap``); two sessions merge when the later one's
 start is below the earlier one's end + ``reach``. A session is complete at punctuation ``p`` -
-no value at or above ``p`` can join it - iff ``e + reach <= p``, i.e. ``e <= settled(p)``.
+no value at or above ``p`` can join it - iff ``e + reach <= p``: ``e`` at most the window logic's
+``close_for(p)`` (:class:`~lowtide.operators.window_logic.SessionLogic`), the *cutoff* that
+:meth:`SessionTable.purge`, :meth:`SessionTable.due` and :meth:`SessionTable.open` take.
 
 Per group ``g`` (arrays as long as ``head``): ``gone[g]``, the largest ``end`` of the group's
 sessions purged so far (NO_PROGRESS: none). Purges take the prefix of a list complete at a
-rising horizon ``h``: a value ``t`` at or above :meth:`SessionTable.floor` of ``h`` (its own
-session is not complete at ``h``: ``t + gap + reach > h``) would join a purged session ``[s, e)``
+rising horizon ``h``: a value ``t`` at or above the floor of ``h`` (its own session is not
+complete at ``h``: ``t + gap + reach > h``) would join a purged session ``[s, e)``
 (``s - gap - reach < t < e + reach``, and ``s <= e - gap < t``) iff ``t < e + reach``, so
-one iff ``t - reach < gone[g]`` (:meth:`SessionTable.joins_gone`; Session Aggregate takes such a
-tuple as late).
+one iff ``t - reach < gone[g]`` (the logic's ``floor`` and ``joins_gone``; Session Aggregate takes
+such a tuple as late).
 
 Free slots are a stack (``free[:n_free]``); ``used`` slots were ever handed out; the capacity
 doubles when a batch needs more (the kernel stops, the table grows, the kernel resumes), so it
@@ -49,7 +51,7 @@ import numpy.typing as npt
 
 from lowtide.errors import CorruptState
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
-from lowtide.snapshot import ARRAY, INT, Keep, State, Stateful, declare
+from lowtide.snapshot import ARRAY, INT, Field, Stateful, declare
 
 I64 = npt.NDArray[np.int64]
 B1 = npt.NDArray[np.bool_]
@@ -208,7 +210,8 @@ def purge(cutoff: int, used: int, head: I64, nxt: I64, sgid: I64, end: I64, gone
 class SessionTable(Stateful):
     """The open sessions of every group (see the module docstring for the layout)."""
 
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         head=ARRAY,
         gone=ARRAY,
         nxt=ARRAY,
@@ -286,32 +289,9 @@ class SessionTable(Stateful):
                 return slot, gone[:m], resolve_moves(slot, gone[:m], self.moved)
             self._grow()
 
-    def settled(self, progress: int) -> int:
-        """The largest ``end`` of a session complete at punctuation ``progress`` (no value at or
-        above it can join): ``progress - reach``, every session at END_OF_STREAM."""
-        return progress if progress >= END_OF_STREAM else max(NO_PROGRESS, progress - self.reach)
-
-    def floor(self, horizon: int) -> int:
-        """The smallest value whose own session ``[t, t + gap)`` is not complete at ``horizon``."""
-        return max(NO_PROGRESS, horizon - self.gap - self.reach + 1)
-
-    def joins_gone(self, gid: I64, ts: I64) -> B1:
-        """Whether each value ``ts`` of group ``gid`` would have joined a session of its group
-        purged already: exact for values at or above the floor of the horizon purged at (module
-        docstring)."""
-        mask: B1 = ts - self.reach < self.gone[gid]
-        return mask
-
-    def remembered(self, groups: int, floor: int) -> B1:
-        """Which of the first ``groups`` groups have a ``gone`` that can still make a value at or
-        above ``floor`` late (:meth:`joins_gone`)."""
-        mask: B1 = self.gone[:groups] > max(NO_PROGRESS, floor - self.reach)
-        return mask
-
-    def purge(self, horizon: int) -> I64:
-        """Take out the sessions complete at ``horizon`` (:func:`purge` at :meth:`settled`),
+    def purge(self, cutoff: int) -> I64:
+        """Take out the sessions ending at or below ``cutoff`` (complete: module docstring),
         returning their slots; free them with :meth:`release`."""
-        cutoff = self.settled(horizon)
         slots: I64 = purge(cutoff, self.used, self.head, self.nxt, self.sgid, self.end, self.gone)
         return slots
 
@@ -323,16 +303,16 @@ class SessionTable(Stateful):
         self.dirty[slots] = False
         self.n_free += k
 
-    def due(self, progress: int) -> I64:
-        """Sessions changed since last evaluated that punctuation ``progress`` completes, in slot
-        order (the order of rows within a batch is no part of the results)."""
-        used, cutoff = self.used, self.settled(progress)
+    def due(self, cutoff: int) -> I64:
+        """Sessions changed since last evaluated that end at or below ``cutoff`` (complete), in
+        slot order (the order of rows within a batch is no part of the results)."""
+        used = self.used
         return np.flatnonzero((self.sgid[:used] >= 0) & self.dirty[:used] & (self.end[:used] <= cutoff))
 
-    def open(self, progress: int) -> I64:
-        """Sessions that punctuation ``progress`` does not complete, in slot order."""
+    def open(self, cutoff: int) -> I64:
+        """Sessions ending above ``cutoff`` (not complete), in slot order."""
         used = self.used
-        return np.flatnonzero((self.sgid[:used] >= 0) & (self.end[:used] > self.settled(progress)))
+        return np.flatnonzero((self.sgid[:used] >= 0) & (self.end[:used] > cutoff))
 
     def regroup(self, remap: I64) -> None:
         """Group ids renumbered (the group table compacted; -1: a group forgotten, which has no
@@ -346,13 +326,13 @@ class SessionTable(Stateful):
         gone[remap[kept]] = self.gone[kept]
         self.head, self.gone = head, gone
 
-    def restore(self, state: State) -> None:
-        super().restore(state)
+    def adopt(self, saved: Mapping[str, Any], where: str) -> None:
+        super().adopt(saved, where)
         sizes = {getattr(self, name).shape for name in self._SLOTS}
         if len(sizes) != 1 or not 0 <= self.n_free <= self.used <= self.capacity:
-            raise CorruptState("state of the session table has slot arrays of unequal sizes")
+            raise CorruptState(f"state of {where} has slot arrays of unequal sizes")
         if self.gone.shape != self.head.shape:
-            raise CorruptState("state of the session table has group arrays of unequal sizes")
+            raise CorruptState(f"state of {where} has group arrays of unequal sizes")
         self.moved = np.full(self.capacity, -1, np.int64)
 
 

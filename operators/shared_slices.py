@@ -37,7 +37,7 @@ it: each query planned again joins anew, and its own snapshot holds what it read
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -54,7 +54,7 @@ from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.operators.window_operator import WindowOperator
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
-from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Keep, MapOf, State, declare
+from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Field, MapOf, declare
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
@@ -84,14 +84,15 @@ class SliceReader(Protocol):
 
 class SharedSlices(WindowOperator):
     label = "Shared Slices"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         Operator.STATE,
         groups=NESTED,
         cells=NESTED,
         generation=INT,
-        _rows=MapOf(INT_MAP),
-        _free=INTS,
-        _rows_used=INT,
+        rows=MapOf(INT_MAP).at("_rows"),
+        free=INTS.at("_free"),
+        rows_used=INT.at("_rows_used"),
         first_open=INT,
     )
 
@@ -129,8 +130,8 @@ class SharedSlices(WindowOperator):
         """By the group columns: each worker keeps the slices of its groups."""
         return Placement.by_keys(group_columns)
 
-    def restore(self, state: State) -> None:
-        super().restore(state)
+    def adopt(self, saved: Mapping[str, Any], where: str) -> None:
+        super().adopt(saved, where)
         self._live.clear()  # a cache of _rows
 
     # -- readers --------------------------------------------------------------------------------

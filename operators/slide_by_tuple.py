@@ -52,7 +52,7 @@ from lowtide.operators.group_table import GroupTable
 from lowtide.operators.placement import ONE_WORKER, Placement
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
-from lowtide.snapshot import ARRAY, DATA, INT, NESTED, Keep, State, as_array, declare, fields
+from lowtide.snapshot import ARRAY, DATA, INT, NESTED, Field, State, Versioned, as_array, declare, fields
 from lowtide.strings import NULL_CODE
 
 I64 = npt.NDArray[np.int64]
@@ -202,8 +202,10 @@ def _expire(st: tuple[Any, ...], n: int, bound: int) -> None:
         ptr[1] = ptr[0]
 
 
-class _Store:
+class _ColumnQueue(Versioned):
     """Columns with amortised append at the back and drop at the front (first axis = tuples)."""
+
+    VERSION = 1
 
     def __init__(self, spec: dict[str, tuple[np.dtype[Any], int]]) -> None:
         self.cols: dict[str, Arr] = {
@@ -215,7 +217,9 @@ class _Store:
         need = self.n + m
         for name, col in self.cols.items():
             if need > col.shape[0]:
-                grown = np.empty((max(need, 2 * col.shape[0], 1024), *col.shape[1:]), col.dtype)
+                # zeros, not empty: a column no part fills (the kernel's scratch) is saved in
+                # checkpoints, which must hold no stray bytes of the process's memory
+                grown = np.zeros((max(need, 2 * col.shape[0], 1024), *col.shape[1:]), col.dtype)
                 grown[: self.n] = col[: self.n]
                 self.cols[name] = col = grown
             if name in parts:
@@ -230,18 +234,18 @@ class _Store:
     def nbytes(self) -> int:
         return int(sum(col.nbytes for col in self.cols.values()))
 
-    def snapshot(self) -> State:
+    def save_fields(self) -> dict[str, State]:
         return {name: col[: self.n].copy() for name, col in self.cols.items()}
 
-    def restore(self, state: State) -> None:
-        found = fields(state, self.cols, "tuple store")
+    def load_fields(self, saved: dict[str, State], where: str) -> None:
+        found = fields(saved, self.cols, where)
         cols = {
-            name: as_array(found[name], f"tuple store.{name}", col.dtype, col.ndim)
+            name: as_array(found[name], f"{where}.{name}", col.dtype, col.ndim)
             for name, col in self.cols.items()
         }
         n = cols["ra"].shape[0]
         if any(col.shape[0] != n or col.shape[1:] != self.cols[name].shape[1:] for name, col in cols.items()):
-            raise CorruptState("state of the tuple store does not fit the aggregate: saved by another plan?")
+            raise CorruptState(f"state of {where} does not fit the aggregate: saved by another plan?")
         self.cols, self.n = cols, n
 
 
@@ -255,21 +259,22 @@ def _filled(old: Arr, rows: int, fill: Any) -> Arr:
 
 class SlideByTupleAggregate(Operator):
     label = "Slide-by-tuple Aggregate"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         Operator.STATE,
         groups=NESTED,
-        _store=NESTED,
-        _ptr=ARRAY,
-        _gs=ARRAY,
-        _bi=ARRAY,
-        _bf=ARRAY,
-        _last=ARRAY,
-        _active=ARRAY,
-        _pending=DATA,
-        _pending_wins=DATA,
-        _seen=INT,
-        _p=INT,
-        _groups_compacted=INT,
+        store=NESTED.at("_store"),
+        ptr=ARRAY.at("_ptr"),
+        gs=ARRAY.at("_gs"),
+        bi=ARRAY.at("_bi"),
+        bf=ARRAY.at("_bf"),
+        last=ARRAY.at("_last"),
+        active=ARRAY.at("_active"),
+        pending=DATA.at("_pending"),
+        pending_wins=DATA.at("_pending_wins"),
+        seen=INT.at("_seen"),
+        p=INT.at("_p"),
+        groups_compacted=INT.at("_groups_compacted"),
     )
 
     def __init__(
@@ -328,7 +333,7 @@ class SlideByTupleAggregate(Operator):
         spec |= {f"h:{col}": (dtype, -1) for col, dtype in self._holistic.items()}
         self._masks = {col: self._filters[col] for col in self._holistic if col in self._filters}
         spec |= {f"h:{mask}": (np.dtype(np.bool_), -1) for mask in self._masks.values()}
-        self._store = _Store(spec)
+        self._store = _ColumnQueue(spec)
         self._ptr = np.zeros(3, np.int64)  # sliding window [lo, hi) of the store; active groups
         self._gs = np.zeros((0, 5), np.int64)
         self._bi, self._bf = np.zeros((0, pi), np.int64), np.zeros((0, pf), np.float64)

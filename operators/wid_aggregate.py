@@ -54,11 +54,12 @@ from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.result_rows import Having, ResultRows
 from lowtide.operators.wid_state import WIDState
 from lowtide.operators.window_ids import admit_behind, expand_ranges
-from lowtide.operators.window_operator import WindowOperator, late_at
+from lowtide.operators.window_logic import WidLogic, logic_of
+from lowtide.operators.window_operator import WindowOperator
 from lowtide.operators.windows import Landmark, Rows, Sliding, Whole, Window, WindowLimits
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.schema import ColumnType
-from lowtide.snapshot import ARRAY, INT, NESTED, OPTIONAL_INT, Keep, declare
+from lowtide.snapshot import ARRAY, INT, NESTED, OPTIONAL_INT, Field, declare
 
 I64 = npt.NDArray[np.int64]
 LateSink = Callable[[Batch], None]
@@ -67,14 +68,15 @@ LANDMARK_CHUNK = 1 << 16  # result rows per batch of a landmark's windows emitte
 
 class WIDAggregate(WindowOperator):
     label = "WID Aggregate"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         Operator.STATE,
         state=NESTED,
         retained_from=INT,
-        _next_landmark=OPTIONAL_INT,
-        _landmark_start=INT,
-        _partition_rows=ARRAY,
-        _group_partition=ARRAY,
+        next_landmark=OPTIONAL_INT.at("_next_landmark"),
+        landmark_start=INT.at("_landmark_start"),
+        partition_rows=ARRAY.at("_partition_rows"),
+        group_partition=ARRAY.at("_group_partition"),
     )
 
     def __init__(
@@ -93,6 +95,7 @@ class WIDAggregate(WindowOperator):
     ) -> None:
         super().__init__()
         self.window = window
+        self.logic: WidLogic = logic_of(window)
         self.limits = limits or WindowLimits()
         self.group_columns = group_columns
         self.allowed_lateness = allowed_lateness
@@ -140,7 +143,7 @@ class WIDAggregate(WindowOperator):
         ws, we = batch.columns["wid_start"], batch.columns["wid_end"]
         if batch.late:
             # Behind punctuation: emitted windows (under update: forgotten ones) missed it.
-            batch, ws, we = admit_behind(batch, ws, we, self._floor(), self.late_sink, self.landmark)
+            batch, ws, we = admit_behind(batch, ws, we, self._floor(), self.late_sink, self.logic)
             if batch.n == 0:
                 return
         if self.partitioned:
@@ -164,11 +167,6 @@ class WIDAggregate(WindowOperator):
         """The first window a tuple behind punctuation still counts in: the first not emitted,
         or under allowed lateness the first retained (emitted ones take it as a revision)."""
         return self.retained_from if self.allowed_lateness else self.state.first_open
-
-    def late_mask(self, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
-        """Which tuples (behind punctuation, as they enter the query) belong to a window this
-        aggregate has emitted once its input punctuation is ``punctuation`` (for ``error``)."""
-        return late_at(self.window, batch, punctuation)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if punctuation.attribute == "wid_retain":

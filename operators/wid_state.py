@@ -35,7 +35,7 @@ from lowtide.operators.result_queue import After, ResultQueue, SlowFlush
 from lowtide.operators.result_rows import ResultRows
 from lowtide.operators.window_ids import touched_windows, window_rows
 from lowtide.punctuation.model import NO_PROGRESS
-from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Keep, Stateful, declare
+from lowtide.snapshot import INT, INT_MAP, INTS, NESTED, Field, Stateful, declare
 
 I64 = npt.NDArray[np.int64]
 Cells = tuple[I64, I64, I64]  # the cells (state rows, group ids, window ids) of some windows
@@ -46,7 +46,8 @@ class WIDState(Stateful):
     of its queue). ``compacts``: whether groups without a cell in any open window are forgotten
     (not for a landmark, whose running prefix is in no window's row)."""
 
-    STATE: ClassVar[Mapping[str, Keep]] = declare(
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
         groups=NESTED,
         cells=NESTED,
         row_of=INT_MAP,

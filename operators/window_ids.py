@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.batch import Batch
-from lowtide.punctuation.model import END_OF_STREAM
+from lowtide.operators.window_logic import WidLogic
 
 I64 = npt.NDArray[np.int64]
 
@@ -94,21 +94,20 @@ def expand_ranges(ws: I64, we: I64) -> tuple[I64, I64]:
 
 
 def admit_behind(
-    batch: Batch, ws: I64, we: I64, floor: int, late: Callable[[Batch], None] | None, landmark: bool = False
+    batch: Batch, ws: I64, we: I64, floor: int, late: Callable[[Batch], None] | None, logic: WidLogic
 ) -> tuple[Batch, I64, I64]:
     """Tuples behind punctuation count in their windows from ``floor`` (the first not emitted)
     on, as if they had come in time; those that missed a window below it are late for the query
-    and go to ``late`` once (a sliding window may count them still). A landmark's later windows
-    all hold a tuple: one that missed its own slide counts in the slide ``floor``. Returns the
-    tuples still counted (``wid_start``/``wid_end`` set to their clipped ranges) and the ranges."""
-    missed = (ws < floor) & (ws < we)  # a tuple in no window (SLIDE > RANGE) missed none
+    and go to ``late`` once (a sliding window may count them still). Both as the window's
+    ``logic`` says (:meth:`~lowtide.operators.window_logic.WidLogic.missed`,
+    :meth:`~lowtide.operators.window_logic.WidLogic.still_open`). Returns the tuples still
+    counted (``wid_start``/``wid_end`` set to their clipped ranges) and the ranges."""
+    missed = logic.missed(ws, we, floor)
     if not missed.any():
         return batch, ws, we
     if late is not None:
         late(batch.select(missed))
-    ws = np.maximum(ws, floor)
-    if landmark and floor < END_OF_STREAM:  # at the end of the stream every window is gone
-        we = np.maximum(we, floor + 1)
+    ws, we = logic.still_open(ws, we, floor)
     alive = ws < we
     if not alive.all():
         batch, ws, we = batch.select(alive), ws[alive], we[alive]

@@ -6,11 +6,12 @@ counts tuples in windows and emits a window's rows once punctuation completes it
 
 * :meth:`WindowOperator.late_mask`: which tuples behind punctuation
   (docs/design.md, "Punctuation and lateness") it can no longer count once its input punctuation is
-  ``p``. It is a function of its window and ``p`` alone, :func:`late_at` - a tuple in a window ``p``
-  completed (emitted); for sessions, every one, since whether a session is gone is state - so the
-  door answers ``late = error`` from a query's description without the operator
-  (:mod:`lowtide.query.late_rules`), as the operator would.
-  Shared Slices answer for all their readers (the OR of theirs).
+  ``p``. It is its window's logic, ``late_for`` (:mod:`lowtide.operators.window_logic`), a
+  function of its window and ``p`` alone - a tuple in a window ``p`` completed (emitted); for
+  sessions, every one, since whether a session is gone is state - so the door answers
+  ``late = error`` from a query's description without the operator, with the same logic
+  (:mod:`lowtide.query.late_rules`), as the operator would. Shared Slices answer for all their
+  readers (the OR of theirs).
 * :meth:`WindowOperator.emit_partials`: early results (``EMIT EVERY``,
   :mod:`lowtide.query.early`): emit the current rows of every open, non-empty window with
   ``final = false`` and change nothing any later result depends on. Such rows are for windows not
@@ -28,30 +29,24 @@ import numpy.typing as npt
 
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
-from lowtide.operators.windows import Session, Window, in_completed_window
+from lowtide.operators.window_logic import WindowLogic
 
 Mask = npt.NDArray[np.bool_]
 
 
-def late_at(window: Window | Session, batch: Batch, punctuation: int) -> Mask:
-    """Which tuples of ``batch`` (behind punctuation) an operator over ``window`` can no longer
-    count once its input punctuation is ``punctuation`` (see the module)."""
-    if isinstance(window, Session):
-        return np.ones(batch.n, np.bool_)
-    return in_completed_window(window, batch, punctuation)
-
-
 class WindowOperator(Operator):
-    """An operator over windows (see the module)."""
+    """An operator over windows (see the module): ``logic``, its window's."""
 
-    @abstractmethod
+    logic: WindowLogic
+
     def late_mask(self, batch: Batch, punctuation: int) -> Mask:
         """Which tuples (behind punctuation, as they enter the query) are late for this operator
-        once its input punctuation is ``punctuation``: :func:`late_at` of its window."""
+        once its input punctuation is ``punctuation``: its logic's ``late_for``."""
+        return self.logic.late_for(batch, punctuation)
 
     @abstractmethod
     def emit_partials(self) -> None:
         """Emit the open windows' current rows with ``final = false`` (see the module)."""
 
 
-__all__ = ["Mask", "WindowOperator", "late_at"]
+__all__ = ["Mask", "WindowOperator"]

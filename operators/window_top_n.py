@@ -50,18 +50,21 @@ import numpy.typing as npt
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
 from lowtide.operators.placement import Placement
+from lowtide.operators.windows import BOUNDS
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
-from lowtide.snapshot import DATA, INT, Keep, declare
+from lowtide.snapshot import DATA, INT, Field, declare
 
 Arr = npt.NDArray[Any]
 Columns = dict[str, Arr]
 PRUNE_AT = 4096  # rows added before a pruning at the least: pruning sorts every row held
-BOUNDS = ("window_start", "window_end")  # the columns a TUMBLE adds
 
 
 class WindowTopN(Operator):
     label = "Window Top-N"
-    STATE: ClassVar[Mapping[str, Keep]] = declare(Operator.STATE, _chunks=DATA, _kept=INT)
+    VERSION = 1
+    STATE: ClassVar[Mapping[str, Field]] = declare(
+        Operator.STATE, chunks=DATA.at("_chunks"), kept=INT.at("_kept")
+    )
 
     def __init__(
         self,
@@ -225,4 +228,4 @@ def _starts(keys: Sequence[Arr], order: npt.NDArray[np.intp]) -> npt.NDArray[np.
     return starts
 
 
-__all__ = ["BOUNDS", "PRUNE_AT", "WindowTopN"]
+__all__ = ["PRUNE_AT", "WindowTopN"]

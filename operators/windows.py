@@ -20,7 +20,8 @@ by integer window ids ``w`` (negative ids are windows that start before 0, and a
   (:mod:`lowtide.operators.session`) keeps them.
 
 A window ``w`` is complete once punctuation ``p >= end(w)``: ``first_open(p)`` is the smallest
-window id that punctuation ``p`` does not yet complete.
+window id that punctuation ``p`` does not yet complete. Which tuples are late by it is each kind's
+window logic (:mod:`lowtide.operators.window_logic`).
 
 :class:`WindowLimits` bounds the work a window may cause without data to match it: the windows
 one tuple belongs to (RANGE/SLIDE, refused when a query is planned) and the windows one step
@@ -30,16 +31,17 @@ every slide up to the punctuation: one far-off punctuation would otherwise emit 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from lowtide.batch import Batch
 from lowtide.errors import ResourceExhausted
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, TIME_END, TIME_MIN
 
 I64 = npt.NDArray[np.int64]
+BOUNDS = ("window_start", "window_end")  # the columns a TUMBLE adds (Window Top-N)
 
 
 def _saturating(q: int) -> int:
@@ -75,6 +77,12 @@ class Sliding:
     def describe(self) -> str:
         kind = "tumbling" if self.range == self.slide else "sliding"
         return f"{kind} RANGE {self.range} SLIDE {self.slide} on {self.attribute}"
+
+
+def pane_of(window: Sliding) -> Sliding:
+    """The tumbling window of panes that ``window`` is cut into."""
+    pane = math.gcd(window.range, window.slide)
+    return Sliding(pane, pane, window.attribute)
 
 
 @dataclass(frozen=True)
@@ -217,14 +225,3 @@ class WindowLimits:
                 f"{window.describe()}: {what} would emit {windows} windows at once, over "
                 f"max_windows_per_step = {self.max_windows_per_step} (punctuation far ahead of the data?)"
             )
-
-
-def in_completed_window(window: Window, batch: Batch, punctuation: int) -> npt.NDArray[np.bool_]:
-    """Which tuples of ``batch`` belong to some window that ``punctuation`` already completed: a
-    window operator has emitted it, so a tuple behind punctuation is late for it
-    (docs/design.md, "Punctuation and lateness").
-    Tuple windows number rows as they arrive: no row is behind them until the end of the stream."""
-    if isinstance(window, Rows):
-        return np.full(batch.n, punctuation >= END_OF_STREAM, np.bool_)
-    start, end = window.wids(batch.columns[window.attribute].astype(np.int64, copy=False))
-    return (start < end) & (start < window.first_open(punctuation))

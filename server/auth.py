@@ -45,7 +45,7 @@ from lowtide.errors import InvalidArgument, LowtideError, PermissionDenied, Unau
 from lowtide.names import visible_names
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.server.config import ServerConfig
-from lowtide.server.scopes import Scope, committer, counted, parse
+from lowtide.server.scopes import TokenScope, committer, counted, parse
 
 if TYPE_CHECKING:
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
@@ -119,7 +119,7 @@ def _no_inputs(name: str) -> Sequence[str]:
 class TokenAuth(_ServerInterceptor):
     """The grpc.aio interceptor enforcing the module's invariant for a ``{token: scope}`` table."""
 
-    def __init__(self, tokens: Mapping[str, Scope], inputs: Inputs = _no_inputs) -> None:
+    def __init__(self, tokens: Mapping[str, TokenScope], inputs: Inputs = _no_inputs) -> None:
         # Each token's identity is its place in the file: stable while the server runs, and
         # nothing derived from the secret is kept or shown.
         self._tokens = [
@@ -128,17 +128,17 @@ class TokenAuth(_ServerInterceptor):
         ]
         self.inputs = inputs
 
-    def scope_of(self, token: str) -> tuple[Scope, str] | None:
+    def scope_of(self, token: str) -> tuple[TokenScope, str] | None:
         """The scope and identity of ``token``; every known token is compared (in constant time),
         match or not."""
         presented = _digest(token)
-        found: tuple[Scope, str] | None = None
+        found: tuple[TokenScope, str] | None = None
         for digest, scope, identity in self._tokens:
             if hmac.compare_digest(presented, digest):
                 found = scope, identity
         return found
 
-    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> tuple[Scope, str]:
+    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> tuple[TokenScope, str]:
         """The scope and token identity of the call of ``method`` with ``metadata``; raises its
         rejection instead."""
         token = bearer(metadata)
@@ -211,7 +211,7 @@ def refusal(handler: grpc.RpcMethodHandler[Any, Any], error: LowtideError) -> gr
     return make(refuse, handler.request_deserializer, handler.response_serializer)
 
 
-async def _ingest_requests(requests: AsyncIterator[Any], scope: Scope) -> AsyncIterator[Any]:
+async def _ingest_requests(requests: AsyncIterator[Any], scope: TokenScope) -> AsyncIterator[Any]:
     """``requests``, refused at the first: it names the stream and source of the whole call (the
     front ignores them on later messages). The refusal is raised to the front's Ingest before it
     has a message, so the call answers as stopped at message 0 with nothing applied."""
@@ -225,7 +225,7 @@ async def _ingest_requests(requests: AsyncIterator[Any], scope: Scope) -> AsyncI
         yield request
 
 
-def _visible(response: Any, scope: Scope) -> Any:
+def _visible(response: Any, scope: TokenScope) -> Any:
     """A list call's ``response`` without the streams or queries ``scope`` hides (a worker's state
     bytes are those of the queries shown: the client sums them)."""
     if isinstance(response, pb.ListStreamsResponse):
@@ -262,7 +262,7 @@ def _late_inputs(name: str, inputs: Inputs) -> Sequence[str]:
 
 
 def scoped(
-    handler: grpc.RpcMethodHandler[Any, Any], name: str, scope: Scope, inputs: Inputs = _no_inputs
+    handler: grpc.RpcMethodHandler[Any, Any], name: str, scope: TokenScope, inputs: Inputs = _no_inputs
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """``handler`` of lowtide.v1.Lowtide's method ``name``, held to ``scope`` (:mod:`.scopes`);
     ``inputs`` tells what a query reads, the scope of its ``.late`` stream.
@@ -347,7 +347,7 @@ def _read(path: str, option: str) -> bytes:
         raise InvalidArgument(f"cannot read {option} {path}: {exc.strerror or exc}") from None
 
 
-def load_tokens(path: str) -> dict[str, Scope]:
+def load_tokens(path: str) -> dict[str, TokenScope]:
     """``{token: scope}`` from the ``[tokens]`` table of the TOML file at ``path``; one line on error.
 
     Each entry is ``"token" = "role"`` or a table ``{role = "...", streams = [...], ...}``
@@ -361,7 +361,7 @@ def load_tokens(path: str) -> dict[str, Scope]:
     table = data.get("tokens")
     if not isinstance(table, dict) or not table:
         raise InvalidArgument(f"--tokens {path} has no [tokens] table mapping each token to its role")
-    tokens: dict[str, Scope] = {}
+    tokens: dict[str, TokenScope] = {}
     for number, (token, entry) in enumerate(table.items(), 1):
         where = f"--tokens {path}: token #{number}"
         if not token or not token.isascii() or not token.isprintable() or " " in token:

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from lowtide.batch import Batch
+from lowtide.door import Epoch
 from lowtide.errors import InvalidArgument, ResourceExhausted
 
 
@@ -72,9 +73,7 @@ class PartialBatch:
     """The parts of one multi-part batch received so far on one Ingest call, admitted (checked
     and coded) as they arrive and applied together once the last is in."""
 
-    def __init__(
-        self, batch_id: int, parts: int, duplicate: bool, generation: int = 0, releases: int = 0
-    ) -> None:
+    def __init__(self, batch_id: int, parts: int, duplicate: bool, epoch: Epoch | None = None) -> None:
         if parts > 1 and not batch_id:
             raise InvalidArgument("a batch in several parts needs a batch_id")
         self.batch_id = batch_id
@@ -83,8 +82,8 @@ class PartialBatch:
         self.received = 0
         self.admitted: list[Batch] = []
         self.payloads: list[bytes] = []  # each part's Arrow IPC stream, for the input log
-        self.generation = generation  # of the engine that admitted the parts (see Front.submit)
-        self.releases = releases  # of its string pool then (see Front._apply_batch)
+        # The door's as the first part was admitted (see Front.submit_batch).
+        self.epoch = epoch if epoch is not None else Epoch()
         self.began = time.perf_counter()  # the first part's arrival
         self.held = 0  # bytes of its parts charged to the server's PendingBytes
 

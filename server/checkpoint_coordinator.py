@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lowtide.server import messages as msg
-from lowtide.server.checkpoint_store import Checkpoint, CheckpointStore, worker_file
+from lowtide.server.checkpoint_store import CheckpointStore, LoadedCheckpoint, worker_file
 from lowtide.server.config import ServerConfig
 from lowtide.server.front_snapshot import FrontParts, Message, door_state, output_state
 from lowtide.server.journal import Journal, StateDirectory
@@ -84,7 +84,7 @@ class CheckpointCoordinator:
         self._held: list[tuple[int, Any, Any]] = []
         self.deliver = deliver
 
-    def load(self) -> Checkpoint | None:
+    def load(self) -> LoadedCheckpoint | None:
         checkpoint = self.store.load(self.workers.size)
         if checkpoint is not None:
             self._covered = checkpoint.seq
@@ -111,12 +111,14 @@ class CheckpointCoordinator:
             time.monotonic(),
         )
         self.pending = pending
-        self.front.engine.runner.recording = pending.channel
-        # Results of the records before the barrier may still make strings at the front (its
-        # last Projects): their codes are the output side's, saved with it.
-        self.front.engine.pool.recording = pending.pinned
+        # What result streams send to workers meanwhile goes with the output side; so do the
+        # codes of the strings the records before the barrier still make at the front (its last
+        # Projects), as their results come back.
+        self.front.door.record(pending.channel, pending.pinned)
         for worker in range(self.workers.size):
-            self.workers.post(worker, msg.Checkpoint(pending.token, str(directory / worker_file(worker))))
+            self.workers.post(
+                worker, msg.CheckpointMessage(pending.token, str(directory / worker_file(worker)))
+            )
 
     def holds(self, worker: int, message: Any, arrays: Any) -> bool:
         """Keep ``worker``'s message for later if the barrier under way has passed it but not
@@ -134,8 +136,10 @@ class CheckpointCoordinator:
         for worker, message, arrays in held:
             self.deliver(worker, message, arrays)
 
-    def answered(self, worker: int, answer: msg.Checkpointed | msg.Persisted | msg.Restored) -> None:
-        if isinstance(answer, msg.Restored):
+    def answered(
+        self, worker: int, answer: msg.CheckpointedMessage | msg.PersistedMessage | msg.RestoredMessage
+    ) -> None:
+        if isinstance(answer, msg.RestoredMessage):
             if answer.error is not None:
                 self.restore_errors.append(f"worker {worker}: {answer.error}")
             return
@@ -147,14 +151,13 @@ class CheckpointCoordinator:
             print(f"lowtide: checkpoint {pending.seq} {why}", file=sys.stderr)
             self.abandon()
             return
-        if isinstance(answer, msg.Checkpointed):
+        if isinstance(answer, msg.CheckpointedMessage):
             pending.pauses.append(answer.pause_s)
             pending.waiting.discard(worker)
             if not pending.waiting:
                 # Every worker is past the barrier and the melds have released exactly the
                 # output of the records before it: the output side, as of the barrier.
-                self.front.engine.runner.recording = None
-                self.front.engine.pool.recording = None
+                self.front.door.record(None, None)
                 pending.output = output_state(self.front, pending.channel, pending.pinned)
                 self._release()
         else:
@@ -190,7 +193,6 @@ class CheckpointCoordinator:
         pending = self.pending
         if pending is not None:
             self.pending = None
-            self.front.engine.runner.recording = None
-            self.front.engine.pool.recording = None
+            self.front.door.record(None, None)
             self.store.abandon(pending.seq)
             self._release()

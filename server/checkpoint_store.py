@@ -49,7 +49,9 @@ def worker_file(worker: int) -> str:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class LoadedCheckpoint:
+    """A checkpoint read back whole: its front state and where its workers' files are."""
+
     seq: int  # the first log record it does not cover
     directory: Path
     front: State
@@ -125,7 +127,7 @@ class CheckpointStore:
                 continue  # an unreadable manifest: load() falls back past it, saying so
         return max(found, key=lambda extent: extent.records, default=None)
 
-    def load(self, workers: int) -> Checkpoint | None:
+    def load(self, workers: int) -> LoadedCheckpoint | None:
         """The newest checkpoint whose files are whole, falling back past damaged ones."""
         damaged: list[str] = []
         for path in self.complete():
@@ -180,7 +182,7 @@ def _extent(manifest_path: Path) -> Extent:
     return Extent(int(log["records"]), str(log["segment"]), int(log["bytes"]), manifest_path)
 
 
-def _read(path: Path) -> Checkpoint:
+def _read(path: Path) -> LoadedCheckpoint:
     manifest = _manifest(path / MANIFEST)
     seq = int(manifest["seq"])
     if f"{seq:020d}" != path.name:  # a damaged digit still parses: the log would replay from it
@@ -190,4 +192,4 @@ def _read(path: Path) -> Checkpoint:
         if len(data) != expected["bytes"] or zlib.crc32(data) != expected["crc32"]:
             raise CorruptState(f"{path / name} does not match its manifest")
     front = unpack((path / FRONT).read_bytes())
-    return Checkpoint(seq, path, front, int(manifest["workers"]))
+    return LoadedCheckpoint(seq, path, front, int(manifest["workers"]))

@@ -1,13 +1,13 @@
-"""The front process's state: the engine's door, the worker pool, the hubs and the journal.
+"""The front process's state: the door, the worker pool, the hubs and the journal.
 
-Batches pass the door (schema, string codes, sources, progress, late detection) of a
-:class:`~lowtide.door.Door` and go to the workers of its
-:class:`~lowtide.server.process_runner.ProcessRunner`; worker output comes back, is
-melded per query and waits in a :class:`Hub` for subscribers. Every change is applied in the
-journal's order (:meth:`Front.apply`), live and at replay, so recovery - from the newest
-checkpoint at start, or after a worker's death - rebuilds exactly what was served. The gRPC calls
-that feed it are in :mod:`lowtide.server.service`; start-up and shutdown in
-:mod:`lowtide.server.serve`.
+Batches pass the door (schema, string codes, sources, progress, late detection), a
+:class:`~lowtide.server.server_door.ServerDoor`, and go to the workers of its
+:class:`~lowtide.server.process_runner.ProcessRunner`, which the front reaches through the door
+only; worker output comes back, is melded per query and waits in a :class:`Hub` for
+subscribers. Every change is applied in the journal's order (:meth:`Front.apply`), live and at
+replay, so recovery - from the newest checkpoint at start, or after a worker's death - rebuilds
+exactly what was served. The gRPC calls that feed it are in :mod:`lowtide.server.service`;
+start-up and shutdown in :mod:`lowtide.server.serve`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from lowtide.batch import Batch
 from lowtide.clock import ManualClock
-from lowtide.door import CheckedBatch, Door, Limits
+from lowtide.door import CheckedBatch, Epoch, Limits
 from lowtide.errors import LowtideError, StartupFailure
 from lowtide.ipc import read_ipc
 from lowtide.operators.result_queue import SlowFlush
@@ -35,15 +35,16 @@ from lowtide.server import input_log as records
 from lowtide.server import messages as msg
 from lowtide.server.batches import AppliedBatches, PendingBytes
 from lowtide.server.checkpoint_coordinator import CheckpointCoordinator
-from lowtide.server.checkpoint_store import Checkpoint
+from lowtide.server.checkpoint_store import LoadedCheckpoint
 from lowtide.server.config import ServerConfig
 from lowtide.server.front_snapshot import restore_catalog, restore_output
 from lowtide.server.hub import Hub, SendBudget
 from lowtide.server.input_log import Record, TornTail
-from lowtide.server.journal import Journal, StateDirectory
+from lowtide.server.journal import Journal, Prepared, RestoredQuery, StateDirectory
 from lowtide.server.local_workers import LocalWorkers
 from lowtide.server.metrics import ServerMetrics
 from lowtide.server.process_runner import ProcessRunner, RemoteQuery, lost_state
+from lowtide.server.server_door import ServerDoor
 from lowtide.server.staging import StagingArea
 from lowtide.server.transport import WorkerPlace, WorkerTransport
 from lowtide.snapshot import as_dict
@@ -53,7 +54,7 @@ log = logging.getLogger("lowtide.server")
 
 
 class Front:
-    """The engine's door, the worker pool, the hubs and the metrics of one server."""
+    """The door, the worker pool, the hubs and the metrics of one server."""
 
     def __init__(self, config: ServerConfig, truncate_log_tail: bool = False) -> None:
         self.config = config
@@ -65,7 +66,7 @@ class Front:
         # The door's clock reads the time each change was applied at (the input log records it),
         # so replay runs heartbeats and idle timeouts exactly as they ran.
         self.clock = ManualClock(time.time())
-        self.engine = self._new_engine()
+        self.door = self._new_door()
         self.hubs: dict[str, Hub] = {}
         self.applied: dict[tuple[str, str], AppliedBatches] = {}  # exactly-once ids per source
         self.state = (
@@ -81,9 +82,8 @@ class Front:
         self.sending = SendBudget(config.max_subscriber_bytes_total)  # result messages being sent
         self.journal = Journal(self.apply, self.state.log if self.state else None)
         # The catalog as created: what a checkpoint re-creates before it restores the state.
-        self.catalog_streams: dict[str, records.CreateStream] = {}
-        self.catalog_queries: dict[str, records.RegisterQuery] = {}
-        self.generation = 0  # recoveries so far: work begun against an older engine is redone
+        self.catalog_streams: dict[str, records.CreateStreamRecord] = {}
+        self.catalog_queries: dict[str, records.RegisterQueryRecord] = {}
         self.checkpoints = (
             CheckpointCoordinator(
                 self, self.workers, self.journal, self.state, config, self.metrics, self._deliver
@@ -135,7 +135,13 @@ class Front:
             node_ip,
         )
 
-    def _new_engine(self) -> Door[ProcessRunner]:
+    @property
+    def generation(self) -> int:
+        """Recoveries so far: each makes a new door, in the next generation of :class:`Epoch`
+        (what was prepared with the door before is redone), and resets the workers under it."""
+        return self.door.epoch.generation
+
+    def _new_door(self, generation: int = 0) -> ServerDoor:
         config = self.config
         limits = Limits(
             config.max_streams,
@@ -152,7 +158,9 @@ class Front:
         runner.on_released = self.metrics.punctuation_to_result
         # The hubs number every item of a late side stream, and recovery replays them to the same
         # offsets; a drain follows each worker message, so what would collapse depends on timing.
-        return Door(runner, pool, self.clock, limits, flush, collapses_late_markers=False)
+        return ServerDoor(
+            runner, pool, self.clock, limits, flush, collapses_late_markers=False, generation=generation
+        )
 
     async def start(self) -> None:
         self.workers.start()
@@ -160,12 +168,9 @@ class Front:
         self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
 
     # -- changes: applied in the journal's order, live and at replay ---------------------------
-    async def submit(self, record: Record, prepared: Any = None, generation: int | None = None) -> Any:
-        """Log and apply ``record``; ``prepared`` (what was made ready for it by the engine of
-        ``generation``) is dropped if a recovery has replaced that engine since."""
+    async def submit(self, record: Record, prepared: Prepared | None = None) -> Any:
+        """Log and apply ``record``, with what was made ready for it (see :data:`Prepared`)."""
         await self._recovered.wait()  # a worker's death is being recovered from: changes wait
-        if generation is not None and generation != self.generation:
-            prepared = None  # strings coded by a pool that is gone: applied from its bytes
         return await self.journal.submit(record, prepared)
 
     async def submit_batch(
@@ -175,27 +180,33 @@ class Front:
         batch_id: int,
         payloads: Sequence[bytes],
         admitted: Sequence[Batch],
-        generation: int,
-        releases: int,
+        epoch: Epoch,
     ) -> int:
-        """Log and apply one whole batch, its parts ``admitted`` by the engine of ``generation``
-        when its pool had made ``releases``; the rows applied (0: the id was applied meanwhile).
-        Nothing is logged that cannot apply: the door's judgement travels to the application."""
-        checked = None
-        if generation == self.generation and releases == self.engine.pool.releases:  # else when applied
-            checked = self.engine.check_batch(stream, admitted, source)
-        record = records.Batch(time.time(), stream, source, batch_id, tuple(payloads))
-        prepared = (releases, checked) if checked is not None else None
-        rows: int = await self.submit(record, prepared, generation)
+        """Log and apply one whole batch, its parts ``admitted`` by the door in ``epoch``; the
+        rows applied (0: the id was applied meanwhile). Nothing is logged that cannot apply: the
+        door judges it here, and its judgement travels to the application (:class:`CheckedBatch`)."""
+        await self._recovered.wait()  # judged by the door it will apply on
+        door = self.door
+        if not epoch.admits_like(door.epoch):  # a catalog change, or a recovery, came in between
+            admitted = self._admitted(stream, payloads)
+        checked = door.check_batch(stream, admitted, source)
+        record = records.BatchRecord(time.time(), stream, source, batch_id, tuple(payloads))
+        rows: int = await self.journal.submit(record, checked)
         return rows
 
-    def apply(self, record: Record, prepared: Any = None) -> Any:
-        """Apply one change at the time it was made (see :mod:`lowtide.server.journal`)."""
+    def _admitted(self, stream: str, payloads: Iterable[bytes]) -> list[Batch]:
+        """The parts of a batch admitted now, from the bytes received (validated then)."""
+        limit = self.door.limits.max_batch_rows
+        return [self.door.admit(stream, read_ipc(part, limit), validated=True) for part in payloads]
+
+    def apply(self, record: Record, prepared: Prepared | None = None) -> Any:
+        """Apply one change at the time it was made (see :mod:`lowtide.server.journal`), with
+        what was made ready for it, if anything (none at replay)."""
         self.clock.set(record.now)
-        engine = self.engine
+        door = self.door
         match record:
-            case records.CreateStream():
-                engine.create_stream(
+            case records.CreateStreamRecord():
+                door.create_stream(
                     record.name,
                     record.schema,
                     progressing=record.progressing,
@@ -204,56 +215,50 @@ class Front:
                     idle_timeout=record.idle_timeout,
                 )
                 self.catalog_streams[record.name] = record
-            case records.DropStream():
+            case records.DropStreamRecord():
                 self.drop_stream(record.name)
                 del self.catalog_streams[record.name]
-            case records.RegisterQuery():  # prepared: the slices it read, when restoring
+            case records.RegisterQueryRecord():
+                share = prepared.share if isinstance(prepared, RestoredQuery) else None
                 with self._registered_under(record):
                     lateness = record.allowed_lateness
-                    name = self.register(record.sql, record.name, record.late, lateness, prepared)
+                    name = self.register(record.sql, record.name, record.late, lateness, share)
                 self.catalog_queries[name] = dataclasses.replace(record, name=name)
                 return name
-            case records.DropQuery():
+            case records.DropQueryRecord():
                 self.drop(record.name)
                 del self.catalog_queries[record.name]
-            case records.FailQuery():
-                remote = engine.runner.queries.get(record.name)
-                if remote is not None and not remote.failed:
-                    engine.runner.fail(remote, record.reason, record.status)
+            case records.FailQueryRecord():
+                if door.fail_remote(record.name, record.reason, record.status):
                     self._close_failed(record.name, record.status, record.reason)
-            case records.Batch():
-                return self._apply_batch(record, prepared)
-            case records.Punctuate():
-                engine.punctuate(record.stream, record.value, record.source)
-            case records.CloseSource():
-                engine.close_source(record.stream, record.source)
-            case records.Tick():
-                engine.tick()
+            case records.BatchRecord():
+                return self._apply_batch(record, prepared if isinstance(prepared, CheckedBatch) else None)
+            case records.PunctuateRecord():
+                door.punctuate(record.stream, record.value, record.source)
+            case records.CloseSourceRecord():
+                door.close_source(record.stream, record.source)
+            case records.TickRecord():
+                door.tick()
         return None
 
-    def _apply_batch(self, record: records.Batch, prepared: tuple[int, CheckedBatch] | None) -> int:
+    def _apply_batch(self, record: records.BatchRecord, checked: CheckedBatch | None) -> int:
         """Apply a batch once per id; returns its rows (0 for a replay of an applied id).
-        ``prepared``: the batch as the door checked it when accepted, and the string pool's
-        releases when its parts were admitted."""
+        ``checked``: the batch as the door judged it when accepted (None at replay): it applies
+        as judged in the same epoch, is judged again where progress alone moved since, and is
+        admitted again from its bytes where the catalog changed or a recovery came since."""
         applied = self.applied_batches(record.stream, record.source)
         if record.batch_id and record.batch_id in applied:
             return 0
         if not record.parts:  # a committed staged batch of no rows: only its id applies
-            self.engine.low_watermark(record.stream)  # NotFound once the stream is dropped
+            self.door.low_watermark(record.stream)  # NotFound once the stream is dropped
             applied.add(record.batch_id)
             return 0
-        checked = prepared[1] if prepared is not None else None
-        if prepared is not None and prepared[0] != self.engine.pool.releases:
-            checked = None  # a dropped stream's codes were freed since: they may name others now
-        if checked is None:  # at replay: admitted as it was when accepted (no string limit)
-            limit = self.engine.limits.max_batch_rows
-            parts = [
-                self.engine.admit(record.stream, read_ipc(part, limit), validated=True)
-                for part in record.parts
-            ]
+        if checked is None or not checked.epoch.admits_like(self.door.epoch):
+            parts = self._admitted(record.stream, record.parts)  # at replay: as it was when accepted
+            self.door.push_admitted(record.stream, parts, record.source)
         else:
             parts = checked.parts
-        self.engine.push_admitted(record.stream, checked or parts, record.source)
+            self.door.push_admitted(record.stream, checked, record.source)
         if record.batch_id:
             applied.add(record.batch_id)
         return sum(batch.n for batch in parts)
@@ -310,7 +315,7 @@ class Front:
                     f"record {at} of the input log ({what.kind}, in {self.state.log.segment_of(at)}) "
                     f"applied when it was logged but fails now: {reason}"
                 )
-            if seq not in self.journal.refused and not isinstance(record, records.Refused):
+            if seq not in self.journal.refused and not isinstance(record, records.RefusedRecord):
                 try:
                     with self._replaying():
                         self.apply(record)
@@ -326,47 +331,47 @@ class Front:
     @contextlib.contextmanager
     def _replaying(self) -> Iterator[None]:
         """Limits judge new input, not the log: lifted while a logged record applies again."""
-        engine = self.engine
-        limits = engine.limits
-        engine.limits = limits.lifted()
+        door = self.door
+        limits = door.limits
+        door.limits = limits.lifted()
         try:
             yield
         finally:
-            engine.limits = limits
+            door.limits = limits
 
     @contextlib.contextmanager
-    def _registered_under(self, record: records.RegisterQuery) -> Iterator[None]:
+    def _registered_under(self, record: records.RegisterQueryRecord) -> Iterator[None]:
         """Plan a logged query under the settings it was registered with (its windows per step
         and smooth emission shape its output), whatever the configuration says today."""
-        engine = self.engine
-        limits, flush = engine.limits, engine.flush
+        door = self.door
+        limits, flush = door.limits, door.flush
         if record.windows_per_step is not None:
-            engine.limits = dataclasses.replace(limits, max_windows_per_step=record.windows_per_step)
+            door.limits = dataclasses.replace(limits, max_windows_per_step=record.windows_per_step)
         if record.flush_every is not None:
             shape = (record.flush_every, record.flush_max_windows or 0)
-            engine.flush = SlowFlush(*shape) if record.flush_every else None
+            door.flush = SlowFlush(*shape) if record.flush_every else None
         try:
             yield
         finally:
-            engine.limits, engine.flush = limits, flush
+            door.limits, door.flush = limits, flush
 
     def query_record(
         self, sql: str, name: str | None, late: str, allowed_lateness: str | int | None
-    ) -> records.RegisterQuery:
+    ) -> records.RegisterQueryRecord:
         """A query to register, with the settings it runs under (see :meth:`_registered_under`)."""
         config = self.config
-        return records.RegisterQuery(
+        return records.RegisterQueryRecord(
             time.time(),
             sql,
             name,
             late,
             allowed_lateness,
-            windows_per_step=self.engine.limits.max_windows_per_step,
+            windows_per_step=self.door.limits.max_windows_per_step,
             flush_every=config.flush_every,
             flush_max_windows=config.flush_max_windows,
         )
 
-    def _restore(self, checkpoint: Checkpoint, live_hubs: bool) -> int:
+    def _restore(self, checkpoint: LoadedCheckpoint, live_hubs: bool) -> int:
         """Put the front and every worker where ``checkpoint`` was taken; returns its log position.
         New hubs take the offsets and items it retained; live ones skip what comes again."""
         front_state = as_dict(checkpoint.front, "front state")
@@ -376,9 +381,11 @@ class Front:
         except LowtideError as exc:
             raise StartupFailure(f"cannot restore the checkpoint {checkpoint.directory}: {exc}") from None
         messages = restore_output(self, front_state["output"], live_hubs)
-        self.engine.runner.sync_strings()
+        self.door.sync_strings()
         for worker in range(self.workers.size):
-            self.workers.post(worker, msg.Restore(self.generation, str(checkpoint.worker_path(worker))))
+            self.workers.post(
+                worker, msg.RestoreMessage(self.generation, str(checkpoint.worker_path(worker)))
+            )
         for worker, record, arrays in messages:
             self.workers.post(worker, msg.from_record(record), arrays)
         return checkpoint.seq
@@ -397,16 +404,15 @@ class Front:
                     file=sys.stderr,
                 )
             self.checkpoints.abandon()
-            self.generation += 1
+            generation = self.generation + 1
             self._resetting = set(range(self.workers.size))
             for w in range(self.workers.size):
-                self.workers.post(w, msg.Reset(self.generation))
-            self.engine = self._new_engine()
+                self.workers.post(w, msg.ResetMessage(generation))
+            self.door = self._new_door(generation)  # what was prepared with the old one is redone
             self.applied = {}
             self.catalog_streams, self.catalog_queries = {}, {}
             for hub in self.hubs.values():  # the subscribers stay; what comes again is skipped
                 hub.remade = hub.next_offset
-            self.journal.forget_prepared()  # coded against the old pool: applied from their bytes
             through = self.journal.applied_through
             try:
                 checkpoint = self.checkpoints.load()
@@ -442,7 +448,7 @@ class Front:
     ) -> str:
         if self.checkpoints is not None:
             self.checkpoints.abandon()  # its cut would hold a query its workers never saw
-        query = self.engine.register_query(sql, name, late, allowed_lateness, restored_share)
+        query = self.door.register_query(sql, name, late, allowed_lateness, restored_share)
         for key in (query.name, f"{query.name}.late"):  # a recovery keeps the live hubs
             self.hubs.setdefault(
                 key,
@@ -451,7 +457,7 @@ class Front:
         return query.name
 
     def drop(self, name: str) -> None:
-        self.engine.drop_query(name)
+        self.door.drop_query(name)
         for key in (name, f"{name}.late"):
             hub = self.hubs.pop(key, None)
             if hub is not None:
@@ -463,7 +469,7 @@ class Front:
     def drop_stream(self, name: str) -> None:
         if self.checkpoints is not None:
             self.checkpoints.abandon()  # a code it frees could name a string made meanwhile (pin_held)
-        self.engine.drop_stream(name)
+        self.door.drop_stream(name)
         for key in [k for k in self.applied if k[0] == name]:
             del self.applied[key]
 
@@ -471,10 +477,10 @@ class Front:
         for key in (name, f"{name}.late"):
             hub = self.hubs.get(key)
             if hub is not None:
-                items = self.engine.drain(key)
+                items = self.door.drain(key)
                 if items:
                     hub.publish(items)
-        remote = self.engine.runner.queries.get(name)
+        remote = self.door.remote(name)
         if remote is not None and remote.failed:  # a derived table's part fails its query's hubs
             self._close_failed(part_of(name) or name, remote.status, remote.failed)
 
@@ -488,7 +494,7 @@ class Front:
         made again up to where it was (its hubs skip what comes again)."""
         places = self.workers.places()
         remotes: dict[str, list[RemoteQuery]] = {}
-        for name, remote in self.engine.runner.queries.items():
+        for name, remote in self.door.remotes().items():
             remotes.setdefault(part_of(name) or name, []).append(remote)
         return {name: self._status(name, own, places) for name, own in remotes.items()}
 
@@ -523,16 +529,16 @@ class Front:
 
     def _on_message(self, worker: int, message: msg.ToFront, arrays: dict[str, Any]) -> None:
         if worker in self._resetting:  # sent before the reset: about a world that is gone
-            if isinstance(message, msg.ResetDone) and message.generation == self.generation:
+            if isinstance(message, msg.ResetDoneMessage) and message.generation == self.generation:
                 self._resetting.discard(worker)
             return
         match message:
-            case msg.ResetDone():
+            case msg.ResetDoneMessage():
                 pass  # a recovery already over: nothing waits for it
-            case msg.Checkpointed() | msg.Persisted() | msg.Restored():
+            case msg.CheckpointedMessage() | msg.PersistedMessage() | msg.RestoredMessage():
                 if self.checkpoints is not None:
                     self.checkpoints.answered(worker, message)
-                if isinstance(message, msg.Restored) and message.error is not None and self.serving:
+                if isinstance(message, msg.RestoredMessage) and message.error is not None and self.serving:
                     # A recovery's restore failed (a file its worker cannot read: with --ray, a
                     # state directory not every node reaches): going on would lose state unseen.
                     self._give_up(f"cannot restore worker {worker} from the checkpoint: {message.error}")
@@ -541,20 +547,23 @@ class Front:
                     self._deliver(worker, message, arrays)
 
     def _deliver(
-        self, worker: int, message: msg.QueryOutput | msg.Stats | msg.Synced, arrays: dict[str, Any]
+        self,
+        worker: int,
+        message: msg.QueryOutput | msg.StatsMessage | msg.SyncedMessage,
+        arrays: dict[str, Any],
     ) -> None:
         """A worker's answer to what it was sent: outputs, stats, a sync."""
         if worker in self._resetting:  # held across a recovery's start: about a world that is gone
             return
         match message:
-            case msg.Synced():
+            case msg.SyncedMessage():
                 self._synced(message.token, worker)
             case _:
-                name = self.engine.runner.on_worker_message(worker, message, arrays)
+                name = self.door.on_worker_message(worker, message, arrays)
                 if name is not None:
                     self._publish(name)
-                if isinstance(message, msg.Failed):  # the queries sharing its slices failed with it
-                    for remote in self.engine.runner.queries.values():
+                if isinstance(message, msg.FailedMessage):  # the queries sharing its slices failed with it
+                    for remote in self.door.remotes().values():
                         if remote.failed:
                             self._close_failed(remote.name, remote.status, remote.failed)
 
@@ -580,9 +589,9 @@ class Front:
             self._tasks.append(asyncio.get_running_loop().create_task(self._recover_from_death(worker)))
             return
         self.metrics.worker_restarted(worker)
-        aborted = self.engine.runner.worker_died(worker)
+        aborted = self.door.worker_died(worker)
         for name in aborted:
-            self._close_failed(name, "ABORTED", self.engine.runner.queries[name].failed or "worker died")
+            self._close_failed(name, "ABORTED", self.door.remotes()[name].failed or "worker died")
         print(
             f"lowtide: worker {worker} started again, empty (no --state-dir): "
             f"{', '.join(aborted) or 'no query'} ABORTED",
@@ -615,7 +624,7 @@ class Front:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         owing = set(range(self.workers.size))
         self._syncs[token] = (owing, future)
-        self.workers.broadcast(msg.Sync(token))
+        self.workers.broadcast(msg.SyncMessage(token))
         try:
             await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -632,12 +641,12 @@ class Front:
             await asyncio.sleep(0.02)
             wall = time.time()
             try:
-                if self.engine.tick_due(wall):
-                    await self.submit(records.Tick(wall))
+                if self.door.tick_due(wall):
+                    await self.submit(records.TickRecord(wall))
                 now = time.monotonic()
                 if now - last_stats >= 1.0:
                     last_stats = now
-                    self.engine.runner.request_stats()
+                    self.door.request_stats()
                     await self._enforce_state_limit()
                     if self.state is not None:
                         self.state.log.sync_every_second()
@@ -659,15 +668,15 @@ class Front:
         the last round (the one taking the memory now, not those that hold what they held)."""
         limit, total_limit = self.config.max_query_state_bytes, self.config.max_state_bytes_total
         held = {
-            name: self.engine.state_bytes(name)
-            for name, remote in list(self.engine.runner.queries.items())
+            name: self.door.state_bytes(name)
+            for name, remote in list(self.door.remotes().items())
             if not remote.failed
         }
         seen, self._state_seen = self._state_seen, held
         for name, size in list(held.items()):
             if size > limit:
                 reason = f"query {name!r} holds {size} bytes of state, over {limit}"
-                await self.submit(records.FailQuery(time.time(), name, "RESOURCE_EXHAUSTED", reason))
+                await self.submit(records.FailQueryRecord(time.time(), name, "RESOURCE_EXHAUSTED", reason))
                 del held[name]
         total = sum(held.values())
         growth = sorted(held, key=lambda name: (held[name] - seen.get(name, 0), held[name]), reverse=True)
@@ -678,31 +687,33 @@ class Front:
                 f"query {name!r} grew to {held[name]} bytes of state, taking all queries' state to "
                 f"{total} bytes, over max_state_bytes_total ({total_limit})"
             )
-            await self.submit(records.FailQuery(time.time(), name, "RESOURCE_EXHAUSTED", reason))
+            await self.submit(records.FailQueryRecord(time.time(), name, "RESOURCE_EXHAUSTED", reason))
             total -= held[name]
 
     def snapshot(self) -> dict[str, Any]:
-        stats = self.engine.stats()
-        runner = self.engine.runner
+        stats = self.door.stats()
         statuses = self.query_statuses()
         queries: dict[str, Any] = {}
-        for name, remote in runner.queries.items():
+        for name, remote in self.door.remotes().items():
+            counted = stats["queries"][name]
             queries[name] = {
                 "low_watermark": remote.meld.low_watermark,
-                "late": self.engine.query(name).late_dropped,
-                "open_windows": runner.open_windows(name),
-                "state_bytes": runner.state_bytes(name),
-                "operators": [(i, *counts) for i, counts in enumerate(runner.operators(name))],
+                "late": counted["late"],
+                "open_windows": counted["open_windows"],
+                "state_bytes": counted["state_bytes"],
+                "operators": [
+                    (i, op["operator"], op["in"], op["out"]) for i, op in enumerate(counted["operators"])
+                ],
             }
             if name in statuses:  # not a derived table's part: its query's status is the one
                 queries[name]["status"] = statuses[name][0]
             hub = self.hubs.get(name)
             if hub is not None and hub.readers:
                 queries[name]["readers"] = {r: hub.next_offset - offset for r, offset in hub.readers.items()}
-        inputs = {s["name"] for s in self.engine.list_streams()}  # not the queries' result streams
+        inputs = {s["name"] for s in self.door.list_streams()}  # not the queries' result streams
         streams = {name: value for name, value in stats["streams"].items() if name in inputs}
-        strings = {"front": len(self.engine.pool)}
-        strings.update((f"worker {w}", n) for w, n in sorted(runner.worker_strings.items()))
+        strings = {"front": len(self.door.pool)}
+        strings.update((f"worker {w}", n) for w, n in sorted(self.door.worker_strings().items()))
         workers = {w: place.node for w, place in enumerate(self.workers.places())}
         staged = {"bytes": self.staging.bytes, "parts": self.staging.parts, "expired": self.staging.expired}
         return {

@@ -27,40 +27,40 @@ from lowtide.punctuation.model import Punctuation
 from lowtide.server import input_log as records
 from lowtide.server.batches import AppliedBatches
 from lowtide.server.hub import Hub
+from lowtide.server.journal import Prepared, RestoredQuery
 from lowtide.snapshot import State, as_array, as_dict, as_int, as_list, as_str
 
 if TYPE_CHECKING:
-    from lowtide.door import Door
-    from lowtide.server.process_runner import ProcessRunner
+    from lowtide.server.server_door import ServerDoor
 
 Message = tuple[int, tuple[Any, ...], dict[str, Any] | None]  # worker, header, arrays
 
 
 class FrontParts(Protocol):
-    """What of the front a snapshot holds: the door's engine, the catalog as created, the applied
-    batch ids, the hubs; ``apply`` re-creates the catalog at restore."""
+    """What of the front a snapshot holds: the door, the catalog as created, the applied batch
+    ids, the hubs; ``apply`` re-creates the catalog at restore."""
 
-    engine: Door[ProcessRunner]
-    catalog_streams: dict[str, records.CreateStream]
-    catalog_queries: dict[str, records.RegisterQuery]
+    door: ServerDoor
+    catalog_streams: dict[str, records.CreateStreamRecord]
+    catalog_queries: dict[str, records.RegisterQueryRecord]
     applied: dict[tuple[str, str], AppliedBatches]
     hubs: dict[str, Hub]
 
-    def apply(self, record: records.Record, prepared: Any = None) -> Any: ...
+    def apply(self, record: records.Record, prepared: Prepared | None = None) -> Any: ...
 
 
 # -- the door -------------------------------------------------------------------------------------
 def door_state(front: FrontParts, seq: int) -> State:
-    engine = front.engine
+    door = front.door
     return {
         "seq": seq,
-        "strings": engine.pool.snapshot(),
+        "strings": door.pool.snapshot(),
         "streams": [_fields(record) for record in front.catalog_streams.values()],
         "queries": [
-            {"register": _fields(record), "share": engine.share_of(name)}
+            {"register": _fields(record), "share": door.share_of(name)}
             for name, record in front.catalog_queries.items()
         ],
-        "progress": engine.snapshot_progress(),
+        "progress": door.snapshot_progress(),
         "applied": [_ids_state(stream, source, ids) for (stream, source), ids in front.applied.items()],
     }
 
@@ -76,10 +76,10 @@ def _fields(record: records.Record) -> dict[str, State]:
 
 # -- the output side ------------------------------------------------------------------------------
 def output_state(front: FrontParts, channel: list[Message], pinned: list[int]) -> State:
-    engine = front.engine
+    door = front.door
     queries: dict[str, State] = {}
-    for name, remote in engine.runner.queries.items():
-        running = engine.query(name)
+    for name, remote in door.remotes().items():
+        running = door.query(name)
         queries[name] = {
             "meld": remote.meld.meld.snapshot(),
             "late_dropped": running.late_dropped,
@@ -95,7 +95,7 @@ def output_state(front: FrontParts, channel: list[Message], pinned: list[int]) -
             {"worker": worker, "header": list(header), "arrays": dict(arrays) if arrays else None}
             for worker, header, arrays in channel
         ],
-        "pinned": engine.pool.held(pinned),
+        "pinned": door.pool.held(pinned),
     }
 
 
@@ -136,18 +136,17 @@ def _restore_hub(hub: Hub, state: State, live: bool) -> None:
 def restore_catalog(front: FrontParts, door: State) -> None:
     """Streams and queries as they were at the checkpoint (queries post ``register`` to workers)."""
     saved = as_dict(door, "front door")
-    engine = front.engine
-    engine.pool.restore(saved["strings"])
+    front.door.pool.restore(saved["strings"])
     for entry in as_list(saved["streams"], "streams"):
-        front.apply(records.CreateStream(**as_dict(entry, "create_stream")))  # type: ignore[arg-type]
+        front.apply(records.CreateStreamRecord(**as_dict(entry, "create_stream")))  # type: ignore[arg-type]
     for entry in as_list(saved["queries"], "queries"):
         e = as_dict(entry, "query")
-        record = records.RegisterQuery(**as_dict(e["register"], "register_query"))  # type: ignore[arg-type]
+        record = records.RegisterQueryRecord(**as_dict(e["register"], "register_query"))  # type: ignore[arg-type]
         share = e["share"]
-        front.apply(record, None if share is None else as_str(share, "share"))
+        front.apply(record, None if share is None else RestoredQuery(as_str(share, "share")))
     # Progress only now: a query registered on a stream that has progressed is punctuated at
     # once, which its restored operators have seen already.
-    engine.restore_progress(saved["progress"])
+    front.door.restore_progress(saved["progress"])
     for entry in as_list(saved["applied"], "applied"):
         e = as_dict(entry, "applied ids")
         ids = AppliedBatches.from_runs(
@@ -160,13 +159,13 @@ def restore_catalog(front: FrontParts, door: State) -> None:
 def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Message]:
     """Melds, counters, failures and hubs; returns the messages to send the workers again."""
     saved = as_dict(output, "front output")
-    engine = front.engine
+    door = front.door
     if "pinned" in saved:  # (a checkpoint of an older lowtide has none)
-        engine.pool.pin_held(saved["pinned"])
+        door.pool.pin_held(saved["pinned"])
     for name, entry in as_dict(saved["queries"], "queries").items():
         e = as_dict(entry, f"query {name}")
-        remote = engine.runner.queries[name]
-        running = engine.query(name)
+        remote = door.remotes()[name]
+        running = door.query(name)
         remote.meld.meld.restore(e["meld"])
         running.late_dropped = as_int(e["late_dropped"], "late_dropped")
         running.sink.results = as_int(e["results"], "results")
@@ -175,16 +174,14 @@ def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Me
         if running.derived is not None and e["derived"] is not None:
             running.derived.restore(e["derived"])
         if e["failed"] is not None:
-            engine.runner.fail(remote, as_str(e["failed"], "failure"))
+            door.fail_remote(name, as_str(e["failed"], "failure"))
     for key, state in as_dict(saved["hubs"], "hubs").items():
         hub = front.hubs.get(key)
         if hub is not None:
             _restore_hub(hub, state, live_hubs)
             closed = as_dict(state, "hub")["closed"]
             if closed is not None:
-                hub.close(
-                    as_str(closed, "status"), engine.runner.queries[key.removesuffix(".late")].failed or ""
-                )
+                hub.close(as_str(closed, "status"), door.remotes()[key.removesuffix(".late")].failed or "")
     return [
         (
             as_int(e["worker"], "worker"),

@@ -117,7 +117,7 @@ class Log:
             self._head = 0
 
 
-class Subscription:
+class HubSubscription:
     """One subscriber's place in its hub's log: ``cursor`` is the next offset it takes."""
 
     def __init__(self, hub: Hub, cursor: int) -> None:
@@ -198,7 +198,7 @@ class Hub:
         self.log = Log()  # offsets first_logged .. next_offset - 1, no gap
         self.retained_from = 0  # the oldest retained offset (next_offset: none)
         self.published_bytes = 0  # bytes of every item ever published: Logged.before of the next
-        self.listeners: set[Subscription] = set()
+        self.listeners: set[HubSubscription] = set()
         self.closed: Closed | None = None
         self.ended = False  # the end-of-stream punctuation is in: nothing comes after it
         self.next_offset = 0  # the offset the next new item gets
@@ -280,7 +280,7 @@ class Hub:
         self._evict()
         self._trim()
 
-    def subscribe(self, from_oldest: bool, from_offset: int | None = None) -> Subscription:
+    def subscribe(self, from_oldest: bool, from_offset: int | None = None) -> HubSubscription:
         """Entries from ``from_offset``, else from the oldest retained item (``from_oldest``), else
         from the next new item."""
         if from_offset is None:
@@ -290,11 +290,11 @@ class Hub:
                 f"offset {from_offset} is no longer retained: the oldest is {self.retained_from} "
                 "(retained_items, retained_bytes)"
             )
-        subscription = Subscription(self, from_offset)
+        subscription = HubSubscription(self, from_offset)
         self.listeners.add(subscription)
         return subscription
 
-    def unsubscribe(self, subscription: Subscription) -> None:
+    def unsubscribe(self, subscription: HubSubscription) -> None:
         self.listeners.discard(subscription)
         self._trim()
 

@@ -51,7 +51,7 @@ _FRAME = struct.Struct("<II")
 _HEADER_LENGTH = struct.Struct("<I")
 _HEADER_START = b'{"kind":'  # every JSON header's first bytes (encode puts "kind" first)
 _SEAL = b'{"kind":"seal"'  # the header of a segment's seal (see the module docstring)
-_REFUSED = b'{"kind":"refused"'  # the header of a Refused record (found without reading the rest)
+_REFUSED = b'{"kind":"refused"'  # the header of a RefusedRecord (found without reading the rest)
 _FIRST = b'{"kind":"segment"'  # the header of the frame that opens a segment, naming its first record
 END = "end"  # the file in the log's directory that says how far the log reached (see _EndMark)
 _END_SLOT = struct.Struct("<QQQQI")  # generation, records, segment's first record, its bytes; CRC-32
@@ -73,7 +73,7 @@ class Record:
 
 
 @dataclass(frozen=True)
-class CreateStream(Record):
+class CreateStreamRecord(Record):
     kind: ClassVar[str] = "create_stream"
     name: str
     schema: dict[str, str]
@@ -84,16 +84,16 @@ class CreateStream(Record):
 
 
 @dataclass(frozen=True)
-class DropStream(Record):
+class DropStreamRecord(Record):
     kind: ClassVar[str] = "drop_stream"
     name: str
 
 
 @dataclass(frozen=True)
-class RegisterQuery(Record):
+class RegisterQueryRecord(Record):
     kind: ClassVar[str] = "register_query"
     sql: str
-    name: str | None  # None: the engine names it (q1, q2, ...), the same way at replay
+    name: str | None  # None: the door names it (q1, q2, ...), the same way at replay
     late: str
     allowed_lateness: str | int | None
     # What the query runs under, as configured when it was registered (None in the records of an
@@ -104,13 +104,13 @@ class RegisterQuery(Record):
 
 
 @dataclass(frozen=True)
-class DropQuery(Record):
+class DropQueryRecord(Record):
     kind: ClassVar[str] = "drop_query"
     name: str
 
 
 @dataclass(frozen=True)
-class FailQuery(Record):
+class FailQueryRecord(Record):
     """A query stopped by the server (over its state limit): a decision made on the wall clock,
     so it is recorded rather than made again at replay."""
 
@@ -121,7 +121,7 @@ class FailQuery(Record):
 
 
 @dataclass(frozen=True)
-class Batch(Record):
+class BatchRecord(Record):
     kind: ClassVar[str] = "batch"
     stream: str
     source: str
@@ -133,7 +133,7 @@ class Batch(Record):
 
 
 @dataclass(frozen=True)
-class Punctuate(Record):
+class PunctuateRecord(Record):
     kind: ClassVar[str] = "punctuate"
     stream: str
     source: str
@@ -141,22 +141,22 @@ class Punctuate(Record):
 
 
 @dataclass(frozen=True)
-class CloseSource(Record):
+class CloseSourceRecord(Record):
     kind: ClassVar[str] = "close_source"
     stream: str
     source: str
 
 
 @dataclass(frozen=True)
-class Tick(Record):
+class TickRecord(Record):
     """Heartbeats or idle timeouts moved some stream, or EMIT EVERY timers came due, at ``now``:
-    applying it runs the engine's clock (``Engine.tick``) there, live and at replay alike."""
+    applying it runs the door's clock (``Door.tick``) there, live and at replay alike."""
 
     kind: ClassVar[str] = "tick"
 
 
 @dataclass(frozen=True)
-class Refused(Record):
+class RefusedRecord(Record):
     """Record ``seq`` failed when it applied (a change another record applied first, in the time
     between its check and its turn): it changes nothing live, nor at replay. Any other record
     that fails at replay is damage (see :mod:`lowtide.server.front`)."""
@@ -169,23 +169,23 @@ class Refused(Record):
 _KINDS: dict[str, type[Record]] = {
     k.kind: k
     for k in (
-        CreateStream,
-        DropStream,
-        RegisterQuery,
-        DropQuery,
-        FailQuery,
-        Batch,
-        Punctuate,
-        CloseSource,
-        Tick,
-        Refused,
+        CreateStreamRecord,
+        DropStreamRecord,
+        RegisterQueryRecord,
+        DropQueryRecord,
+        FailQueryRecord,
+        BatchRecord,
+        PunctuateRecord,
+        CloseSourceRecord,
+        TickRecord,
+        RefusedRecord,
     )
 }
 
 
 def encode(record: Record) -> bytes:
     fields = asdict(record)
-    if isinstance(record, Batch):
+    if isinstance(record, BatchRecord):
         fields["parts"] = [len(part) for part in record.parts]
     header = json.dumps({"kind": record.kind, **fields}, separators=(",", ":")).encode()
     return _HEADER_LENGTH.pack(len(header)) + header + record.blob()
@@ -195,7 +195,7 @@ def decode(payload: bytes) -> Record:
     (length,) = _HEADER_LENGTH.unpack_from(payload)
     fields = json.loads(payload[4 : 4 + length])
     kind = _KINDS[fields.pop("kind")]
-    if kind is Batch:
+    if kind is BatchRecord:
         at, parts = 4 + length, []
         for size in fields["parts"]:
             parts.append(payload[at : at + size])
@@ -376,7 +376,7 @@ def _next_frame(data: bytes, at: int) -> int:
 
 
 def _refusals(data: bytes) -> set[int]:
-    """The records the :class:`Refused` records among the whole frames of ``data`` name, found by
+    """The records the :class:`RefusedRecord` records among the whole frames of ``data`` name, found by
     their header's first bytes (no other record is decoded)."""
     lead = _FRAME.size + _HEADER_LENGTH.size
     found: set[int] = set()
@@ -388,7 +388,7 @@ def _refusals(data: bytes) -> set[int]:
                 record = decode(data[at - lead + _FRAME.size : end])
             except (ValueError, KeyError, TypeError, struct.error):
                 record = None  # unreadable: the replay names it
-            if isinstance(record, Refused):
+            if isinstance(record, RefusedRecord):
                 found.add(record.seq)
         at = data.find(_REFUSED, at + 1)
     return found
@@ -468,7 +468,7 @@ class InputLog:
         self._segment_start = 0
         self._segment_bytes = 0
         self._torn: TornTail | None = None
-        # The records a Refused names, in the segments read so far: a Refused is in the segment of
+        # The records a RefusedRecord names, in the segments read so far: one is in the segment of
         # the record it names (see append), so a segment's are known before its records are read.
         self.refused: set[int] = set()
         self._end: _EndFile | None = None
@@ -638,7 +638,7 @@ class InputLog:
     # -- writing ------------------------------------------------------------------------------
     def append(self, record: Record, may_rotate: bool = True) -> int:
         """Write ``record`` to the OS (one ``write``) and return its number. Not ``may_rotate``:
-        in the current segment whatever its size (a :class:`Refused` stays with the record it
+        in the current segment whatever its size (a :class:`RefusedRecord` stays with the record it
         names, and so do records logged while one may still fail: see the journal).
 
         A full disk raises :class:`ResourceExhausted` and leaves the log as it was.
@@ -646,7 +646,8 @@ class InputLog:
         assert self._fd >= 0, "append before recovered()"
         data = frame(encode(record))
         full = self._segment_bytes >= self.segment_bytes and self.next_seq > self._segment_start
-        if full and may_rotate and not isinstance(record, Refused):  # (a segment holds a record at least)
+        # (a segment holds a record at least)
+        if full and may_rotate and not isinstance(record, RefusedRecord):
             self._next_segment()
         self._write(data)
         seq = self.next_seq
@@ -660,7 +661,7 @@ class InputLog:
         return seq
 
     def sync_now(self) -> None:
-        """Make everything written so far durable, here and now (a rare record, :class:`Refused`,
+        """Make everything written so far durable, here and now (a rare record, :class:`RefusedRecord`,
         that must not wait for the next group commit)."""
         os.fsync(self._fd)
 
@@ -724,11 +725,11 @@ class InputLog:
     def when_durable(self, seq: int, callback: Callable[[int], None]) -> None:
         """Call ``callback(highest durable seq)`` on the event loop once record ``seq`` survives a
         power loss (``fsync = "always"``): one fsync covers every record written before it."""
+        self._callback = callback  # before the thread starts: its first fsync calls it
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self._syncer = threading.Thread(target=self._sync_loop, name="lowtide-fsync", daemon=True)
             self._syncer.start()
-        self._callback = callback
         with self._synced:
             self._synced.notify()
 

@@ -9,8 +9,10 @@ log and changes apply directly, through the same code.
 Invariant: the order of application equals the order in the log, so replaying the log at start
 rebuilds the same streams, queries, windows and output offsets. A change is checked before it is
 logged; one that fails as it applies all the same (another change applied first, between its check
-and its turn) is followed in the log by a :class:`~lowtide.server.input_log.Refused` naming it,
-so replay tells that failure from damage.
+and its turn) is followed in the log by a :class:`~lowtide.server.input_log.RefusedRecord` naming
+it, so replay tells that failure from damage. What a change was made ready with before it was
+logged (:data:`Prepared`) travels with it to its application, which redoes it if the door's
+:class:`~lowtide.door.Epoch` moved since.
 
 The state directory: ``D/lowtide-state.json`` (what wrote it, and the format), ``D/lock`` (one
 server at a time), ``D/log/`` (the input log), ``D/checkpoints/``. Opening it changes nothing in
@@ -26,17 +28,33 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lowtide import __version__
+from lowtide.door import CheckedBatch
 from lowtide.errors import StartupFailure
 from lowtide.server.files import write_atomically
-from lowtide.server.input_log import END, InputLog, Record, Refused, segment_name, segment_opening
+from lowtide.server.input_log import END, InputLog, Record, RefusedRecord, segment_name, segment_opening
 
 FORMAT = 1  # of the state directory; a server refuses one written in another format
 
-Apply = Callable[[Record, Any], Any]
+
+@dataclass(frozen=True)
+class RestoredQuery:
+    """A :class:`~lowtide.server.input_log.RegisterQueryRecord` applied again to restore a
+    checkpoint: the query reads the slices it read when saved (``share``, a
+    :func:`~lowtide.query.sharing.slices_key`)."""
+
+    share: str
+
+
+# What a record is made ready with, by kind: a batch as the door judged it (a BatchRecord's: it
+# applies as judged in the same epoch only, see lowtide.door.Epoch), a query restored with its
+# slices (a RegisterQueryRecord's, at a checkpoint's restore). Other kinds take none.
+Prepared = CheckedBatch | RestoredQuery
+Apply = Callable[[Record, Prepared | None], Any]
 
 
 class StateDirectory:
@@ -106,17 +124,17 @@ class Journal:
         self.apply = apply
         self.log = log
         self.applied_through = -1  # the number of the last logged record applied
-        self.refused: set[int] = set()  # logged records that failed as they applied (see Refused)
-        self._waiting: deque[tuple[int, Record, Any, asyncio.Future[Any]]] = deque()
+        self.refused: set[int] = set()  # logged records that failed as they applied (see RefusedRecord)
+        self._waiting: deque[tuple[int, Record, Prepared | None, asyncio.Future[Any]]] = deque()
 
-    async def submit(self, record: Record, prepared: Any = None) -> Any:
+    async def submit(self, record: Record, prepared: Prepared | None = None) -> Any:
         """Log ``record`` and apply it (``apply(record, prepared)``); its result or its error.
 
         A full disk raises ``ResourceExhausted`` with nothing applied.
         """
         if self.log is None:
             return self.apply(record, prepared)
-        # Not into a new segment while a change logged before may still fail: its Refused must
+        # Not into a new segment while a change logged before may still fail: its RefusedRecord must
         # come in the segment that holds it (replay reads a segment's refusals before its records).
         seq = self.log.append(record, may_rotate=not self._waiting)
         if self.log.fsync != "always":
@@ -151,11 +169,6 @@ class Journal:
         after it is acknowledged, so that replay knows its failure from damage."""
         assert self.log is not None
         self.refused.add(seq)
-        self.log.append(Refused(time.time(), seq, str(exc) or type(exc).__name__), may_rotate=False)
+        self.log.append(RefusedRecord(time.time(), seq, str(exc) or type(exc).__name__), may_rotate=False)
         if self.log.fsync == "always":
             self.log.sync_now()
-
-    def forget_prepared(self) -> None:
-        """Changes waiting for their fsync will be applied from their bytes: what was prepared
-        for them (coded strings) belongs to an engine a recovery replaced."""
-        self._waiting = deque((seq, record, None, future) for seq, record, _, future in self._waiting)

@@ -208,7 +208,7 @@ class LocalWorkers(Outboxes):
         self._stopping = True
         await self.idle()
         for handle in self.handles:
-            self.post(handle.index, msg.Stop())
+            self.post(handle.index, msg.StopMessage())
         await self.idle()
         for handle in self.handles:
             await asyncio.get_running_loop().run_in_executor(None, handle.process.join, 5)

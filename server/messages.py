@@ -1,5 +1,9 @@
 """The messages between the front and its workers: one frozen dataclass each, by direction.
 
+Each is named ``<what>Message`` (``BatchMessage``, ``CheckpointMessage``): the engine's
+:class:`~lowtide.batch.Batch`, the input log's records and the stored checkpoints have names of
+their own.
+
 The front sends :data:`ToWorker` messages, a worker answers with :data:`ToFront` ones; the columns
 of a batch or a result travel beside them, in the channel's shared memory (see
 :mod:`lowtide.server.channel`). Receivers dispatch with ``match`` on the class, exhaustively.
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
 
 # -- front -> worker ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Strings:
+class StringsMessage:
     """The front's new string-pool entries: ``values[i]`` has code ``codes[i]``."""
 
     codes: list[int]
@@ -40,14 +44,14 @@ class Strings:
 
 
 @dataclass(frozen=True, slots=True)
-class Forget:
+class ForgetMessage:
     """The front released these codes (a dropped stream held them): the mirror forgets them."""
 
     codes: list[int]
 
 
 @dataclass(frozen=True, slots=True)
-class Register:
+class RegisterMessage:
     """Build and run a query, as the door planned it (the worker plans nothing itself)."""
 
     query: str
@@ -55,12 +59,12 @@ class Register:
 
 
 @dataclass(frozen=True, slots=True)
-class Drop:
+class DropMessage:
     query: str
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class BatchMessage:
     """``rows`` tuples of one input of a query (columns in the payload; none when ``rows`` is 0).
     The name is the query that feeds shared slices when its tuples feed other queries too."""
 
@@ -71,68 +75,68 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
-class Punctuate:
+class PunctuateMessage:
     query: str
     input_index: int
     attribute: str
     value: int
-    sent_at: float  # the front's time.monotonic(), echoed in Released
+    sent_at: float  # the front's time.monotonic(), echoed in ReleasedMessage
 
 
 @dataclass(frozen=True, slots=True)
-class Emit:
+class EmitMessage:
     """The query's EMIT EVERY timer fired at the front: emit its open windows' current rows
-    (``final = false``), then an :class:`Epoch`, like the answer to an input message."""
+    (``final = false``), then an :class:`EpochMessage`, like the answer to an input message."""
 
     query: str
 
 
 @dataclass(frozen=True, slots=True)
-class Sync:
-    """Answered with :class:`Synced` after everything sent before it."""
+class SyncMessage:
+    """Answered with :class:`SyncedMessage` after everything sent before it."""
 
     token: int
 
 
 @dataclass(frozen=True, slots=True)
-class GetStats:
-    """Answered with :class:`Stats`."""
+class GetStatsMessage:
+    """Answered with :class:`StatsMessage`."""
 
 
 @dataclass(frozen=True, slots=True)
-class Checkpoint:
+class CheckpointMessage:
     """A barrier: write the state of every query and share to ``path``, after everything sent
-    before it and before what follows; answered with :class:`Checkpointed` at once and
-    :class:`Persisted` once the file is written."""
+    before it and before what follows; answered with :class:`CheckpointedMessage` at once and
+    :class:`PersistedMessage` once the file is written."""
 
     token: int
     path: str
 
 
 @dataclass(frozen=True, slots=True)
-class Restore:
+class RestoreMessage:
     """Take the state at ``path`` (sent after the queries are registered again); answered with
-    :class:`Restored`."""
+    :class:`RestoredMessage`."""
 
     generation: int
     path: str
 
 
 @dataclass(frozen=True, slots=True)
-class Reset:
+class ResetMessage:
     """Forget every query and string: a restore follows, what was sent before is moot."""
 
     generation: int
 
 
 @dataclass(frozen=True, slots=True)
-class Stop:
+class StopMessage:
     """End the worker process."""
 
 
 # -- worker -> front ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Result:
+class ResultMessage:
     """``rows`` result rows of a query, as engine columns (string codes) in the payload."""
 
     query: str
@@ -140,7 +144,7 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
-class Punctuated:
+class PunctuatedMessage:
     """The query's output punctuation on this worker."""
 
     query: str
@@ -149,7 +153,7 @@ class Punctuated:
 
 
 @dataclass(frozen=True, slots=True)
-class Late:
+class LateMessage:
     """``rows`` late tuples a query dropped, in the payload; ``columns`` as (name, ColumnType name)."""
 
     query: str
@@ -158,7 +162,7 @@ class Late:
 
 
 @dataclass(frozen=True, slots=True)
-class Released:
+class ReleasedMessage:
     """After the results the punctuation sent at ``sent_at`` released for the query."""
 
     query: str
@@ -166,19 +170,19 @@ class Released:
 
 
 @dataclass(frozen=True, slots=True)
-class Epoch:
+class EpochMessage:
     """After everything one batch or punctuation message made for the query (see ordered_meld)."""
 
     query: str
 
 
 @dataclass(frozen=True, slots=True)
-class Synced:
+class SyncedMessage:
     token: int
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
+class FailedMessage:
     """The query failed on this worker (and was dropped there); ``reason`` is one line;
     ``status`` the gRPC code its subscriptions end with (a limit: RESOURCE_EXHAUSTED)."""
 
@@ -188,7 +192,7 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
-class Stats:
+class StatsMessage:
     """Per query: operators as (label, tuples in, tuples out), state_bytes, open_windows, late;
     and the strings the worker's pool holds."""
 
@@ -197,8 +201,8 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
-class Checkpointed:
-    """The barrier passed: the state at it is being written (see :class:`Persisted`)."""
+class CheckpointedMessage:
+    """The barrier passed: the state at it is being written (see :class:`PersistedMessage`)."""
 
     token: int
     pause_s: float  # how long the worker stopped processing for it
@@ -206,7 +210,7 @@ class Checkpointed:
 
 
 @dataclass(frozen=True, slots=True)
-class Persisted:
+class PersistedMessage:
     """The worker's file of the checkpoint is on disk: its size and CRC-32, for the manifest."""
 
     token: int
@@ -216,35 +220,45 @@ class Persisted:
 
 
 @dataclass(frozen=True, slots=True)
-class Restored:
+class RestoredMessage:
     generation: int
     error: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class ResetDone:
-    """The worker has forgotten everything sent before the :class:`Reset` of ``generation``."""
+class ResetDoneMessage:
+    """The worker has forgotten everything sent before the :class:`ResetMessage` of ``generation``."""
 
     generation: int
 
 
-QueryInput: TypeAlias = Batch | Punctuate
+QueryInput: TypeAlias = BatchMessage | PunctuateMessage
 ToWorker: TypeAlias = (
-    Strings
-    | Forget
-    | Register
-    | Drop
+    StringsMessage
+    | ForgetMessage
+    | RegisterMessage
+    | DropMessage
     | QueryInput
-    | Emit
-    | Sync
-    | GetStats
-    | Checkpoint
-    | Restore
-    | Reset
-    | Stop
+    | EmitMessage
+    | SyncMessage
+    | GetStatsMessage
+    | CheckpointMessage
+    | RestoreMessage
+    | ResetMessage
+    | StopMessage
 )
-QueryOutput: TypeAlias = Result | Punctuated | Late | Released | Epoch | Failed  # melded per query
-ToFront: TypeAlias = QueryOutput | Stats | Synced | Checkpointed | Persisted | Restored | ResetDone
+QueryOutput: TypeAlias = (
+    ResultMessage | PunctuatedMessage | LateMessage | ReleasedMessage | EpochMessage | FailedMessage
+)  # melded per query
+ToFront: TypeAlias = (
+    QueryOutput
+    | StatsMessage
+    | SyncedMessage
+    | CheckpointedMessage
+    | PersistedMessage
+    | RestoredMessage
+    | ResetDoneMessage
+)
 
 M = TypeVar("M")
 
@@ -278,21 +292,33 @@ def _getter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 TO_WORKER: Codec[ToWorker] = Codec(
-    Batch, Punctuate, Strings, Register, Drop, Sync, GetStats, Checkpoint, Restore, Reset, Stop, Emit, Forget
+    BatchMessage,
+    PunctuateMessage,
+    StringsMessage,
+    RegisterMessage,
+    DropMessage,
+    SyncMessage,
+    GetStatsMessage,
+    CheckpointMessage,
+    RestoreMessage,
+    ResetMessage,
+    StopMessage,
+    EmitMessage,
+    ForgetMessage,
 )
 TO_FRONT: Codec[ToFront] = Codec(
-    Result,
-    Punctuated,
-    Late,
-    Released,
-    Epoch,
-    Failed,
-    Stats,
-    Synced,
-    Checkpointed,
-    Persisted,
-    Restored,
-    ResetDone,
+    ResultMessage,
+    PunctuatedMessage,
+    LateMessage,
+    ReleasedMessage,
+    EpochMessage,
+    FailedMessage,
+    StatsMessage,
+    SyncedMessage,
+    CheckpointedMessage,
+    PersistedMessage,
+    RestoredMessage,
+    ResetDoneMessage,
 )
 
 
@@ -300,9 +326,9 @@ TO_FRONT: Codec[ToFront] = Codec(
 def to_record(message: QueryInput) -> tuple[str | int | bool | float, ...]:
     """A recorded message as plain data (see the module's docstring)."""
     match message:
-        case Batch():
+        case BatchMessage():
             return ("batch", message.query, message.input_index, message.late, message.rows)
-        case Punctuate():
+        case PunctuateMessage():
             return (
                 "punctuate",
                 message.query,
@@ -319,7 +345,7 @@ def from_record(record: tuple[object, ...]) -> QueryInput:
     """The message :func:`to_record` made; raises :class:`CorruptState` for anything else."""
     match record:
         case ("batch", str(query), int(index), bool(late), int(rows)):
-            return Batch(query, index, late, rows)
+            return BatchMessage(query, index, late, rows)
         case ("punctuate", str(query), int(index), str(attribute), int(value), float(sent_at)):
-            return Punctuate(query, index, attribute, value, sent_at)
+            return PunctuateMessage(query, index, attribute, value, sent_at)
     raise CorruptState(f"checkpoint: {str(record)[:80]} is no recorded batch or punctuation")

@@ -108,20 +108,20 @@ class Dispatch(Input):
         runner = self.runner
         runner.sync_strings()
         if len(remote.workers) == 1:
-            message = msg.Batch(remote.name, self.index, late, batch.n)
+            message = msg.BatchMessage(remote.name, self.index, late, batch.n)
             runner.post(remote.workers[0], message, batch.columns, self.derived)
             return
         pieces = split(batch, remote.partitioning.keys[self.index], len(remote.workers))
         for worker, rows in zip(remote.workers, pieces, strict=True):
             # An empty piece goes too: every worker answers every message (an epoch, see ordered_meld).
             piece = batch.select(rows)
-            message = msg.Batch(remote.name, self.index, late, piece.n)
+            message = msg.BatchMessage(remote.name, self.index, late, piece.n)
             runner.post(worker, message, piece.columns if piece.n else None, self.derived)
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         if self.remote.failed:
             return
-        message = msg.Punctuate(
+        message = msg.PunctuateMessage(
             self.remote.name, self.index, punctuation.attribute, punctuation.value, time.monotonic()
         )
         for worker in self.remote.workers:
@@ -179,7 +179,7 @@ class ProcessRunner:
             self._decoding.add(query.name)
         self.sync_strings()
         for worker in workers:
-            self.workers.post(worker, msg.Register(query.name, description))
+            self.workers.post(worker, msg.RegisterMessage(query.name, description))
         if feeder is not None:
             remote.dispatches = feeder.dispatches  # the feeder's dispatch sends the tuples once for all
             return remote.dispatches
@@ -200,14 +200,14 @@ class ProcessRunner:
         remote = self.queries.pop(name, None)
         if remote is not None:
             for worker in remote.workers:
-                self.workers.post(worker, msg.Drop(name))
+                self.workers.post(worker, msg.DropMessage(name))
         if name in self._decoding:
             self._decoding.discard(name)
             if not self._decoding:  # the workers need the literals alone again
                 self.sync_strings()
                 held = self.pool.entries()
                 pinned = set(self.pool.pinned(held))
-                self.workers.broadcast(msg.Forget([code for code in held if code not in pinned]))
+                self.workers.broadcast(msg.ForgetMessage([code for code in held if code not in pinned]))
         shares = (q.query.description.share for q in self.queries.values())
         live = {share.name for share in shares if share is not None}
         self._feeders = {share: feeder for share, feeder in self._feeders.items() if share in live}
@@ -218,7 +218,7 @@ class ProcessRunner:
         remote = self.queries.get(name)
         if remote is not None and not remote.failed:
             for worker in remote.workers:
-                self.workers.post(worker, msg.Emit(remote.name))
+                self.workers.post(worker, msg.EmitMessage(remote.name))
 
     def strings_released(self, codes: npt.NDArray[np.int64]) -> None:
         """A dropped stream's strings were freed: the workers forget them too, after the entries
@@ -226,7 +226,7 @@ class ProcessRunner:
         freed: workers that hold nothing else have nothing to forget."""
         self.sync_strings()
         if codes.size and self._decoding:
-            self.workers.broadcast(msg.Forget(codes.tolist()))
+            self.workers.broadcast(msg.ForgetMessage(codes.tolist()))
 
     def placement(self, description: PlanDescription) -> str:
         workers, front = at_front(description)
@@ -273,17 +273,17 @@ class ProcessRunner:
         """The strings of ``codes`` to ``worker`` (None: every worker)."""
         if not codes:
             return
-        message = msg.Strings(codes, self.pool.values(codes))
+        message = msg.StringsMessage(codes, self.pool.values(codes))
         if worker is None:
             self.workers.broadcast(message)
         else:
             self.workers.post(worker, message)
 
     def on_worker_message(
-        self, worker: int, message: msg.QueryOutput | msg.Stats, arrays: Arrays
+        self, worker: int, message: msg.QueryOutput | msg.StatsMessage, arrays: Arrays
     ) -> str | None:
         """Apply one message from a worker; returns the name of the query it concerns."""
-        if isinstance(message, msg.Stats):
+        if isinstance(message, msg.StatsMessage):
             self.worker_strings[worker] = message.strings
             for name, stats in message.queries.items():
                 if name in self.queries:
@@ -293,19 +293,19 @@ class ProcessRunner:
         if remote is None or worker not in remote.workers:
             return None
         match message:
-            case msg.Result():
+            case msg.ResultMessage():
                 remote.meld.result(remote.port(worker), Batch(decode_columns(arrays), message.rows))
-            case msg.Punctuated():
+            case msg.PunctuatedMessage():
                 remote.meld.punctuation(remote.port(worker), Punctuation(message.value, message.attribute))
-            case msg.Late():
+            case msg.LateMessage():
                 fields = tuple((name, ColumnType(kind)) for name, kind in message.columns)
                 table = to_table(Batch(arrays, message.rows), fields, self.pool)
                 remote.meld.late(remote.port(worker), table)
-            case msg.Epoch():
+            case msg.EpochMessage():
                 remote.meld.epoch(remote.port(worker))
-            case msg.Released():
+            case msg.ReleasedMessage():
                 self._released(remote, message.sent_at)
-            case msg.Failed():
+            case msg.FailedMessage():
                 reason = f"query {remote.name!r} failed on worker {worker}: {message.reason}"
                 self.fail(remote, reason, message.status)
                 if any(feeder is remote for feeder in self._feeders.values()):
@@ -350,10 +350,10 @@ class ProcessRunner:
         remote.failed = reason
         remote.status = status
         for worker in remote.workers:
-            self.workers.post(worker, msg.Drop(remote.name))
+            self.workers.post(worker, msg.DropMessage(remote.name))
 
     def request_stats(self) -> None:
-        self.workers.broadcast(msg.GetStats())
+        self.workers.broadcast(msg.GetStatsMessage())
 
 
 def lost_state(worker: int, query: str) -> str:

@@ -287,7 +287,7 @@ class RayWorkers(Outboxes):
             self._watch.cancel()
         await self.idle()
         for handle in self.handles:
-            self.post(handle.index, msg.Stop())
+            self.post(handle.index, msg.StopMessage())
         await self.idle()
         for task in list(self._replacing):
             task.cancel()

@@ -61,7 +61,7 @@ def _shown(patterns: Patterns) -> str:
 
 
 @dataclass(frozen=True)
-class Scope:
+class TokenScope:
     """A token's role and the names it may reach (see the module docstring)."""
 
     role: str
@@ -114,8 +114,8 @@ class Scope:
     def explain(self, sql: str) -> PermissionDenied | None:
         """The refusal of explaining ``sql`` (reading a stream outside ``streams``), or None.
 
-        SQL that does not parse, or is over the engine's size limit (not parsed here: parsing
-        runs on the event loop), is let through: the call answers with the engine's reason.
+        SQL that does not parse, or is over the door's size limit (not parsed here: parsing
+        runs on the event loop), is let through: the call answers with the door's reason.
         """
         if self.streams is None or len(sql.encode("utf-8", "surrogatepass")) > MAX_QUERY_BYTES:
             return None
@@ -131,13 +131,13 @@ class Scope:
         return None
 
 
-def parse(entry: object, role: str, where: str) -> Scope:
+def parse(entry: object, role: str, where: str) -> TokenScope:
     """The scope of a ``--tokens`` entry whose role is ``role``: the table's other keys.
 
     ``where`` names the entry in a reason (never the token: it is a secret, and ends up in logs).
     """
     if not isinstance(entry, dict):
-        return Scope(role)
+        return TokenScope(role)
     lists: dict[str, tuple[str, ...]] = {}
     for key, value in entry.items():
         if key == "role":
@@ -150,10 +150,10 @@ def parse(entry: object, role: str, where: str) -> Scope:
         if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
             raise InvalidArgument(f'{where}: {key!r} must be a list of glob patterns, such as ["link-*"]')
         lists[key] = tuple(value)
-    return Scope(role, lists.get("streams"), lists.get("sources"), lists.get("queries"))
+    return TokenScope(role, lists.get("streams"), lists.get("sources"), lists.get("queries"))
 
 
-def counted(scopes: Sequence[Scope]) -> str:
+def counted(scopes: Sequence[TokenScope]) -> str:
     """``2 admin, 1 producer (1 scoped)``: the tokens by role, for the start's notice."""
     parts = []
     for role in KEYS:
@@ -164,4 +164,4 @@ def counted(scopes: Sequence[Scope]) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["KEYS", "Scope", "counted", "parse"]
+__all__ = ["KEYS", "TokenScope", "counted", "parse"]

@@ -31,7 +31,7 @@ def _reads(front: Front, query: str) -> list[str]:
     """The streams ``query`` reads (its derived tables' too; none if there is no such query): what
     its ``.late`` holds rows of."""
     try:
-        return front.engine.inputs_of(query)
+        return front.door.inputs_of(query)
     except NotFound:
         return []
 
@@ -103,8 +103,8 @@ async def _serve(config: ServerConfig, truncate_log_tail: bool) -> int:
                 file=sys.stderr,
             )
         print(
-            f"lowtide: state in {config.state_dir}: {len(front.engine.list_streams())} streams, "
-            f"{len(front.engine.runner.queries)} queries, {replayed} logged changes replayed in "
+            f"lowtide: state in {config.state_dir}: {len(front.door.list_streams())} streams, "
+            f"{len(front.door.remotes())} queries, {replayed} logged changes replayed in "
             f"{time.monotonic() - began:.2f} s",
             file=sys.stderr,
         )

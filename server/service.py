@@ -20,7 +20,6 @@ import grpc
 import pyarrow as pa
 
 from lowtide import __version__, errors
-from lowtide.door import Door
 from lowtide.errors import InvalidArgument, LowtideError, NotFound, ResourceExhausted
 from lowtide.handles import Item
 from lowtide.ipc import read_ipc
@@ -33,8 +32,8 @@ from lowtide.server import staged_calls
 from lowtide.server.batches import PartialBatch, admitted_bytes
 from lowtide.server.front import Front
 from lowtide.server.hub import Closed
-from lowtide.server.process_runner import ProcessRunner
 from lowtide.server.scopes import committer
+from lowtide.server.server_door import ServerDoor
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 log = logging.getLogger("lowtide.server")
@@ -230,8 +229,8 @@ class Service(pb_grpc.LowtideServicer):
         self.front = front
 
     @property
-    def engine(self) -> Door[ProcessRunner]:
-        return self.front.engine  # a new one after a recovery
+    def door(self) -> ServerDoor:
+        return self.front.door  # a new one after a recovery
 
     @translated
     async def CreateStream(self, request: pb.CreateStreamRequest, context: Any) -> pb.CreateStreamResponse:
@@ -240,7 +239,7 @@ class Service(pb_grpc.LowtideServicer):
             if column.name in schema:
                 raise InvalidArgument(f"column {shown(column.name)} appears more than once in the schema")
             schema[column.name] = column.type
-        record = records.CreateStream(
+        record = records.CreateStreamRecord(
             time.time(),
             request.name,
             schema,
@@ -249,7 +248,7 @@ class Service(pb_grpc.LowtideServicer):
             sources=list(request.sources),
             idle_timeout=request.idle_timeout_s or None,
         )
-        self.engine.check_stream(
+        self.door.check_stream(
             record.name, schema, record.progressing, record.punctuation, record.sources, record.idle_timeout
         )
         await self.front.submit(record)
@@ -257,13 +256,13 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def DropStream(self, request: pb.DropStreamRequest, context: Any) -> pb.DropStreamResponse:
-        self.engine.check_drop_stream(request.name)  # nothing that cannot apply is logged
-        await self.front.submit(records.DropStream(time.time(), request.name))
+        self.door.check_drop_stream(request.name)  # nothing that cannot apply is logged
+        await self.front.submit(records.DropStreamRecord(time.time(), request.name))
         return pb.DropStreamResponse()
 
     @translated
     async def ListStreams(self, request: pb.ListStreamsRequest, context: Any) -> pb.ListStreamsResponse:
-        streams = self.engine.stats()["streams"]
+        streams = self.door.stats()["streams"]
         return pb.ListStreamsResponse(
             streams=[
                 pb.StreamInfo(
@@ -278,7 +277,7 @@ class Service(pb_grpc.LowtideServicer):
                     source_punctuation=s["source_punctuation"],
                     declared_sources=s["declared"],
                 )
-                for s in self.engine.list_streams()
+                for s in self.door.list_streams()
             ]
         )
 
@@ -287,31 +286,31 @@ class Service(pb_grpc.LowtideServicer):
         text = request.allowed_lateness  # a number of units, else a duration: the planner checks both
         lateness: str | int | None = int(text) if _INTEGER.fullmatch(text) else (text or None)
         record = self.front.query_record(request.sql, request.name or None, request.late or "drop", lateness)
-        self.engine.check_query(record.sql, record.name, record.late, record.allowed_lateness)
+        self.door.check_query(record.sql, record.name, record.late, record.allowed_lateness)
         name = await self.front.submit(record)
-        running = self.engine.query(name)
+        running = self.door.query(name)
         return pb.RegisterQueryResponse(
             name=name,
             columns=[pb.Column(name=n, type=t.name) for n, t in running.description.schema],
-            plan=self.engine.plan_of(name),
+            plan=self.door.plan_of(name),
         )
 
     @translated
     async def ExplainQuery(self, request: pb.ExplainQueryRequest, context: Any) -> pb.ExplainQueryResponse:
-        return pb.ExplainQueryResponse(plan=self.engine.explain(request.sql))
+        return pb.ExplainQueryResponse(plan=self.door.explain(request.sql))
 
     @translated
     async def DropQuery(self, request: pb.DropQueryRequest, context: Any) -> pb.DropQueryResponse:
-        self.engine.check_drop_query(request.name)
-        await self.front.submit(records.DropQuery(time.time(), request.name))
+        self.door.check_drop_query(request.name)
+        await self.front.submit(records.DropQueryRecord(time.time(), request.name))
         return pb.DropQueryResponse()
 
     @translated
     async def ListQueries(self, request: pb.ListQueriesRequest, context: Any) -> pb.ListQueriesResponse:
         infos = []
         statuses = self.front.query_statuses()
-        for q in self.engine.list_queries():
-            remote = self.engine.runner.queries[q["name"]]
+        for q in self.door.list_queries():
+            remote = self.door.remotes()[q["name"]]
             hub = self.front.hubs[q["name"]]
             status, reason = statuses[q["name"]]
             infos.append(
@@ -335,7 +334,6 @@ class Service(pb_grpc.LowtideServicer):
 
     @translated
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Any) -> pb.ListWorkersResponse:
-        runner = self.engine.runner
         return pb.ListWorkersResponse(
             workers=[
                 pb.WorkerInfo(
@@ -346,7 +344,7 @@ class Service(pb_grpc.LowtideServicer):
                     status=place.status,
                     queries=[
                         pb.WorkerQuery(name=name, state_bytes=state)
-                        for name, state in runner.hosted(index).items()
+                        for name, state in self.door.hosted(index).items()
                     ],
                 )
                 for index, place in enumerate(self.front.workers.places())
@@ -372,7 +370,7 @@ class Service(pb_grpc.LowtideServicer):
     async def _ingest(
         self, request_iterator: AsyncIterator[pb.IngestRequest], tally: _Tally
     ) -> pb.IngestResponse:
-        front = self.front  # its engine is read at each use: a recovery replaces it
+        front = self.front  # its door is read at each use: a recovery replaces it
         stream = source = ""
         partial: PartialBatch | None = None  # a multi-part batch until its last part arrives
         async for request in request_iterator:
@@ -380,14 +378,13 @@ class Service(pb_grpc.LowtideServicer):
                 stream, source = request.stream, request.source or "default"
                 if not stream:
                     raise NotFound("the first Ingest message must name the stream")
-                front.engine.low_watermark(stream)  # NotFound for an unknown stream, before any data
+                front.door.low_watermark(stream)  # NotFound for an unknown stream, before any data
             item = request.WhichOneof("item")
             if item == "arrow":
                 batch_id, parts = request.batch_id, max(1, request.batch_parts)
                 if partial is None:
                     duplicate = bool(batch_id) and batch_id in front.applied_batches(stream, source)
-                    releases = front.engine.pool.releases
-                    partial = PartialBatch(batch_id, parts, duplicate, front.generation, releases)
+                    partial = PartialBatch(batch_id, parts, duplicate, front.door.epoch)
                     tally.receiving = partial
                 partial.check(batch_id, parts)
                 # Each part is checked and coded on arrival, while the client sends the next.
@@ -397,8 +394,8 @@ class Service(pb_grpc.LowtideServicer):
                     arrow = request.arrow  # read once: each read of the field is another copy
                     if parts > 1:  # its parts wait for the last one: charged before decoding
                         front.pending.hold(partial, len(arrow))
-                    table = _read_arrow(arrow, front.engine.limits.max_batch_rows)
-                    admitted = front.engine.admit(stream, table, validated=True)
+                    table = _read_arrow(arrow, front.door.limits.max_batch_rows)
+                    admitted = front.door.admit(stream, table, validated=True)
                     partial.payloads.append(arrow)
                     if parts > 1:
                         front.pending.hold(partial, admitted_bytes(admitted, arrow))
@@ -411,7 +408,7 @@ class Service(pb_grpc.LowtideServicer):
                     front.pending.release(whole)
                     tally.duplicates += 1
                     continue
-                batch = (whole.batch_id, whole.payloads, whole.admitted, whole.generation, whole.releases)
+                batch = (whole.batch_id, whole.payloads, whole.admitted, whole.epoch)
                 rows = await front.submit_batch(stream, source, *batch)
                 front.pending.release(whole)  # applied: the front holds its parts no more
                 if rows == 0 and whole.batch_id:  # applied meanwhile, by another call
@@ -424,14 +421,14 @@ class Service(pb_grpc.LowtideServicer):
             elif partial is not None:
                 raise InvalidArgument(partial.cut_short())
             elif item == "punctuation":
-                front.engine.check_punctuation(stream, request.punctuation, source)
-                await front.submit(records.Punctuate(time.time(), stream, source, request.punctuation))
+                front.door.check_punctuation(stream, request.punctuation, source)
+                await front.submit(records.PunctuateRecord(time.time(), stream, source, request.punctuation))
             elif item == "close":
-                front.engine.check_close(stream, source)
-                await front.submit(records.CloseSource(time.time(), stream, source))
+                front.door.check_close(stream, source)
+                await front.submit(records.CloseSourceRecord(time.time(), stream, source))
         if partial is not None:
             raise InvalidArgument(partial.cut_short())
-        low = front.engine.low_watermark(stream) if stream else 0
+        low = front.door.low_watermark(stream) if stream else 0
         return pb.IngestResponse(
             tuples=tally.tuples, batches=tally.batches, duplicates=tally.duplicates, low_watermark=low
         )

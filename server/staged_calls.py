@@ -28,7 +28,7 @@ from lowtide.server.staging import BatchKey, check_part_name
 def _batch_key(front: Front, stream: str, source: str, batch_id: int, call: str) -> BatchKey:
     if not stream:
         raise NotFound(f"{call} must name the stream")
-    front.engine.low_watermark(stream)  # NotFound for an unknown stream
+    front.door.low_watermark(stream)  # NotFound for an unknown stream
     check_source(source)
     if batch_id < 1:
         raise InvalidArgument(f"{call} needs a batch_id of 1 or more")
@@ -66,8 +66,8 @@ async def stage(
                 continue  # a batch applied before: its rows are not read
             front.staging.reserve(len(request.arrow))
             reserved += len(request.arrow)
-            table = read_ipc(request.arrow, front.engine.limits.max_batch_rows)
-            rows += front.engine.check(key[0], table, validated=True)
+            table = read_ipc(request.arrow, front.door.limits.max_batch_rows)
+            rows += front.door.check(key[0], table, validated=True)
             payloads.append(request.arrow)
         if key is None:
             raise InvalidArgument("a Stage call needs at least one message")
@@ -96,23 +96,23 @@ async def commit_staged(front: Front, request: pb.CommitStagedRequest) -> pb.Com
     rows = 0
     if not duplicate:
         payloads = front.staging.payloads(key, names)
-        generation, releases = front.generation, front.engine.pool.releases
-        limit = front.engine.limits.max_batch_rows
-        admitted = [front.engine.admit(stream, read_ipc(p, limit), validated=True) for p in payloads]
+        epoch = front.door.epoch
+        limit = front.door.limits.max_batch_rows
+        admitted = [front.door.admit(stream, read_ipc(p, limit), validated=True) for p in payloads]
         if sum(batch.n for batch in admitted):
-            batch = (batch_id, payloads, admitted, generation, releases)
+            batch = (batch_id, payloads, admitted, epoch)
             rows = await front.submit_batch(stream, source, *batch)
             duplicate = rows == 0  # applied meanwhile, by another commit
         else:
             # No row to apply, but the id is logged as applied all the same: its parts go below,
             # so a retried commit must find the batch applied (duplicate), not its parts missing.
-            await front.submit(records.Batch(time.time(), stream, source, batch_id, ()))
+            await front.submit(records.BatchRecord(time.time(), stream, source, batch_id, ()))
     front.staging.discard(key)
-    held = front.engine.source_punctuation(stream, source)
+    held = front.door.source_punctuation(stream, source)
     if request.HasField("punctuation") and request.punctuation > held:
-        value = front.engine.check_punctuation(stream, request.punctuation, source)
-        await front.submit(records.Punctuate(time.time(), stream, source, value))
-    low = front.engine.low_watermark(stream)
+        value = front.door.check_punctuation(stream, request.punctuation, source)
+        await front.submit(records.PunctuateRecord(time.time(), stream, source, value))
+    low = front.door.low_watermark(stream)
     return pb.CommitStagedResponse(tuples=rows, duplicate=duplicate, low_watermark=low)
 
 

@@ -50,8 +50,8 @@ def check_part_name(name: str) -> None:
 
 
 @dataclass
-class Part:
-    """One staged part: in memory (``payloads``) or in its file (``path``)."""
+class KeptPart:
+    """A staged part as the server keeps it: in memory (``payloads``) or in its file (``path``)."""
 
     size: int  # its Arrow bytes
     staged_at: float  # wall-clock seconds
@@ -67,7 +67,7 @@ class StagingArea:
         self.fsync = fsync
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        self.batches: dict[BatchKey, dict[str, Part]] = {}
+        self.batches: dict[BatchKey, dict[str, KeptPart]] = {}
         self.bytes = 0  # of every part staged, and of those being received
         self.expired = 0  # parts dropped after staging_timeout_s, since the start
         self._writes = itertools.count()  # each write its own temporary file
@@ -91,7 +91,7 @@ class StagingArea:
         A call cancelled meanwhile keeps nothing: its file is written under a name of its own
         (a ``.tmp``) and renamed here, on the event loop, only if the call is still running."""
         size = sum(len(p) for p in payloads)
-        part = Part(size, time.time(), tuple(payloads), None)
+        part = KeptPart(size, time.time(), tuple(payloads), None)
         if self.directory is not None:
             path = self.directory / _file_name(key, name)
             temporary = path.with_name(f"{path.name}.{next(self._writes)}.tmp")
@@ -109,11 +109,11 @@ class StagingArea:
                 _remove(temporary)
                 reason = exc.strerror or str(exc)
                 raise ResourceExhausted(f"cannot stage the part in {path.parent}: {reason}") from None
-            part = Part(size, part.staged_at, None, path)
+            part = KeptPart(size, part.staged_at, None, path)
         self._forget(key, name)
         self.batches.setdefault(key, {})[name] = part
 
-    def _forget(self, key: BatchKey, name: str) -> Part | None:
+    def _forget(self, key: BatchKey, name: str) -> KeptPart | None:
         part = self.batches.get(key, {}).pop(name, None)
         if part is not None:
             self.bytes -= part.size
@@ -195,7 +195,7 @@ class StagingArea:
                 path.unlink()
                 continue
             size = sum(len(p) for p in payloads)
-            self.batches.setdefault(key, {})[name] = Part(size, staged_at, None, path)
+            self.batches.setdefault(key, {})[name] = KeptPart(size, staged_at, None, path)
             self.bytes += size
             kept += 1
         return kept, dropped

@@ -12,10 +12,10 @@ The messages in and out are those of :mod:`lowtide.server.messages`: in, the fro
 queries need, which the worker's pool mirrors: see :mod:`~lowtide.server.process_runner`;
 queries registered and dropped; batches and punctuation; sync, stats, checkpoint, reset,
 restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output
-punctuation, late tuples; ``Released`` after the results a punctuation released; ``Epoch`` after
-everything one batch, punctuation or ``Emit`` (early results) message made for a query; the
-answers to the control messages). A :class:`Worker` only handles messages and sends its answers
-to an :class:`Outbound`; :func:`worker_main` runs one in a process spawned by
+punctuation, late tuples; ``ReleasedMessage`` after the results a punctuation released;
+``EpochMessage`` after everything one batch, punctuation or ``EmitMessage`` (early results) made
+for a query; the answers to the control messages). A :class:`Worker` only handles messages and
+sends its answers to an :class:`Outbound`; :func:`worker_main` runs one in a process spawned by
 :class:`~lowtide.server.local_workers.LocalWorkers`, over shared-memory channels.
 """
 
@@ -39,9 +39,9 @@ from lowtide.operators.input import Input
 from lowtide.punctuation.model import Punctuation
 from lowtide.query.build import BuildContext, build
 from lowtide.query.description import Fields, InputNode, PlanDescription
+from lowtide.query.live_shares import Shares, share_key
 from lowtide.query.plan import Plan
 from lowtide.query.plan_state import restore_plan, restore_share, snapshot_plan, snapshot_share
-from lowtide.query.sharing import Shares, share_key
 from lowtide.schema import ColumnType
 from lowtide.server import messages as msg
 from lowtide.server.channel import ChannelReader, ChannelWriter
@@ -70,11 +70,11 @@ class _Forward(Operator):
 
     def process(self, batch: Batch, port: int = 0) -> None:
         self.tuples_in += batch.n
-        self.out.send(msg.Result(self.query, batch.n), encode_columns(batch.columns))
+        self.out.send(msg.ResultMessage(self.query, batch.n), encode_columns(batch.columns))
 
     def punctuate(self, punctuation: Punctuation, port: int = 0) -> None:
         self.punctuations += 1
-        self.out.send(msg.Punctuated(self.query, punctuation.attribute, punctuation.value))
+        self.out.send(msg.PunctuatedMessage(self.query, punctuation.attribute, punctuation.value))
 
 
 @dataclass
@@ -127,19 +127,19 @@ class Worker:
         shares: dict[str, State] = {share_key(share): snapshot_share(share) for share in self.shares}
         return {"queries": queries, "shares": shares}
 
-    def checkpoint(self, message: msg.Checkpoint) -> None:
+    def checkpoint(self, message: msg.CheckpointMessage) -> None:
         """Answer the barrier at once; a forked child writes the state as it is now (see
         :mod:`lowtide.server.snapshot_writer`) and a thread reports the file when it is on disk."""
 
         def persisted(written: Written) -> None:
-            self.out.send(msg.Persisted(message.token, written.size, written.crc32, written.error))
+            self.out.send(msg.PersistedMessage(message.token, written.size, written.crc32, written.error))
 
         try:
             pause = write_in_child(self.snapshot, Path(message.path), persisted)
         except OSError as exc:  # no memory or processes left to fork: the front abandons it
-            self.out.send(msg.Checkpointed(message.token, 0.0, f"cannot fork a writer: {exc}"[:300]))
+            self.out.send(msg.CheckpointedMessage(message.token, 0.0, f"cannot fork a writer: {exc}"[:300]))
             return
-        self.out.send(msg.Checkpointed(message.token, pause, None))
+        self.out.send(msg.CheckpointedMessage(message.token, pause, None))
 
     def restore(self, path: str) -> None:
         """Put the queries registered again (in their order) where :meth:`checkpoint` saved them."""
@@ -163,7 +163,7 @@ class Worker:
         def on_drop(batch: Batch, fields: tuple[tuple[str, ColumnType], ...]) -> None:
             names = [n for n, _ in fields]
             self.out.send(
-                msg.Late(name, batch.n, tuple((n, t.name) for n, t in fields)),
+                msg.LateMessage(name, batch.n, tuple((n, t.name) for n, t in fields)),
                 {n: batch.columns[n] for n in names},
             )
 
@@ -201,38 +201,38 @@ class Worker:
         }
 
     def handle(self, message: msg.ToWorker, arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
-        """Apply one message from the front; False for :class:`~lowtide.server.messages.Stop`."""
+        """Apply one message from the front; False for :class:`~lowtide.server.messages.StopMessage`."""
         try:
             match message:
-                case msg.Batch():
+                case msg.BatchMessage():
                     self._process(message, arrays)
                     self._epoch(message.query)
-                case msg.Punctuate():
+                case msg.PunctuateMessage():
                     self._punctuate(message)
                     self._epoch(message.query)
-                case msg.Emit():
+                case msg.EmitMessage():
                     self._emit(message.query)
-                case msg.Sync():
-                    self.out.send(msg.Synced(message.token))
-                case msg.Strings():
+                case msg.SyncMessage():
+                    self.out.send(msg.SyncedMessage(message.token))
+                case msg.StringsMessage():
                     self.pool.adopt(message.codes, message.values)
-                case msg.Forget():
+                case msg.ForgetMessage():
                     self.pool.forget(message.codes)
-                case msg.Register():
+                case msg.RegisterMessage():
                     self.register(message.query, message.description)
-                case msg.Drop():
+                case msg.DropMessage():
                     self.drop(message.query)
-                case msg.GetStats():
-                    self.out.send(msg.Stats(self.stats(), len(self.pool)))
-                case msg.Checkpoint():  # after everything before it, before what follows
+                case msg.GetStatsMessage():
+                    self.out.send(msg.StatsMessage(self.stats(), len(self.pool)))
+                case msg.CheckpointMessage():  # after everything before it, before what follows
                     self.checkpoint(message)
-                case msg.Restore():  # after the queries are registered again
+                case msg.RestoreMessage():  # after the queries are registered again
                     error = _attempt(lambda: self.restore(message.path))
-                    self.out.send(msg.Restored(message.generation, error))
-                case msg.Reset():  # what follows is a restore; what was sent before is moot
+                    self.out.send(msg.RestoredMessage(message.generation, error))
+                case msg.ResetMessage():  # what follows is a restore; what was sent before is moot
                     self.reset()
-                    self.out.send(msg.ResetDone(message.generation))
-                case msg.Stop():
+                    self.out.send(msg.ResetDoneMessage(message.generation))
+                case msg.StopMessage():
                     return False
                 case _:
                     assert_never(message)
@@ -245,10 +245,10 @@ class Worker:
             reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
             # A limit passed keeps its status (RESOURCE_EXHAUSTED); anything else aborts the query.
             status = exc.status if isinstance(exc, ResourceExhausted) else "ABORTED"
-            self.out.send(msg.Failed(query, reason[:300], status))
+            self.out.send(msg.FailedMessage(query, reason[:300], status))
         return True
 
-    def _process(self, message: msg.Batch, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
+    def _process(self, message: msg.BatchMessage, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         inputs = self.feeds.get(message.query)
         if inputs is not None and message.rows:
             batch = Batch(dict(arrays), message.rows)
@@ -258,7 +258,7 @@ class Worker:
             else:
                 target.process(_whole(batch, self.layouts[message.query][message.input_index]))
 
-    def _punctuate(self, message: msg.Punctuate) -> None:
+    def _punctuate(self, message: msg.PunctuateMessage) -> None:
         inputs = self.feeds.get(message.query)
         if inputs is None:
             return
@@ -270,7 +270,7 @@ class Worker:
         for name, hosted in self.queries.items():
             moved = hosted.forward.punctuations > before.get(name, hosted.forward.punctuations)
             if moved or (hosted.slow_flush and name == message.query):
-                self.out.send(msg.Released(name, message.sent_at))
+                self.out.send(msg.ReleasedMessage(name, message.sent_at))
 
     def _emit(self, query: str) -> None:
         """EMIT EVERY: the query's open windows' current rows, then its epoch (the front sends
@@ -278,13 +278,13 @@ class Worker:
         hosted = self.queries.get(query)
         if hosted is not None:
             hosted.plan.emit_partials()
-            self.out.send(msg.Epoch(query))
+            self.out.send(msg.EpochMessage(query))
 
     def _epoch(self, feed: str) -> None:
         """Mark the end of what one input message made, for each query it feeds (the front
         releases a query's output by these, in the same order at every replay)."""
         for reader in self.readers.get(feed, ()):
-            self.out.send(msg.Epoch(reader))
+            self.out.send(msg.EpochMessage(reader))
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -335,7 +335,13 @@ def _attempt(work: Callable[[], None]) -> str | None:
 def _query_of(message: msg.ToWorker) -> str:
     """The query that fails when handling ``message`` raises ("" when it concerns none)."""
     match message:
-        case msg.Batch() | msg.Punctuate() | msg.Emit() | msg.Register() | msg.Drop():
+        case (
+            msg.BatchMessage()
+            | msg.PunctuateMessage()
+            | msg.EmitMessage()
+            | msg.RegisterMessage()
+            | msg.DropMessage()
+        ):
             return message.query
         case _:
             return ""

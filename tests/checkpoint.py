@@ -27,6 +27,7 @@ from lowtide.punctuation.generators import Generator
 from lowtide.punctuation.model import NO_PROGRESS, Punctuation
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
+from lowtide.query.live_shares import Shares
 from lowtide.query.plan import Plan
 from lowtide.query.plan_state import (
     restore_plan,
@@ -36,7 +37,6 @@ from lowtide.query.plan_state import (
     snapshot_plan,
     snapshot_share,
 )
-from lowtide.query.sharing import Shares
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.snapshot import as_dict, pack, unpack
 from lowtide.stream import Stream

@@ -5,7 +5,7 @@ it where it runs. Tests of operators, partitioning and snapshots want the plan a
 is two steps (:mod:`lowtide.query.describe`, then :mod:`lowtide.query.build`): the
 decisions, into a picklable :class:`~lowtide.query.description.PlanDescription`, and the
 operators. :class:`Context` holds what both take from one process that does both: the catalog,
-the options, its live slices (whose :meth:`~lowtide.query.sharing.Shares.index` tells the
+the options, its live slices (whose :meth:`~lowtide.query.live_shares.Shares.index` tells the
 description what is shared) and what building needs.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.windows import WindowLimits
 from lowtide.punctuation.policies import LatePolicy
-from lowtide.query.ast import Query
+from lowtide.query.ast import QueryTree
 from lowtide.query.build import BuildContext, LateSink, build
 from lowtide.query.describe import describe
 from lowtide.query.description import PlanOptions
+from lowtide.query.live_shares import Shares
 from lowtide.query.plan import Plan
-from lowtide.query.sharing import Shares
 from lowtide.schema import Schema
 from lowtide.strings import StringPool
 
@@ -47,7 +47,7 @@ class Context:
         return PlanOptions(self.policy, self.allowed_lateness, self.windows, self.flush, self.restored_share)
 
 
-def plan_query(query: Query, ctx: Context) -> Plan:
+def plan_query(query: QueryTree, ctx: Context) -> Plan:
     """Describe ``query`` and build it, in this process."""
     shared = ctx.shares.index() if ctx.shares is not None else None
     description = describe(query, ctx.catalog, ctx.options, shared)

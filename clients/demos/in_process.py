@@ -44,13 +44,15 @@ START_MS = 1_700_000_000_000
 
 
 @dataclass
-class Tick:
+class LinkTick:
+    """One link's ``BATCH_MS`` of arrival time: its batch (None in a lull), then its punctuation."""
+
     link: str
     batch: dict[str, Any] | None
     punctuation: int
 
 
-def link_ticks(link: str, seconds: int, rate: int) -> Iterator[Tick]:
+def link_ticks(link: str, seconds: int, rate: int) -> Iterator[LinkTick]:
     """One link's traffic: a batch per ``BATCH_MS`` of arrival time, each with its punctuation."""
     rng = np.random.default_rng(LINKS.index(link) + 1)
     hosts = pa.array([f"10.0.{i // 250}.{i % 250}" for i in range(2_000)])
@@ -72,10 +74,10 @@ def link_ticks(link: str, seconds: int, rate: int) -> Iterator[Tick]:
                 "len": rng.integers(40, 1500, per_batch).astype(np.int32),
                 "ts": base - delay,
             }
-        yield Tick(link, batch, now + BATCH_MS - MAX_DELAY_MS)
+        yield LinkTick(link, batch, now + BATCH_MS - MAX_DELAY_MS)
 
 
-def packets(seconds: int, rate: int) -> Iterator[Tick]:
+def packets(seconds: int, rate: int) -> Iterator[LinkTick]:
     """The three links interleaved tick by tick, as they would reach one process."""
     for ticks in zip(*(link_ticks(link, seconds, rate) for link in LINKS), strict=True):
         yield from ticks

@@ -173,7 +173,7 @@ class Duration:
 
 
 @dataclass(frozen=True, slots=True)
-class Rows:
+class RowCount:
     """``1000 rows`` (or ``1 row``): a tuple-count extent or slide."""
 
     count: int
@@ -202,10 +202,10 @@ class WindowSpec:
     ``session_window`` set it (`lowtide.query.spellings`): their sessions merge when they touch.
     """
 
-    range: Duration | Rows | None = None
+    range: Duration | RowCount | None = None
     range_all: bool = False
     tumbling: bool = False
-    slide: Duration | Rows | None = None
+    slide: Duration | RowCount | None = None
     wa: Column | RowNum | None = None
     pa: tuple[Column, ...] = ()
     rattr: Column | None = None
@@ -266,7 +266,7 @@ class FromQuery:
     """A derived table, ``(SELECT ...) [AS] x``: planned as a query of its own whose result the
     outer query reads (`lowtide.query.derived`)."""
 
-    query: Query
+    query: QueryTree
     window: WindowSpec | None = None
     alias: str | None = None
 
@@ -275,7 +275,7 @@ FromItem: TypeAlias = FromStream | FromUnion | FromQuery
 
 
 @dataclass(frozen=True, slots=True)
-class Query:
+class QueryTree:
     """``SELECT [DISTINCT] select [window] FROM from_ [WHERE where] [GROUP BY group_by] [HAVING having]``.
 
     `window` is the aggregation window written after the select list; join windows live on the

@@ -5,6 +5,8 @@ Invariant: :func:`build` decides nothing. It instantiates each node as the descr
 (compiling the expressions it carries with the process's string pool), connects each to the
 nodes feeding it, takes the live slices of a share the description joins from the registry by
 name, and sets each Input's late rule from the description (:func:`~lowtide.query.late_rules.late_rules`).
+An aggregate is built and placed as the build registry
+(:mod:`lowtide.operators.build_registry`) says for the strategy its node names.
 :func:`placement_of` gives a node's placement before it is built, as its operator would;
 :func:`explain` the operator lines of a description without running anything.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from lowtide.batch import Batch
+from lowtide.operators import build_registry
 from lowtide.operators.base import Operator
 from lowtide.operators.bucket import Bucket
 from lowtide.operators.dupelim import DupElim
@@ -46,9 +49,8 @@ from lowtide.query.description import (
 )
 from lowtide.query.expr import Columns, compile_conjuncts, compile_expr
 from lowtide.query.late_rules import late_rules
+from lowtide.query.live_shares import Share, Shares
 from lowtide.query.plan import Plan
-from lowtide.query.sharing import Share, Shares
-from lowtide.query.strategies import Env, strategy
 from lowtide.strings import StringPool
 
 LateSink = Callable[[Batch, Fields], None]  # late tuples of the query, with their columns
@@ -133,7 +135,7 @@ def _operator(kind: NodeKind, policy: LatePolicy, built: Sequence[Operator], ctx
             return SharedSlices(kind.width, kind.groups, kind.types)
         case AggregateNode():
             sink = partial(_dropped, ctx.on_drop, kind.aggregate.late_layout)
-            return strategy(kind.strategy).build(kind, Env(pool, sink, built))
+            return build_registry.build(kind, build_registry.Env(pool, sink, built))
         case ProjectNode():
             return project(kind, pool)
         case DupElimNode():
@@ -178,7 +180,7 @@ def placement_of(kind: NodeKind) -> Placement:
         case SlicesNode():
             return SharedSlices.placement_for(kind.groups)
         case AggregateNode():
-            return strategy(kind.strategy).placement(kind)
+            return build_registry.placement(kind)
         case ProjectNode():
             return Project.placement_for(kind.keeps_input)
         case DupElimNode():

@@ -25,7 +25,7 @@ from lowtide.query.description import ProjectNode
 from lowtide.query.expr import BOOL, compile_expr, expr_text
 from lowtide.query.functions import STRING_FUNCTIONS, TEXT_FUNCTIONS, date_pattern
 from lowtide.query.graph import Graph
-from lowtide.query.scope import Field, Scope
+from lowtide.query.scope import Scope, ScopeField
 from lowtide.schema import ColumnType
 from lowtide.strings import StringPool
 
@@ -45,11 +45,11 @@ class AggregateInputs:
 
     scope: Scope
     pool: StringPool
-    columns: dict[tuple[Expr, Expr | None], Field] = field(default_factory=dict)
+    columns: dict[tuple[Expr, Expr | None], ScopeField] = field(default_factory=dict)
     conditions: dict[Expr, str] = field(default_factory=dict)
     computed: list[tuple[str, Expr, ColumnType]] = field(default_factory=list)
 
-    def value(self, expr: Expr, condition: Expr | None) -> Field:
+    def value(self, expr: Expr, condition: Expr | None) -> ScopeField:
         """The column an aggregate of ``expr`` filtered by ``condition`` (None: unfiltered) reads:
         a plain column itself when unfiltered, else a hidden one."""
         if isinstance(expr, Column) and condition is None:
@@ -58,7 +58,7 @@ class AggregateInputs:
         if key not in self.columns:
             kind = self._type(expr)
             name = self._add(expr if not isinstance(expr, Star) else Literal(True), kind)
-            self.columns[key] = Field(name, name, kind)
+            self.columns[key] = ScopeField(name, name, kind)
         return self.columns[key]
 
     def condition(self, expr: Expr) -> str:
@@ -133,7 +133,7 @@ def formatted_extremes(expr: Expr, window: object, attribute: str, scope: Scope)
     return rewrite(expr, swapped)
 
 
-def _within(window: object, time: Field, attribute: str, span_ms: float) -> bool:
+def _within(window: object, time: ScopeField, attribute: str, span_ms: float) -> bool:
     """Whether every window of ``window`` lies in one aligned interval of ``span_ms`` of the column
     ``time``: it is the window's attribute, and the window tumbles with a size dividing the span."""
     if time.physical != attribute or not isinstance(window, Sliding) or window.range != window.slide:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lowtide.query.ast import FromItem, FromQuery, FromStream, FromUnion, Query
+from lowtide.query.ast import FromItem, FromQuery, FromStream, FromUnion, QueryTree
 from lowtide.query.topn import with_limit
 
 PART = "~"  # <query>~<n>
@@ -25,14 +25,14 @@ class Part:
     """A derived table, planned as the query ``name``."""
 
     name: str
-    query: Query
+    query: QueryTree
 
 
-def split(query: Query, name: str) -> tuple[tuple[Part, ...], Query]:
+def split(query: QueryTree, name: str) -> tuple[tuple[Part, ...], QueryTree]:
     """The parts of ``query`` (registered as ``name``), readers last, and ``query`` reading them."""
     parts: list[Part] = []
 
-    def outer(q: Query) -> Query:
+    def outer(q: QueryTree) -> QueryTree:
         items: list[FromItem] = []
         for item in q.from_:
             if isinstance(item, FromQuery):
@@ -51,7 +51,7 @@ def split(query: Query, name: str) -> tuple[tuple[Part, ...], Query]:
     return tuple(parts), top
 
 
-def streams_read(query: Query) -> list[str]:
+def streams_read(query: QueryTree) -> list[str]:
     """The streams (and registered queries) ``query`` reads, its derived tables' included."""
     names: list[str] = []
     for item in query.from_:

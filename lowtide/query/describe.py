@@ -18,11 +18,9 @@ from dataclasses import dataclass, replace
 
 from lowtide.errors import UnsupportedQuery
 from lowtide.operators.aggregates import AggFunc, AggregateCall
-from lowtide.operators.oa_join import Band, JoinSide, JoinWindow, Tumbling, Until
-from lowtide.operators.paned_wid import pane_of
-from lowtide.operators.session import RETRACTED
-from lowtide.operators.window_top_n import BOUNDS
-from lowtide.operators.windows import Landmark, Rows, Session, Sliding, Whole, Window
+from lowtide.operators.join_windows import Band, JoinSide, JoinWindow, Tumbling, Until
+from lowtide.operators.result_rows import RETRACTED
+from lowtide.operators.windows import BOUNDS, Landmark, Rows, Session, Sliding, Whole, Window, pane_of
 from lowtide.punctuation.model import END_OF_STREAM, MAX_EXTENT, NO_PROGRESS
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query.ast import (
@@ -36,7 +34,7 @@ from lowtide.query.ast import (
     FuncCall,
     Interval,
     Literal,
-    Query,
+    QueryTree,
     RankCall,
     SelectItem,
     Star,
@@ -72,7 +70,7 @@ from lowtide.query.description import (
 from lowtide.query.early import FINAL, Early, early_results
 from lowtide.query.expr import compile_conjuncts, compile_expr, expr_text, interval_units
 from lowtide.query.graph import Graph
-from lowtide.query.scope import Field, Scope
+from lowtide.query.scope import Scope, ScopeField
 from lowtide.query.sharing import ShareDescription, ShareIndex, ShareKey, saved_width
 from lowtide.query.strategies import Feed, choose
 from lowtide.query.topn import ranked_item, written
@@ -104,7 +102,7 @@ class _Describing:
 
 
 def describe(
-    query: Query, catalog: Catalog, options: PlanOptions, shared: ShareIndex | None = None
+    query: QueryTree, catalog: Catalog, options: PlanOptions, shared: ShareIndex | None = None
 ) -> PlanDescription:
     """Plan ``query`` over the streams of ``catalog`` (see the module); ``shared``: the slices
     queries share already (None, or ``options.share_slices`` False: no sharing)."""
@@ -134,7 +132,7 @@ def _from_item(item: FromItem, d: _Describing) -> _Stage:
         node = d.graph.add(InputNode(item.name, schema.columns))
         d.graph.add_input(item.name, node)
         qualifiers = frozenset({item.name} | ({item.alias} if item.alias else set()))
-        scope = Scope(tuple(Field(name, name, kind, qualifiers) for name, kind in schema.columns))
+        scope = Scope(tuple(ScopeField(name, name, kind, qualifiers) for name, kind in schema.columns))
         aligned = ((schema.progressing, 0), *schema.aligned)
         return _Stage(node, scope, (schema.progressing,), item.window, aligned)
     if isinstance(item, FromQuery):  # lowtide.query.derived plans it as a query of its own
@@ -151,7 +149,7 @@ def _from_item(item: FromItem, d: _Describing) -> _Stage:
             )
     meld = d.graph.add(MeldNode(len(stages)), *(stage.node for stage in stages))
     qualifiers = frozenset({item.alias}) if item.alias else frozenset()
-    scope = Scope(tuple(Field(f.physical, f.physical, f.type, qualifiers) for f in first.scope.fields))
+    scope = Scope(tuple(ScopeField(f.physical, f.physical, f.type, qualifiers) for f in first.scope.fields))
     return _Stage(meld, scope, first.attributes, item.window, ((first.attributes[0], 0),))
 
 
@@ -189,7 +187,7 @@ def _side_of(column: Column, left: Scope, right: Scope) -> int:
 
 
 # -- joins ------------------------------------------------------------------------------------
-def _join(query: Query, d: _Describing) -> _Stage:
+def _join(query: QueryTree, d: _Describing) -> _Stage:
     items = query.from_
     sides: list[_Stage] = []
     side_inputs: list[list[str]] = []  # each side's streams
@@ -237,7 +235,7 @@ def _join(query: Query, d: _Describing) -> _Stage:
         inputs = [i for i in d.graph.inputs if i.stream in side_inputs[side]]
         d.graph.judge(inputs, JoinJudge(window, side, join_side.ts, streams, wheres[side]))
     fields = tuple(
-        Field(f.name, f"{prefix}.{f.physical}", f.type, frozenset({prefix}))
+        ScopeField(f.name, f"{prefix}.{f.physical}", f.type, frozenset({prefix}))
         for prefix, s in zip(prefixes, sides, strict=True)
         for f in s.scope.fields
     )
@@ -412,7 +410,7 @@ def _join_window(sides: list[_Stage], items: tuple[FromItem, ...]) -> Band | Tum
 
 
 # -- aggregation ------------------------------------------------------------------------------
-def _is_aggregate(query: Query) -> bool:
+def _is_aggregate(query: QueryTree) -> bool:
     return (
         bool(query.group_by) or query.window is not None or any(_has_aggregate(i.expr) for i in query.select)
     )
@@ -472,7 +470,7 @@ def _call_of(expr: FuncCall, output: str, inputs: AggregateInputs) -> AggregateC
     return AggregateCall(func, f.physical, f.type, param, output, valid)
 
 
-def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
+def _aggregate(query: QueryTree, stage: _Stage, d: _Describing) -> PlanDescription:
     spec = query.window if query.window is not None else _grouped_in_time(query, stage)
     scope = stage.scope
     window: Window | Session | SlideByTuple
@@ -556,11 +554,11 @@ def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
                 calls.append(_call_of(expr, hidden, inputs))
                 names[expr] = hidden
         result_fields = [
-            Field("window_start", "window_start", INT64),
-            Field("window_end", "window_end", INT64),
+            ScopeField("window_start", "window_start", INT64),
+            ScopeField("window_end", "window_end", INT64),
         ]
-        result_fields += [Field(p, p, t) for p, t in zip(group_physicals, group_types, strict=True)]
-        result_fields += [Field(c.output, c.output, c.result_type()) for c in calls]
+        result_fields += [ScopeField(p, p, t) for p, t in zip(group_physicals, group_types, strict=True)]
+        result_fields += [ScopeField(c.output, c.output, c.result_type()) for c in calls]
         having = HavingClause(condition, Scope(tuple(result_fields)), tuple(names.items()))
         compile_expr(having.expr, having.scope, d.scratch, names)
     internal = (
@@ -607,12 +605,13 @@ def _aggregate(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
     # The window operator counts the Inputs' tuples behind punctuation
     # (docs/design.md, "Punctuation and lateness") where their columns reach it unchanged (Meld,
     # Select): after a join the join judges its Inputs, and the pairs it emits are in time for the
-    # aggregate.
+    # aggregate. Every window but slide-by-tuple has a logic that judges them, the operator's and
+    # the door's (lowtide.operators.window_logic); slide-by-tuple windows are defined by arrival
+    # ranks: behind tuples are late at the Input.
     direct = isinstance(feeding, InputNode | SelectNode | MeldNode) and not any(
         isinstance(node.kind, JoinNode) for node in graph.nodes
     )
-    if chosen.judges_behind and direct:
-        assert not isinstance(window, SlideByTuple)
+    if direct and not isinstance(window, SlideByTuple):
         where = feeding.where if isinstance(feeding, SelectNode) else None
         streams = _streams_of(graph)
         graph.judge(list(graph.inputs), WindowJudge(window, streams, where), isinstance(window, Rows))
@@ -647,10 +646,10 @@ def _result_scope(scope: Scope, kind: ColumnType, groups: list[str], calls: list
     """An aggregate's result columns as select items computed after it read them: the window's
     bounds (of the attribute's type: ``DATE_FORMAT(window_start, p)`` reads its unit), the group
     columns by their input names and the calls' outputs."""
-    bounds = (Field("window_start", "window_start", kind), Field("window_end", "window_end", kind))
+    bounds = (ScopeField("window_start", "window_start", kind), ScopeField("window_end", "window_end", kind))
     grouped = (scope.resolve(p) for p in dict.fromkeys(groups))
-    group_fields = tuple(Field(f.name, f.physical, f.type, f.qualifiers) for f in grouped)
-    outputs = tuple(Field(c.output, c.output, c.result_type()) for c in calls)
+    group_fields = tuple(ScopeField(f.name, f.physical, f.type, f.qualifiers) for f in grouped)
+    outputs = tuple(ScopeField(c.output, c.output, c.result_type()) for c in calls)
     return Scope((*bounds, *group_fields, *outputs))
 
 
@@ -659,7 +658,7 @@ def _post_type(expr: Expr, result: Scope, pool: StringPool) -> ColumnType:
     return compile_expr(expr, result, pool).type or _literal_type(expr)
 
 
-def _grouped_in_time(query: Query, stage: _Stage) -> WindowSpec | None:
+def _grouped_in_time(query: QueryTree, stage: _Stage) -> WindowSpec | None:
     """GROUP BY a column that is the progressing attribute plus a constant (an outer query over
     window results, grouped by their window: Flink's ``GROUP BY starttime, endtime``) is a
     window of one value of the attribute: the group closes once punctuation passes it."""
@@ -706,7 +705,7 @@ def _reads(key: ShareKey | None, window: object, d: _Describing) -> ShareDescrip
 
 
 def _share_key(
-    query: Query, groups: tuple[str, ...], types: tuple[ColumnType, ...], policy: LatePolicy
+    query: QueryTree, groups: tuple[str, ...], types: tuple[ColumnType, ...], policy: LatePolicy
 ) -> ShareKey | None:
     """What makes two queries' slices the same: tuples reach them the same way and are
     grouped alike. Joins and unions are not shared; late policies other than drop either
@@ -733,7 +732,7 @@ def _lateness(value: str | int) -> Duration:
 
 
 # -- projection ---------------------------------------------------------------------------------
-def _projection(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
+def _projection(query: QueryTree, stage: _Stage, d: _Describing) -> PlanDescription:
     if stage.window is not None and stage.window.emit_every is not None:
         raise UnsupportedQuery("EMIT EVERY gives early results of a window aggregate, after the select list")
     outputs: dict[str, Expr | str] = {}
@@ -773,7 +772,7 @@ def _projection(query: Query, stage: _Stage, d: _Describing) -> PlanDescription:
 
 
 # -- Window Top-N ---------------------------------------------------------------------------------
-def _window_top_n(query: Query, item: SelectItem, stage: _Stage, d: _Describing) -> PlanDescription:
+def _window_top_n(query: QueryTree, item: SelectItem, stage: _Stage, d: _Describing) -> PlanDescription:
     """``... -> Window Top-N -> Project`` (`lowtide.query.topn`): the Window Top-N gives each row
     its rank, over TUMBLE its window's bounds too, as columns the select list reads like any."""
     rank = item.expr
@@ -811,7 +810,7 @@ def _window_top_n(query: Query, item: SelectItem, stage: _Stage, d: _Describing)
         output += "~"
     kind = TopNNode(rank.function, partition, tuple(order), output, attribute, rank.limit, tumble, whole)
     node = d.graph.add(kind, stage.node)
-    scope = Scope((*stage.scope.fields, Field(output, output, INT64)))
+    scope = Scope((*stage.scope.fields, ScopeField(output, output, INT64)))
     select: list[SelectItem] = []
     for i in query.select:  # the rank as its column; * as the columns before it, named as _projection does
         if i is item:
@@ -868,13 +867,13 @@ def _tumbled(spec: WindowSpec, stage: _Stage, d: _Describing) -> tuple[_Stage, i
             f"TUMBLE gives its rows the columns window_start and window_end; the input has {taken[0]} "
             "already: rename it in a derived table"
         )
-    added = tuple(Field(b, b, INT64, f.qualifiers) for b in BOUNDS)
+    added = tuple(ScopeField(b, b, INT64, f.qualifiers) for b in BOUNDS)
     aligned = (("window_end", 0), ("window_start", -window.range))
     scope = Scope((*stage.scope.fields, *added))
     return _Stage(stage.node, scope, ("window_end",), None, aligned), window.range
 
 
-def _rank_column(expr: Expr, scope: Scope, rank: RankCall) -> Field:
+def _rank_column(expr: Expr, scope: Scope, rank: RankCall) -> ScopeField:
     if not isinstance(expr, Column):
         raise UnsupportedQuery(
             f"{written(rank)} takes columns in PARTITION BY and ORDER BY, not {expr_text(expr)}: "
@@ -883,7 +882,7 @@ def _rank_column(expr: Expr, scope: Scope, rank: RankCall) -> Field:
     return scope.resolve(expr.name, expr.qualifier)
 
 
-def _starred(star: Star, scope: Scope) -> list[Field]:
+def _starred(star: Star, scope: Scope) -> list[ScopeField]:
     """The columns ``*`` (all) or ``x.*`` (those of x) selects."""
     if star.qualifier is None:
         return list(scope.fields)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from lowtide.operators.aggregates import AggFunc, AggregateCall
-from lowtide.operators.oa_join import JoinSide, JoinWindow
+from lowtide.operators.join_windows import JoinSide, JoinWindow
 from lowtide.operators.result_queue import SlowFlush
 from lowtide.operators.windows import Session, Window, WindowLimits
 from lowtide.punctuation.policies import LatePolicy

@@ -18,7 +18,7 @@ The pieces, and who owns them:
   (``Plan.emit_partials`` -> :meth:`~lowtide.operators.base.Operator.emit_partials`, the hook a
   window operator overrides);
 * in the server, firings are changes of the door like heartbeats: the front's ticker logs a
-  ``Tick`` when a timer is due, applying it posts an ``Emit`` message to the query's workers, and
+  ``Tick`` when a timer is due, applying it posts an ``EmitMessage`` to the query's workers, and
   their rows are melded with the query's other output. Replaying the input log fires the same
   timers at the same points, so output offsets name the same rows after a crash;
 * a query's result stream carries its final rows only (a query reading it counts each window

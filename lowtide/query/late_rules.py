@@ -6,9 +6,9 @@ the door rejects a batch holding such a tuple before any operator sees it, so th
 there: each input's :data:`~lowtide.query.description.LateJudge` (the window or join window that
 counts its tuples, the streams whose minimum progress it is judged at, the WHERE before it) compiles
 into a :data:`~lowtide.operators.input.LateRule`. Invariant: a rule answers exactly what the
-operator's own ``late_mask`` answers at the same punctuation
-(:mod:`lowtide.operators.window_operator`, :func:`~lowtide.operators.oa_join.late_mask_of`), as the
-contract suite checks.
+operator's own ``late_mask`` answers at the same punctuation: it asks the same function - the
+window's logic, ``late_for`` (:mod:`lowtide.operators.window_logic`), or the join's
+:func:`~lowtide.operators.oa_join.late_mask_of`.
 
 The Input of shared slices takes the rule of the query that started them; the queries joining
 later read through that Input. Slices are shared under ``drop`` only, where a rule says just that
@@ -26,7 +26,7 @@ from lowtide.batch import Batch
 from lowtide.operators.input import LateRule
 from lowtide.operators.oa_join import late_mask_of
 from lowtide.operators.select import passing
-from lowtide.operators.window_operator import late_at
+from lowtide.operators.window_logic import logic_of
 from lowtide.query.description import JoinJudge, LateJudge, PlanDescription, Where, WindowJudge
 from lowtide.query.expr import compile_conjuncts
 from lowtide.strings import StringPool
@@ -44,10 +44,10 @@ def late_rule(judge: LateJudge, pool: StringPool) -> LateRule:
     """The rule ``judge`` describes; ``pool`` codes the string literals of its WHERE."""
     kept = _where(judge.where, pool)
     if isinstance(judge, WindowJudge):
-        window, streams = judge.window, judge.streams
+        logic, streams = logic_of(judge.window), judge.streams
 
         def late(batch: Batch, progress: Mapping[str, int]) -> Mask:
-            return late_at(window, batch, min(progress[s] for s in streams))
+            return logic.late_for(batch, min(progress[s] for s in streams))
 
     else:
         join: JoinJudge = judge

@@ -1,7 +1,7 @@
 """Parse the query language (docs/design.md, "Query language") into the tree of `lowtide.query.ast`.
 
 `parse_query` accepts one statement (a trailing ``;`` and ``--`` comments are allowed) and
-either returns a `Query` or raises: `QuerySyntaxError` (one line, with line and column, naming
+either returns a `QueryTree` or raises: `QuerySyntaxError` (one line, with line and column, naming
 what was found and what was expected) when the text does not parse, `UnsupportedQuery` when it
 parses into something the language does not have (a FROM of three inputs). No lark exception
 leaves this module. Spark's and Flink's window functions (``GROUP BY window(ts, '1 minute')``,
@@ -38,11 +38,11 @@ from lowtide.query.ast import (
     FuncCall,
     Interval,
     Literal,
-    Query,
+    QueryTree,
     Rank,
     RankCall,
+    RowCount,
     RowNum,
-    Rows,
     SelectItem,
     SortKey,
     Star,
@@ -96,7 +96,7 @@ def split_statements(text: str) -> list[str]:
     return [s.strip() for s in statements if s.strip()]
 
 
-def parse_query(sql: str) -> Query:
+def parse_query(sql: str) -> QueryTree:
     """Parse one query; raise `QuerySyntaxError` or `UnsupportedQuery` (see the module docstring)."""
     if not split_statements(sql):
         raise QuerySyntaxError("empty query", 1, 1)
@@ -108,7 +108,7 @@ def parse_query(sql: str) -> Query:
         raise UnsupportedQuery(f"query nests too deeply: more than {MAX_NESTING} levels of expressions")
     builder = _Builder(sql)
     try:
-        query: Query = builder.transform(tree)
+        query: QueryTree = builder.transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, LowtideError):
             raise exc.orig_exc from None
@@ -118,7 +118,7 @@ def parse_query(sql: str) -> Query:
     return _named_as_flink(query) if builder.flink_style else query
 
 
-def _named_as_flink(query: Query) -> Query:
+def _named_as_flink(query: QueryTree) -> QueryTree:
     """``query`` (and the queries in its FROM) with each select item that is a qualified column
     and has no alias named by the column alone, as Flink and Spark name it: ``B.dateTime`` is
     ``dateTime``. (The bracket form keeps ``S0.ts``: its joins select both sides' ``ts``.)"""
@@ -295,7 +295,7 @@ def _flatten(children: list[Any]) -> list[Any]:
     return flat
 
 
-class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is untyped here
+class _Builder(Transformer[Token, QueryTree]):  # type: ignore[misc]  # lark is untyped here
     """Builds the AST bottom-up; rule names are those of grammar.lark."""
 
     def __init__(self, sql: str) -> None:
@@ -310,7 +310,7 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         return self._sql[meta.start_pos : meta.end_pos if end is None else end].strip()
 
     @v_args(meta=True)
-    def query(self, meta: Meta, c: list[Any]) -> Query:
+    def query(self, meta: Meta, c: list[Any]) -> QueryTree:
         distinct, items, window, from_, where, group_by, having = c
         if isinstance(from_, _JoinOn):  # ON and WHERE alike: an inner join keeps the pairs both hold
             where = from_.condition if where is None else BinaryOp("AND", from_.condition, where)
@@ -320,7 +320,7 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
         if any(isinstance(g, FuncCall) and g.name in WINDOW_FUNCTIONS for g in group_by or ()):
             self.flink_style = True
         table, self.window_table = self.window_table, None  # each (derived) query its own
-        query = Query(
+        query = QueryTree(
             select=tuple(items),
             distinct=distinct is not None,
             window=window,
@@ -476,10 +476,10 @@ class _Builder(Transformer[Token, Query]):  # type: ignore[misc]  # lark is unty
             raise _error_at(unit, f"unknown duration unit {_quote(unit)}; expected ms, s, min, h or day")
         return Duration(float(amount), DURATION_UNITS[unit.lower()])
 
-    def rows(self, c: list[Any]) -> Rows:
+    def rows(self, c: list[Any]) -> RowCount:
         if not c[0].isdigit():
             raise _error_at(c[0], f"a row count is a whole number; got {_shorten(c[0])}")
-        return Rows(_integer(c[0]))
+        return RowCount(_integer(c[0]))
 
     # ---- expressions ----
 

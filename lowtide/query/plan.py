@@ -14,7 +14,7 @@ from lowtide.operators.input import Input
 from lowtide.operators.paned_wid import PanedWIDAggregate
 from lowtide.operators.window_operator import WindowOperator
 from lowtide.query.description import PlanDescription
-from lowtide.query.sharing import Share
+from lowtide.query.live_shares import Share
 
 
 @dataclass

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 from lowtide.errors import CorruptState
 from lowtide.operators.base import Operator
+from lowtide.query.live_shares import Share, share_key
 from lowtide.query.plan import Plan
-from lowtide.query.sharing import Share, share_key
 from lowtide.snapshot import State, as_list, as_str, fields
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lowtide.query.ast import Column, Query, Star
+from lowtide.query.ast import Column, QueryTree, Star
 
 
-def columns_read(query: Query) -> frozenset[str] | None:
+def columns_read(query: QueryTree) -> frozenset[str] | None:
     """The names of the columns ``query`` reads; None: all of them (it selects ``*``)."""
     if any(isinstance(item.expr, Star) for item in query.select):
         return None

@@ -9,7 +9,7 @@ from lowtide.schema import ColumnType
 
 
 @dataclass(frozen=True)
-class Field:
+class ScopeField:
     """A column visible to a query stage: ``qualifiers`` may prefix ``name`` in the query text."""
 
     name: str
@@ -20,9 +20,9 @@ class Field:
 
 @dataclass(frozen=True)
 class Scope:
-    fields: tuple[Field, ...]
+    fields: tuple[ScopeField, ...]
 
-    def resolve(self, name: str, qualifier: str | None = None) -> Field:
+    def resolve(self, name: str, qualifier: str | None = None) -> ScopeField:
         text = f"{qualifier}.{name}" if qualifier else name
         if qualifier is None:
             found = [f for f in self.fields if f.name == name or f.physical == name]
@@ -38,5 +38,5 @@ class Scope:
 
     def qualified(self, qualifier: str) -> Scope:
         return Scope(
-            tuple(Field(f.name, f.physical, f.type, f.qualifiers | {qualifier}) for f in self.fields)
+            tuple(ScopeField(f.name, f.physical, f.type, f.qualifiers | {qualifier}) for f in self.fields)
         )

@@ -11,9 +11,11 @@ if it missed an emitted one (:mod:`lowtide.operators.shared_slices`).
 Which slices a query reads is decided once, when it is described (:mod:`lowtide.query.describe`),
 from a :class:`ShareIndex`: what is shared, as data (each share's key, width and readers), kept
 by whoever describes queries. The description names the share (:class:`ShareDescription`); a
-query joining slices fed already finds their operators in the live registry, :class:`Shares`, by
-that name, and ``explain`` shows which, and how many queries read the slices. The registry's
-:meth:`Shares.index` is the same index, read off the live slices.
+query joining slices fed already finds their operators in the live registry,
+:class:`~lowtide.query.live_shares.Shares`, by that name, and ``explain`` shows which, and how
+many queries read the slices. The registry's :meth:`~lowtide.query.live_shares.Shares.index` is
+the same index, read off the live slices. This module is the data alone, the planner's: it loads
+no operator (the live slices are in :mod:`lowtide.query.live_shares`).
 
 A share is named across processes by :func:`slices_key` (its slice width and a digest of what
 feeds it), under which a checkpoint keeps its state. A query described again after a restore
@@ -25,15 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import TypeAlias
 
 from lowtide.errors import CorruptState
-from lowtide.operators.base import Operator
-from lowtide.operators.input import Input
-from lowtide.operators.paned_wid import PanedWIDAggregate
-from lowtide.operators.shared_slices import SharedSlices
 from lowtide.query.ast import Expr
 from lowtide.schema import ColumnType
 
@@ -113,92 +111,10 @@ class ShareIndex:
         return {name: readers for name, (_, readers) in self._shares.items()}
 
 
-@dataclass
-class Share:
-    """One set of live slices and the operators that feed it (Input, [Select], Bucket, slices)."""
-
-    key: ShareKey
-    input: Input
-    slices: SharedSlices
-    operators: list[Operator]
-
-
-def share_key(share: Share) -> str:
-    """The name of a share's slices, the same in every process that plans the same queries."""
-    return slices_key(share.key, share.slices.width)
-
-
-class ReadsSlices(Protocol):
-    """A started plan, as the registry sees it (:class:`~lowtide.query.plan.Plan`)."""
-
-    @property
-    def share(self) -> Share | None: ...
-
-    @property
-    def joins_share(self) -> bool: ...
-
-    @property
-    def reader(self) -> PanedWIDAggregate | None: ...
-
-
-class Shares:
-    """The live slices of an engine or a worker, by name."""
-
-    def __init__(self) -> None:
-        self._by_name: dict[str, Share] = {}
-
-    def __iter__(self) -> Iterator[Share]:
-        """Every share, once (a worker checkpoints each under its :func:`share_key`)."""
-        return iter(list(self._by_name.values()))
-
-    def named(self, name: str) -> Share | None:
-        """The share whose :func:`share_key` is ``name``, if it exists."""
-        return self._by_name.get(name)
-
-    def index(self) -> ShareIndex:
-        """What these slices are, as data: the index queries are described with."""
-        return ShareIndex(
-            (ShareDescription(s.key, s.slices.width, True), len(s.slices.readers)) for s in self
-        )
-
-    def enter(self, plan: ReadsSlices) -> bool:
-        """Record a started plan's share; True when the plan joined slices fed already (then its
-        own input feeds nothing)."""
-        share = plan.share
-        if share is None:
-            return False
-        if plan.joins_share:
-            return True
-        self.add(share)
-        return False
-
-    def leave(self, plan: ReadsSlices) -> None:
-        """Stop a plan's reading of its share; the last reader takes the slices down."""
-        share = plan.share
-        if share is None:
-            return
-        assert plan.reader is not None
-        plan.reader.detach()
-        if not share.slices.readers:
-            self.remove(share)
-
-    def add(self, share: Share) -> None:
-        name = share_key(share)
-        assert name not in self._by_name, f"slices {name} are live already"
-        self._by_name[name] = share
-
-    def remove(self, share: Share) -> None:
-        del self._by_name[share_key(share)]
-
-
 __all__ = [
-    "ReadsSlices",
-    "Share",
     "ShareDescription",
     "ShareIndex",
     "ShareKey",
-    "Shares",
     "saved_width",
-    "share_key",
     "slices_key",
 ]

@@ -62,7 +62,7 @@ from lowtide.query.ast import (
     FuncCall,
     Interval,
     Literal,
-    Query,
+    QueryTree,
     SelectItem,
     TableArg,
     WindowBound,
@@ -407,7 +407,7 @@ def _no_offset(call: FuncCall, arg: Expr, what: str, spec: WindowSpec) -> None:
 # ---- the rewrite ---------------------------------------------------------------------------------
 
 
-def desugar(query: Query, table: WindowTable | None = None) -> Query:
+def desugar(query: QueryTree, table: WindowTable | None = None) -> QueryTree:
     """``query`` with its Spark or Flink window as a bracket window (see the module docstring)."""
     calls = [g for g in query.group_by if isinstance(g, FuncCall) and g.name in (*_SPARK, *_FLINK, _DATE)]
     if table is None and not calls:
@@ -456,7 +456,7 @@ def desugar(query: Query, table: WindowTable | None = None) -> Query:
     return desugared
 
 
-def _ranked(query: Query, windowing: _Windowing) -> Query:
+def _ranked(query: QueryTree, windowing: _Windowing) -> QueryTree:
     """The rows of a TUMBLE window table ranked (a Window Top-N, `lowtide.query.topn`): each row
     has one window, so the query keeps its select list (``window_start`` and ``window_end`` are
     columns its rows gain) and is windowed by the bracket form. A row of HOP is in several
@@ -534,7 +534,7 @@ def _read_bounds(expr: Expr, windowing: _Windowing) -> Expr:
     return rewrite(expr, bound_column)
 
 
-def _refuse_strays(query: Query) -> None:
+def _refuse_strays(query: QueryTree) -> None:
     """Refuse what only a window function may take, and window functions away from GROUP BY."""
     exprs = [item.expr for item in query.select] + [query.where, *query.group_by, query.having]
     for expr in exprs:

@@ -1,35 +1,30 @@
-"""How an aggregation runs: a table of strategies, in order of preference.
+"""How an aggregation runs: a table of strategies, in order of preference (the planner's half).
 
 Each strategy says when it applies to an :class:`~lowtide.query.description.AggregateDescription`
-and what feeds it (:class:`Feed`), which nodes it adds to the graph when chosen (describe time),
-how it builds its operator from its node (build time) and how that operator is placed across
-workers. The first that applies is chosen (``explain`` shows which). Invariant: the choice reads
-the description and the feed only, so the door and every runner make the same one.
+and what feeds it (:class:`Feed`), and which nodes it adds to the graph when chosen (describe
+time); the :class:`~lowtide.query.description.AggregateNode` it adds names it. The first that
+applies is chosen (``explain`` shows which). Invariant: the choice reads the description and the
+feed only, so the door and every runner make the same one.
 
-Adding an operator: its module, one entry of :data:`STRATEGIES`, its case in the contract suites.
+This half loads no operator (the rule is ``tests/unit/test_layers.py``'s): of ``operators/`` it
+reads data alone - window definitions, aggregate calls and :func:`~lowtide.operators.aggregates.fusable`,
+:class:`~lowtide.operators.result_queue.SlowFlush`. How each strategy's operator is built from its
+node and placed across workers is the build registry's, beside the operators
+(:mod:`lowtide.operators.build_registry`), under the strategy's name.
+
+Adding an operator: its module, one entry of :data:`STRATEGIES`, its builder in the registry, its
+case in the contract suites.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from typing import ClassVar
 
-from lowtide.batch import Batch
-from lowtide.operators.adapt_wid import AdaptWIDAggregate
-from lowtide.operators.aggregates import AggregateCall
-from lowtide.operators.base import Operator
-from lowtide.operators.fused_wid import FusedWIDAggregate, fusable
-from lowtide.operators.paned_wid import PanedWIDAggregate, pane_of
-from lowtide.operators.placement import Placement
+from lowtide.operators.aggregates import fusable
 from lowtide.operators.result_queue import SlowFlush
-from lowtide.operators.result_rows import Having
-from lowtide.operators.session import SessionAggregate
-from lowtide.operators.shared_slices import SharedSlices
-from lowtide.operators.slide_by_tuple import SlideByTupleAggregate
-from lowtide.operators.wid_aggregate import WIDAggregate
-from lowtide.operators.windows import Session, Sliding, Window
+from lowtide.operators.windows import Session, Sliding, Window, pane_of
 from lowtide.query.description import (
     AggregateDescription,
     AggregateNode,
@@ -37,12 +32,9 @@ from lowtide.query.description import (
     SelectNode,
     SlicesNode,
 )
-from lowtide.query.expr import compile_conjuncts, compile_expr
 from lowtide.query.graph import Graph
 from lowtide.query.sharing import ShareDescription, ShareKey
 from lowtide.query.windowing import SlideByTuple
-from lowtide.schema import ColumnType
-from lowtide.strings import StringPool
 
 
 @dataclass(frozen=True)
@@ -61,35 +53,8 @@ class Feed:
     paned_min_overlap: int
 
 
-Grouped: TypeAlias = tuple[
-    tuple[str, ...], tuple[ColumnType, ...], tuple[AggregateCall, ...], tuple[str, ...], Having | None
-]
-
-
-@dataclass
-class Env:
-    """What building an aggregate takes: the pool (HAVING, WHERE literals; decoding group
-    strings), the query's late side stream, and the operators built before it."""
-
-    pool: StringPool
-    late_sink: Callable[[Batch], None]
-    built: Sequence[Operator]
-
-    def having(self, aggregate: AggregateDescription) -> Having | None:
-        clause = aggregate.having
-        if clause is None:
-            return None
-        return compile_expr(clause.expr, clause.scope, self.pool, dict(clause.names)).fn
-
-    def grouped(self, a: AggregateDescription) -> Grouped:
-        """What every grouping aggregate operator takes, in its order: group columns and types,
-        aggregate calls, output columns, HAVING."""
-        return a.groups, a.group_types, a.calls, a.columns, self.having(a)
-
-
 class Strategy(ABC):
     name: ClassVar[str]
-    judges_behind: ClassVar[bool] = True  # its operator counts tuples behind punctuation (Input rule)
 
     @abstractmethod
     def applies(self, aggregate: AggregateDescription, feed: Feed) -> bool:
@@ -99,38 +64,14 @@ class Strategy(ABC):
         """Add its nodes to ``graph``, fed by ``feed.node``: its operator alone by default."""
         graph.add(AggregateNode(self.name, aggregate), feed.node)
 
-    @abstractmethod
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        """Its operator, as ``node`` says."""
-
-    @abstractmethod
-    def placement(self, node: AggregateNode) -> Placement:
-        """Its operator's placement, before it is built."""
-
 
 class SlideByTupleStrategy(Strategy):
     """``[RANGE r, RATTR ra, SLIDE n ROWS, SATTR ...]``: windows slide by rows, ranges are on ra."""
 
     name = "slide-by-tuple"
-    judges_behind = False  # tuples behind punctuation are late at the Input
 
     def applies(self, aggregate: AggregateDescription, feed: Feed) -> bool:
         return isinstance(aggregate.window, SlideByTuple)
-
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        a, window = node.aggregate, node.aggregate.window
-        assert isinstance(window, SlideByTuple)
-        return SlideByTupleAggregate(
-            window.range,
-            window.rattr,
-            window.slide_rows,
-            window.by_rank,
-            *env.grouped(a),
-            env.pool.decode,
-        )
-
-    def placement(self, node: AggregateNode) -> Placement:
-        return SlideByTupleAggregate.placement_for()
 
 
 class SessionStrategy(Strategy):
@@ -141,20 +82,6 @@ class SessionStrategy(Strategy):
 
     def applies(self, aggregate: AggregateDescription, feed: Feed) -> bool:
         return isinstance(aggregate.window, Session)
-
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        a, window = node.aggregate, node.aggregate.window
-        assert isinstance(window, Session)
-        return SessionAggregate(
-            window,
-            *env.grouped(a),
-            allowed_lateness=a.lateness,
-            late_sink=env.late_sink,
-            decode=env.pool.decode,
-        )
-
-    def placement(self, node: AggregateNode) -> Placement:
-        return SessionAggregate.placement_for(node.aggregate.groups)
 
 
 class PanedStrategy(Strategy):
@@ -188,25 +115,6 @@ class PanedStrategy(Strategy):
         graph.add(AggregateNode(self.name, aggregate, slices=slices, flush=feed.flush))  # reads, not fed
         graph.share = share
 
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        a, window = node.aggregate, node.aggregate.window
-        assert isinstance(window, Sliding) and node.slices is not None
-        slices = env.built[node.slices]
-        assert isinstance(slices, SharedSlices)
-        return PanedWIDAggregate(
-            window,
-            slices,
-            a.calls,
-            a.columns,
-            env.having(a),
-            env.pool.decode,
-            node.flush,
-            late_sink=env.late_sink,
-        )
-
-    def placement(self, node: AggregateNode) -> Placement:
-        return PanedWIDAggregate.placement_for(node.aggregate.groups)
-
 
 class AdaptStrategy(Strategy):
     """AdaptWID for overlapping windows of holistic aggregates: they have no partials to share,
@@ -230,19 +138,6 @@ class AdaptStrategy(Strategy):
         bucket = graph.add(BucketNode(window), feed.node)
         graph.add(AggregateNode(self.name, aggregate), bucket)
 
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        a = node.aggregate
-        assert isinstance(a.window, Sliding)
-        return AdaptWIDAggregate(
-            a.window,
-            *env.grouped(a),
-            env.pool.decode,
-            late_sink=env.late_sink,
-        )
-
-    def placement(self, node: AggregateNode) -> Placement:
-        return AdaptWIDAggregate.placement_for(node.aggregate.groups)
-
 
 class FusedStrategy(Strategy):
     """Fused WID runs the WHERE before it itself: the gain is the filtered copy it saves."""
@@ -265,21 +160,6 @@ class FusedStrategy(Strategy):
             AggregateNode(self.name, aggregate, where=where.kind.where, flush=feed.flush), *where.sources
         )
 
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        a = node.aggregate
-        assert isinstance(a.window, Sliding) and node.where is not None
-        return FusedWIDAggregate(
-            a.window,
-            compile_conjuncts(node.where.conjuncts, node.where.scope, env.pool),
-            *env.grouped(a),
-            env.pool.decode,
-            node.flush,
-            late_sink=env.late_sink,
-        )
-
-    def placement(self, node: AggregateNode) -> Placement:
-        return FusedWIDAggregate.placement_for(node.aggregate.groups)
-
 
 class WIDStrategy(Strategy):
     """WID: any window of ids (sliding, tumbling, landmark, tuple windows), late updates too."""
@@ -297,24 +177,6 @@ class WIDStrategy(Strategy):
         timed = aggregate.lateness is None and isinstance(window, Sliding)
         graph.add(AggregateNode(self.name, aggregate, flush=feed.flush if timed else None), bucket)
 
-    def build(self, node: AggregateNode, env: Env) -> Operator:
-        a = node.aggregate
-        assert isinstance(a.window, Window)
-        return WIDAggregate(
-            a.window,
-            *env.grouped(a),
-            allowed_lateness=a.lateness is not None,
-            late_sink=env.late_sink,
-            decode=env.pool.decode,
-            flush=node.flush,
-            limits=a.limits,
-        )
-
-    def placement(self, node: AggregateNode) -> Placement:
-        window = node.aggregate.window
-        assert isinstance(window, Window)
-        return WIDAggregate.placement_for(window, node.aggregate.groups)
-
 
 # In order of preference: the first that applies runs the aggregation.
 STRATEGIES: tuple[Strategy, ...] = (
@@ -325,7 +187,6 @@ STRATEGIES: tuple[Strategy, ...] = (
     FusedStrategy(),
     WIDStrategy(),
 )
-_BY_NAME = {s.name: s for s in STRATEGIES}
 
 
 def choose(aggregate: AggregateDescription, feed: Feed) -> Strategy:
@@ -333,9 +194,4 @@ def choose(aggregate: AggregateDescription, feed: Feed) -> Strategy:
     return next(s for s in STRATEGIES if s.applies(aggregate, feed))
 
 
-def strategy(name: str) -> Strategy:
-    """The strategy of an :class:`AggregateNode`."""
-    return _BY_NAME[name]
-
-
-__all__ = ["STRATEGIES", "Env", "Feed", "Strategy", "choose", "strategy"]
+__all__ = ["STRATEGIES", "Feed", "Strategy", "choose"]

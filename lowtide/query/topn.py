@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from lowtide.errors import UnsupportedQuery
-from lowtide.query.ast import BinaryOp, Column, Expr, FromQuery, Literal, Query, RankCall, SelectItem
+from lowtide.query.ast import BinaryOp, Column, Expr, FromQuery, Literal, QueryTree, RankCall, SelectItem
 
 RANK_FUNCTIONS = ("row_number", "rank", "dense_rank")
 # A conjunct `rank <op> n` keeps ranks up to: (op, n) -> bound.
@@ -37,7 +37,7 @@ def written(rank: RankCall) -> str:
     return f"{rank.function.upper()}() OVER (...)"
 
 
-def ranked_item(query: Query) -> SelectItem | None:
+def ranked_item(query: QueryTree) -> SelectItem | None:
     """The select item of ``query`` that is a rank, if one is; refuses a rank anywhere else
     (inside an expression, WHERE, GROUP BY, HAVING), two ranks, a rank beside GROUP BY, and one
     without ORDER BY."""
@@ -77,7 +77,7 @@ def _holds_rank(node: Any) -> bool:
     return False
 
 
-def with_limit(inner: Query, item: FromQuery, where: Expr | None) -> Query:
+def with_limit(inner: QueryTree, item: FromQuery, where: Expr | None) -> QueryTree:
     """``inner``, the derived table ``item`` of a query whose WHERE is ``where``, with the bound
     of its rank set when a conjunct of ``where`` bounds it (the module's invariant): ``r <= 3``,
     ``r < 4``, ``r = 3``, ``3 >= r`` (BETWEEN's upper half) all keep ranks up to 3."""

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from lowtide.errors import UnsupportedQuery
 from lowtide.operators.windows import Landmark, Rows, Session, Sliding, Window
 from lowtide.punctuation.model import MAX_EXTENT
-from lowtide.query.ast import Column, Duration, Rank, RowNum, WindowSpec
-from lowtide.query.ast import Rows as RowCount
+from lowtide.query.ast import Column, Duration, Rank, RowCount, RowNum, WindowSpec
 from lowtide.schema import ColumnType
 
 _UNIT_MS = {"ms": 1.0, "s": 1000.0, "min": 60_000.0, "h": 3_600_000.0, "day": 86_400_000.0}

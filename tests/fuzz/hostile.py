@@ -375,7 +375,7 @@ class InProcess:
     def __init__(self) -> None:
         config = ServerConfig(workers=1, metrics_port=-1, max_batch_rows=MAX_ROWS)
         self.front = Front(config)
-        self.front.workers = self.front.engine.runner.workers = NoWorkers()  # type: ignore[assignment]
+        self.front.workers = self.front.door.runner.workers = NoWorkers()  # type: ignore[assignment]
         self.service = Service(self.front)
         self.loop = asyncio.new_event_loop()
         self.last: Any = None
@@ -411,7 +411,7 @@ class InProcess:
         return self.ingest([pb.IngestRequest(stream=stream, source=source), pb.IngestRequest(arrow=payload)])
 
     def ingested(self) -> int:
-        return int(self.front.engine.stats()["streams"]["S"]["ingested"])
+        return int(self.front.door.stats()["streams"]["S"]["ingested"])
 
 
 def assert_allowed(status: tuple[str, str], what: object = "") -> None:

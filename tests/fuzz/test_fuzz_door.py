@@ -511,7 +511,7 @@ def test_an_unexpected_exception_ends_as_a_status(
     def fail(*_: object) -> None:
         raise raised
 
-    monkeypatch.setattr(door.front.engine, "list_streams", fail)
+    monkeypatch.setattr(door.front.door, "list_streams", fail)
     status = door.outcome(door.service.ListStreams(pb.ListStreamsRequest(), Context()))
     assert status[0] == code and status[1].startswith(words) and "\n" not in status[1], status
     assert any(r.name == "lowtide.server" and r.exc_info for r in caplog.records), caplog.records

@@ -6,6 +6,10 @@ Tests get its ``host:port`` from the ``target`` fixture and make names of their 
 (:func:`server_harness.start_server`) and at the end must drain and exit 0. Helpers live in named
 modules (``server_harness``, ``wire``, ``cluster``), never here: ``conftest`` is a name several
 folders share.
+
+A module whose tests share a server of its own (a module-scoped fixture) is an ``xdist_group`` of
+its own too: under ``--dist loadgroup`` (make test) its tests then run on one worker, which starts
+that server once, where tests spread over both workers would start it on each.
 """
 
 from __future__ import annotations

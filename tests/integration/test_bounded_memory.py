@@ -21,7 +21,7 @@ from lowtide import END_OF_STREAM, Punctuation
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("bounded_memory")]
 
 MIB = 1 << 20
 LIMITS = {"max_subscriber_bytes": 2 * MIB, "retained_bytes": 16 * MIB, "retained_items": 100_000}

@@ -3,7 +3,8 @@
 
 Each test runs real servers on one state directory: it feeds them through the client, kills the
 front and its workers with SIGKILL, starts a new server on the same directory and checks what
-came back against the in-process engine fed the same data once.
+came back against the in-process engine fed the same data once. Tests that damage the same
+state each damage a copy of it, made once for the module.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import threading
@@ -34,7 +36,14 @@ from state_files import files, frame_starts, record_starts
 from lowtide import END_OF_STREAM, Engine, Punctuation
 from lowtide.clients import Client
 from lowtide.errors import OutOfRange, ResourceExhausted
-from lowtide.server.input_log import CreateStream, DropQuery, InputLog, Record, Refused, Tick
+from lowtide.server.input_log import (
+    CreateStreamRecord,
+    DropQueryRecord,
+    InputLog,
+    Record,
+    RefusedRecord,
+    TickRecord,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("durability")]
 
@@ -95,6 +104,13 @@ def read(client: Client, query: str, until: int, from_offset: int | None = None)
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
+
+
+def copied(prepared: Path, state_dir: Path) -> Path:
+    """``state_dir``, a copy of a state directory a module fixture prepared once for the tests
+    that each damage it their own way (a start reads nothing outside its state directory)."""
+    shutil.copytree(prepared, state_dir)
+    return state_dir
 
 
 def config(state_dir: Path, **extra: Any) -> dict[str, Any]:
@@ -250,10 +266,12 @@ def serve_refuses(state_dir: Path) -> str:
     return lines[0]
 
 
-def killed_after_a_checkpoint(state_dir: Path) -> tuple[Path, Path]:
-    """A server fed eight rounds, checkpointed after them, then killed; its log's one segment and
-    the newest checkpoint's manifest. An interrupted checkpoint is left beside them: only a start
-    that has recovered may remove it."""
+@pytest.fixture(scope="module")
+def killed_after_a_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state directory: a server fed eight rounds, checkpointed after them, then killed. An
+    interrupted checkpoint is left beside the whole one: only a start that has recovered may
+    remove it."""
+    state_dir = tmp_path_factory.mktemp("killed_after_a_checkpoint") / "state"
     server = start_server(config=config(state_dir))
     with Client(server.target, timeout=30) as client:
         client.create_stream("s", SCHEMA, sources=["a", "b"])
@@ -262,16 +280,23 @@ def killed_after_a_checkpoint(state_dir: Path) -> tuple[Path, Path]:
         server.await_checkpoint()
     kill9(server)
     (state_dir / "checkpoints" / f"{2**63:020d}").mkdir()
+    return state_dir
+
+
+def segment_and_manifest(state_dir: Path) -> tuple[Path, Path]:
+    """The log's one segment and the newest checkpoint's manifest."""
     (segment,) = sorted((state_dir / "log").glob("*.seg"))
     manifests = sorted((state_dir / "checkpoints").glob("*/MANIFEST.json"))
     return segment, manifests[-1]
 
 
-def test_a_damaged_length_mid_log_stops_the_start_and_changes_nothing(state_dir: Path) -> None:
+def test_a_damaged_length_mid_log_stops_the_start_and_changes_nothing(
+    state_dir: Path, killed_after_a_checkpoint: Path
+) -> None:
     """The high byte of a record's length flipped in the middle of the last segment: it now runs
     past the end of the file, as a torn write's would, but the whole records after it prove it
     damage. Before, the start cut them off and started without a word."""
-    segment, _ = killed_after_a_checkpoint(state_dir)
+    segment, _ = segment_and_manifest(copied(killed_after_a_checkpoint, state_dir))
     data = bytearray(segment.read_bytes())
     starts = record_starts(bytes(data))
     at, following = starts[len(starts) // 2], starts[len(starts) // 2 + 1]
@@ -283,10 +308,12 @@ def test_a_damaged_length_mid_log_stops_the_start_and_changes_nothing(state_dir:
     )
 
 
-def test_a_log_cut_short_or_deleted_stops_the_start_and_changes_nothing(state_dir: Path) -> None:
+def test_a_log_cut_short_or_deleted_stops_the_start_and_changes_nothing(
+    state_dir: Path, killed_after_a_checkpoint: Path
+) -> None:
     """Cut in the middle, the log looks torn; the newest manifest says how far it reached (fsynced
     before the manifest was written). Before, the start went on from the checkpoint silently."""
-    segment, manifest = killed_after_a_checkpoint(state_dir)
+    segment, manifest = segment_and_manifest(copied(killed_after_a_checkpoint, state_dir))
     seq = json.loads(manifest.read_text())["seq"]
     data = segment.read_bytes()
     segment.write_bytes(data[: record_starts(data)[seq // 2] + 5])  # inside record seq // 2
@@ -344,13 +371,10 @@ def test_an_offset_no_longer_retained_is_out_of_range(state_dir: Path) -> None:
             next(iter(client.subscribe("tumbling", from_offset=0)))
 
 
-@pytest.mark.parametrize(
-    "damage", ["a worker's file cut short", "the manifest's seq changed", "the manifest's workers changed"]
-)
-def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path, damage: str) -> None:
-    """A damaged digit of the manifest's seq still parses: before, the log replayed from the
-    position it named, and windows came out twice (found by test_faults, seed 2). One of its
-    workers count advised ``--workers 3``, and a start with it printed IndexError tracebacks."""
+@pytest.fixture(scope="module")
+def checkpointed_every_two_rounds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state directory: a server fed eight rounds, a checkpoint after every second, then killed."""
+    state_dir = tmp_path_factory.mktemp("checkpointed_every_two_rounds") / "state"
     server = start_server(config=config(state_dir))
     with Client(server.target, timeout=30) as client:
         client.create_stream("s", SCHEMA, sources=["a", "b"])
@@ -359,6 +383,19 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(state_dir: Path, dama
             feed(client, range(first, first + 2))
             server.await_checkpoint()
     kill9(server)
+    return state_dir
+
+
+@pytest.mark.parametrize(
+    "damage", ["a worker's file cut short", "the manifest's seq changed", "the manifest's workers changed"]
+)
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(
+    state_dir: Path, checkpointed_every_two_rounds: Path, damage: str
+) -> None:
+    """A damaged digit of the manifest's seq still parses: before, the log replayed from the
+    position it named, and windows came out twice (found by test_faults, seed 2). One of its
+    workers count advised ``--workers 3``, and a start with it printed IndexError tracebacks."""
+    copied(checkpointed_every_two_rounds, state_dir)
     # The newest whole one (a later one the kill interrupted has no manifest and is ignored);
     # the one before it stays whole.
     newest = max(path for path in (state_dir / "checkpoints").iterdir() if (path / "MANIFEST.json").exists())
@@ -562,17 +599,19 @@ def test_a_record_that_no_longer_applies_stops_the_start_and_a_refused_one_is_pa
     state_dir: Path,
 ) -> None:
     """Replay no longer swallows errors: a logged record that fails is damage, unless a
-    ``Refused`` says it failed live (then it is passed over, even where it would apply now), or
-    it is the log's last (a crash came before its ``Refused``)."""
+    ``RefusedRecord`` says it failed live (then it is passed over, even where it would apply now), or
+    it is the log's last (a crash came before its ``RefusedRecord``)."""
     with server_on(state_dir, checkpoint_interval_s=0) as (_, client):
         client.create_stream("s", SCHEMA, sources=["a", "b"])
         feed(client, range(2))
-    (ghost,) = appended(state_dir, CreateStream(time.time(), "ghost", SCHEMA, "ts", "explicit", [], None))
-    appended(state_dir, Refused(time.time(), ghost, "stream 'ghost' already exists"))
-    (last,) = appended(state_dir, DropQuery(time.time(), "nope"))
+    (ghost,) = appended(
+        state_dir, CreateStreamRecord(time.time(), "ghost", SCHEMA, "ts", "explicit", [], None)
+    )
+    appended(state_dir, RefusedRecord(time.time(), ghost, "stream 'ghost' already exists"))
+    (last,) = appended(state_dir, DropQueryRecord(time.time(), "nope"))
     with server_on(state_dir) as (_, client):
         assert [s["name"] for s in client.list_streams()] == ["s"]  # ghost failed live: passed over
-    bad, _ = appended(state_dir, DropQuery(time.time(), "nope"), Tick(time.time()))
+    bad, _ = appended(state_dir, DropQueryRecord(time.time(), "nope"), TickRecord(time.time()))
     segment = sorted((state_dir / "log").glob("*.seg"))[-1]
     assert last < bad
     assert serve_refuses(state_dir).startswith(

@@ -28,7 +28,7 @@ from lowtide.clients import Client
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("memory_ceilings_server")]
 
 MIB = 1 << 20
 SCHEMA = {"k": "int64", "v": "int64", "ts": "int64"}

@@ -31,7 +31,7 @@ from lowtide.proto import lowtide_pb2 as pb
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 from lowtide.server import auth
 from lowtide.server.config import ServerConfig
-from lowtide.server.scopes import Scope
+from lowtide.server.scopes import TokenScope
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("security")]
 
@@ -300,22 +300,22 @@ def test_a_reader_limited_to_streams_explains_only_sql_over_them(server: Server,
 # -- the tokens file ------------------------------------------------------------------------------
 def test_scoped_entries_parse_next_to_plain_ones(tokens_file: Path, keys: Keys) -> None:
     assert auth.load_tokens(str(tokens_file)) == {
-        keys.admin: Scope("admin"),
-        keys.producer: Scope("producer", streams=("Main",), sources=("link-*",)),
-        keys.reader: Scope("reader", streams=("Main",), queries=("q1",)),
-        keys.late_reader: Scope("reader", queries=("q1*",)),
-        keys.stream_reader: Scope("reader", streams=("Main",)),
-        keys.plain_reader: Scope("reader"),
+        keys.admin: TokenScope("admin"),
+        keys.producer: TokenScope("producer", streams=("Main",), sources=("link-*",)),
+        keys.reader: TokenScope("reader", streams=("Main",), queries=("q1",)),
+        keys.late_reader: TokenScope("reader", queries=("q1*",)),
+        keys.stream_reader: TokenScope("reader", streams=("Main",)),
+        keys.plain_reader: TokenScope("reader"),
     }
-    late = Scope("reader", queries=("q1",))
+    late = TokenScope("reader", queries=("q1",))
     assert late.subscribe("q1") is None and late.subscribe("q1.late") is not None
-    assert Scope("reader", queries=("q1*",)).subscribe("q1.late") is None
+    assert TokenScope("reader", queries=("q1*",)).subscribe("q1.late") is None
     # A .late stream also takes the streams its query reads (given as inputs).
-    main = Scope("reader", streams=("Main",))
+    main = TokenScope("reader", streams=("Main",))
     assert main.subscribe("q1.late", ["Main"]) is None and main.subscribe("qo.late", ["Main", "Other"])
     assert main.sees("query", "q1.late", ["Main"]) and not main.sees("query", "qo.late", ["Other"])
-    assert Scope("reader", queries=("q*",)).subscribe("qo.late", ["Other"]) is None  # no streams key
-    assert Scope("reader", queries=()).subscribe("q1") is not None  # [] allows none
+    assert TokenScope("reader", queries=("q*",)).subscribe("qo.late", ["Other"]) is None  # no streams key
+    assert TokenScope("reader", queries=()).subscribe("q1") is not None  # [] allows none
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ from wire import (
 from lowtide import END_OF_STREAM, Engine, Limits
 from lowtide.proto import lowtide_pb2 as pb
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("server_errors")]
 
 LIMITS = {"max_message_bytes": 1 << 20, "max_batch_rows": 1000, "max_query_state_bytes": 100_000}
 MINUTE = 60_000

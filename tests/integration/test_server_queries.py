@@ -38,7 +38,7 @@ from wire import (
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine, ManualClock, Punctuation
 from lowtide.proto import lowtide_pb2 as pb
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("server_queries")]
 
 STREAMS = ["Main", "Main1", "Main2", "Control", "M", "M1", "M2", "A", "B", "C", "D", "S0", "S1", "packets"]
 SOURCES = ["p0", "p1", "p2"]

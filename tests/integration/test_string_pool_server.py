@@ -30,7 +30,7 @@ from wire import (
 from lowtide import END_OF_STREAM, Engine, Limits
 from lowtide.proto import lowtide_pb2 as pb
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("string_pool_server")]
 
 MAX_STRINGS = 100
 MINUTE = 60_000

@@ -27,7 +27,7 @@ from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import AsyncClient, Client
 from lowtide.errors import NotFound, ResourceExhausted
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wide_messages")]
 
 WAIT = 120.0
 

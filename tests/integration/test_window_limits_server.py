@@ -20,7 +20,7 @@ from lowtide import Engine, ManualClock
 from lowtide.errors import ResourceExhausted
 from lowtide.proto import lowtide_pb2 as pb
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("window_limits_server")]
 
 MINUTE = 60_000
 T0 = 1_700_000_000_000 // MINUTE * MINUTE

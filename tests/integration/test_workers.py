@@ -20,7 +20,7 @@ from test_cli import ok
 
 from lowtide.clients import AsyncClient, Client
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("workers")]
 
 SPLIT = "SELECT k, count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W GROUP BY k"
 SINGLE = "SELECT count(*) AS n [RANGE 100, SLIDE 100, WA ts] FROM W"

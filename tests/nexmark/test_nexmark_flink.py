@@ -1,7 +1,9 @@
 """Nexmark with Flink as the oracle: each query as the nexmark project writes it, over the same
 events (nexmark's generator model, out of order within the bound both sides' watermark keeps),
 run by lowtide through a real server with two workers and by PyFlink (bench/nexmark/
-flink_oracle.py, in its own interpreter, .venv-pyflink); their rows compared as multisets.
+flink_oracle.py, in its own interpreter, .venv-pyflink); their rows compared as multisets. Each
+side answers every query in one go: one server, one PyFlink process (tests/nexmark/
+flink_batch.py: the JVM starts once), and the module is one xdist group, so that happens once.
 
 ``make test`` runs the QUICK queries on a small event count; ``make nexmark`` (NEXMARK_ALL=1)
 runs every query both can, on more events (NEXMARK_EVENTS=n: on n). The rows compare by the
@@ -10,6 +12,7 @@ rules of bench/nexmark/nexmark_compare.py, which bench/nexmark.py follows too.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -26,9 +29,10 @@ from server_harness import rows_until_end, running_server
 from lowtide.clients import nexmark as generator
 from lowtide.clients.client import Client
 
-pytestmark = [pytest.mark.nexmark, pytest.mark.integration]
+pytestmark = [pytest.mark.nexmark, pytest.mark.integration, pytest.mark.xdist_group("nexmark")]
 
 FLINK_PYTHON, ORACLE = compare.FLINK_PYTHON, compare.ORACLE
+BATCH = Path(__file__).with_name("flink_batch.py")
 EVERY = os.environ.get("NEXMARK_ALL") == "1"
 QUICK = (5, 8)  # windowed: a HOP join, a window join (each a JVM beside the other tests: few)
 QUERIES = compare.BOTH if EVERY else QUICK
@@ -75,18 +79,44 @@ def lowtide(data: tuple[Path, generator.Events]) -> dict[int, tuple[list[str], C
     return got
 
 
+@pytest.fixture(scope="module")
+def flink(data: tuple[Path, generator.Events], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every query's answer from one PyFlink process at parallelism 2: the folder of its
+    ``qN.jsonl`` (or ``qN.error``, what failed)."""
+    out = tmp_path_factory.mktemp("flink")
+    done = subprocess.run(
+        [
+            *(str(FLINK_PYTHON), str(BATCH), "--data", str(data[0]), "--out", str(out)),
+            *("--parallelism", "2", "--watermark-ms", str(EVENTS["disorder_ms"])),
+            *(str(compare.QUERIES / f"q{n}.sql") for n in QUERIES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900 * len(QUERIES),
+    )
+    assert done.returncode == 0, f"PyFlink failed: {done.stderr[-3000:]}"
+    return out
+
+
+def flink_rows(out: Path, number: int, columns: list[str]) -> Counter[tuple[Any, ...]]:
+    """Flink's rows of query ``number`` from the ``flink`` fixture's folder, as compared with
+    lowtide's rows of ``columns`` (bench/nexmark/nexmark_compare.py's flink_rows reads them so)."""
+    failed = out / f"q{number}.error"
+    if failed.exists():
+        raise RuntimeError(f"Flink failed on q{number}: {failed.read_text(encoding='utf-8')[-3000:]}")
+    text = (out / f"q{number}.jsonl").read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line]
+    return Counter(compare.compared(number, columns, [compare.value(v) for v in r.values()]) for r in rows)
+
+
 @pytest.mark.parametrize("number", QUERIES)
 def test_lowtide_gives_flinks_rows(
-    number: int,
-    data: tuple[Path, generator.Events],
-    lowtide: dict[int, tuple[list[str], Counter[tuple[Any, ...]]]],
-    tmp_path: Path,
+    number: int, lowtide: dict[int, tuple[list[str], Counter[tuple[Any, ...]]]], flink: Path
 ) -> None:
     columns, ours = lowtide[number]
-    out = tmp_path / f"q{number}.jsonl"
-    _, flink = compare.flink_rows(data[0], number, EVENTS["disorder_ms"], out, columns, timeout=900)
-    assert sum(flink.values()) > 0, "the events make the query answer something"
-    assert ours == flink
+    theirs = flink_rows(flink, number, columns)
+    assert sum(theirs.values()) > 0, "the events make the query answer something"
+    assert ours == theirs
 
 
 # ---- Flink listens on loopback only ---------------------------------------------------------------

@@ -19,7 +19,9 @@ from lowtide's session table):
     (``t + gap >= p - L``) and it intersects no session of its group complete there (one whose
     end is below the horizon); the others, and only they, are in the late side stream;
     ``update``'s changelog ends at the reference over the tuples counted;
-(e) the session table's kernel with ``reach`` 1, batch by batch, holds the reference's sessions.
+(e) the session table's kernel with ``reach`` 1, batch by batch, holds the reference's sessions,
+    and purging at the cutoff the window's logic completes at a horizon takes exactly those whose
+    end is below it.
 
 The bracket form ``[SESSION gap, WA ts]`` keeps the dissertation's rule (less than ``gap``):
 tests/property/test_session_property.py checks it; an example below shows the two apart.
@@ -55,6 +57,7 @@ from strategies import (
 from lowtide import END_OF_STREAM, NO_PROGRESS, Engine
 from lowtide.operators.session import SessionAggregate
 from lowtide.operators.session_table import SessionTable
+from lowtide.operators.window_logic import SessionLogic
 from lowtide.operators.windows import Session
 
 pytestmark = pytest.mark.property
@@ -324,7 +327,7 @@ def test_touching_session_table_holds_flinks_sessions(
             ]
     sessions = {g: flink_sessions(gap, [t for k, t in values if k == g]) for g in range(4)}
     table.fit(4)
-    purged = table.purge(horizon)
+    purged = table.purge(SessionLogic(Session(gap, "ts", touching=True)).close_for(horizon))
     assert sorted((int(table.start[s]), int(table.end[s])) for s in purged) == sorted(
         (a, b) for g in range(4) for a, b, _ in sessions[g] if b < horizon
     )

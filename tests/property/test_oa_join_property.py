@@ -36,7 +36,8 @@ from strategies import (
 from lowtide import Engine, LateTuple
 from lowtide.batch import Batch
 from lowtide.operators.base import Operator
-from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling, Until
+from lowtide.operators.join_windows import Band, JoinSide, Tumbling, Until
+from lowtide.operators.oa_join import OAJoin
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 from lowtide.snapshot import pack, unpack
 

@@ -55,8 +55,7 @@ from strategies import (
 )
 
 from lowtide import END_OF_STREAM, Engine
-from lowtide.operators.paned_wid import pane_of
-from lowtide.operators.windows import Sliding
+from lowtide.operators.windows import Sliding, pane_of
 
 pytestmark = pytest.mark.property
 

@@ -41,7 +41,7 @@ def _worker_writes(name: str, conn: Connection, sizes: list[int]) -> None:
     segment = shared_memory.SharedMemory(name=name)
     writer = ChannelWriter(segment, conn, msg.TO_FRONT)
     for i, size in enumerate(sizes):
-        writer.send(msg.Failed("x" * size, str(i)), {"v": np.full(1000, i, np.int64)})
+        writer.send(msg.FailedMessage("x" * size, str(i)), {"v": np.full(1000, i, np.int64)})
     writer.close()
     segment.close()
 
@@ -74,7 +74,7 @@ def test_messages_of_every_size_arrive_whole_and_in_order() -> None:
         segment.close()
         segment.unlink()
     for i, ((message, arrays), size) in enumerate(zip(got, SIZES, strict=True)):
-        assert message == msg.Failed("x" * size, str(i))
+        assert message == msg.FailedMessage("x" * size, str(i))
         assert np.array_equal(arrays["v"], np.full(1000, i, np.int64))
 
 
@@ -97,7 +97,7 @@ def test_a_frame_larger_than_the_pipe_waits_pending_and_goes_whole() -> None:
         os.set_blocking(read_end.fileno(), False)
         writer = ChannelWriter(segment, write_end, msg.TO_WORKER)
         reader = ChannelReader(segment, read_end, msg.TO_WORKER)
-        big = msg.Strings(7, [f"value-{i}" for i in range(400_000)])  # a header of several MiB
+        big = msg.StringsMessage(7, [f"value-{i}" for i in range(400_000)])  # a header of several MiB
         writer.try_send(big)
         assert writer.pending
         got = []
@@ -114,12 +114,13 @@ def test_columns_larger_than_the_ring_travel_in_the_header() -> None:
         writer = ChannelWriter(segment, write_end, msg.TO_WORKER)
         reader = ChannelReader(segment, read_end, msg.TO_WORKER)
         wide = {"a": np.arange(10_000, dtype=np.int64), "b": np.ones(3, np.bool_)}
-        writer.try_send(msg.Batch("q", 0, False, 10_000), wide)
-        writer.try_send(msg.Batch("q", 0, False, 3), {"c": np.arange(3, dtype=np.int32)})  # the ring again
+        writer.try_send(msg.BatchMessage("q", 0, False, 10_000), wide)
+        # the ring again
+        writer.try_send(msg.BatchMessage("q", 0, False, 3), {"c": np.arange(3, dtype=np.int32)})
         while writer.pending:
             writer.flush()
         first, second = reader.recv(), reader.recv()
-        assert first[0] == msg.Batch("q", 0, False, 10_000)
+        assert first[0] == msg.BatchMessage("q", 0, False, 10_000)
         assert all(np.array_equal(first[1][k], wide[k]) for k in wide)
         assert np.array_equal(second[1]["c"], np.arange(3, dtype=np.int32))
 
@@ -128,10 +129,10 @@ def test_a_channel_out_of_step_is_an_error_not_a_skipped_message() -> None:
     with pipe_and_ring() as (segment, read_end, write_end):
         writer = ChannelWriter(segment, write_end, msg.TO_FRONT)
         reader = ChannelReader(segment, read_end, msg.TO_FRONT)
-        writer.send(msg.Epoch("q"))
+        writer.send(msg.EpochMessage("q"))
         os.write(write_end.fileno(), b"\x06" * 64)  # bytes that are not the next frame
-        writer.send(msg.Epoch("q"))
-        assert reader.recv()[0] == msg.Epoch("q")
+        writer.send(msg.EpochMessage("q"))
+        assert reader.recv()[0] == msg.EpochMessage("q")
         with pytest.raises(ChannelBroken):
             reader.recv()
 
@@ -139,8 +140,8 @@ def test_a_channel_out_of_step_is_an_error_not_a_skipped_message() -> None:
 def test_a_frame_cut_short_by_the_writers_death_is_no_message() -> None:
     with pipe_and_ring() as (segment, read_end, write_end):
         writer = ChannelWriter(segment, write_end, msg.TO_FRONT)
-        writer.send(msg.Epoch("q"))
-        writer.send(msg.Failed("q", "y" * 10_000))
+        writer.send(msg.EpochMessage("q"))
+        writer.send(msg.FailedMessage("q", "y" * 10_000))
         os.set_blocking(read_end.fileno(), False)
         whole = os.read(read_end.fileno(), 1 << 20)
         os.write(write_end.fileno(), whole[:-10])  # the same two frames, the second cut short
@@ -150,7 +151,7 @@ def test_a_frame_cut_short_by_the_writers_death_is_no_message() -> None:
         with pytest.raises(EOFError):
             for message, _ in reader.receive():
                 got.append(message)
-        assert got == [msg.Epoch("q")]
+        assert got == [msg.EpochMessage("q")]
 
 
 def test_rings_of_servers_that_are_gone_are_removed() -> None:

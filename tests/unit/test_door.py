@@ -78,11 +78,54 @@ def test_a_judgement_holds_for_its_own_stream_and_source_only() -> None:
     engine = engine_with_strict_query()
     engine.create_stream("T", SCHEMA)
     checked = engine.check_batch("S", [engine.admit("S", rows([5]))], source="a")
-    assert checked.current("S", "a", engine.changes)
-    assert not checked.current("S", "b", engine.changes)
-    assert not checked.current("T", "a", engine.changes)
-    engine.create_stream("U", SCHEMA)  # any change applied
-    assert not checked.current("S", "a", engine.changes)
+    assert checked.current("S", "a", engine.epoch)
+    assert not checked.current("S", "b", engine.epoch)
+    assert not checked.current("T", "a", engine.epoch)
+    engine.create_stream("U", SCHEMA)  # a change to the catalog
+    assert not checked.current("S", "a", engine.epoch)
+
+
+def test_the_epoch_moves_with_what_the_judgement_reads_only() -> None:
+    """A batch that moves no progress leaves the epoch where it was (the batches judged before
+    it apply as judged); progress that moves, and a change to the catalog, move it."""
+    engine = engine_with_strict_query()
+    engine.create_stream("T", SCHEMA, punctuation="bounded:5")  # its batches move progress
+    start = engine.epoch
+    engine.push("S", rows([1, 2]), "a")
+    engine.push("S", rows([3]), "b")
+    engine.punctuate("S", 10, "a")  # b promised nothing yet: the stream's progress stays
+    assert engine.epoch == start
+    engine.punctuate("S", 10, "b")
+    moved = engine.epoch
+    assert moved.progress > start.progress and moved.admits_like(start)
+    engine.push("T", rows([20]))  # T's progress moves to 15
+    assert engine.epoch.progress > moved.progress and engine.epoch.admits_like(start)
+    engine.close_source("S", "a")
+    assert not engine.epoch.admits_like(start)
+
+
+def test_a_batch_applied_between_the_check_and_the_application_needs_no_judging_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = engine_with_strict_query()
+    engine.punctuate("S", 20)
+    first = engine.check_batch("S", [engine.admit("S", rows([25]))])
+    second = engine.check_batch("S", [engine.admit("S", rows([30], ["new"]))], "b")
+    calls = count_late_masks(monkeypatch)
+    engine.push_admitted("S", second, "b")
+    engine.push_admitted("S", first)
+    assert calls[0] == 0  # explicit punctuation: neither batch moved progress
+    assert engine.stats()["streams"]["S"]["ingested"] == 2
+
+
+def test_progress_a_batch_moved_judges_the_batches_checked_before_it_again() -> None:
+    engine = Engine(clock=ManualClock())
+    engine.create_stream("S", SCHEMA, punctuation="ordered")  # each batch promises its largest ts
+    engine.register_query(WINDOWED, name="q", late="error")
+    checked = engine.check_batch("S", [engine.admit("S", rows([12]))], "a")  # on time now
+    engine.push("S", rows([40]), "b")  # the stream's progress is 40: 12 is late for the windows
+    with pytest.raises(LateTuple):
+        engine.push_admitted("S", checked, "a")
 
 
 def test_a_querys_result_stream_takes_no_rows_punctuation_or_close() -> None:
@@ -118,9 +161,16 @@ class ObjectWorkers:
         class Outbound:
             def send(self, message: msg.ToFront, arrays: Arrays | None = None) -> None:
                 assert transport.runner is not None
-                if isinstance(message, msg.Result | msg.Punctuated | msg.Late | msg.Epoch | msg.Failed):
+                if isinstance(
+                    message,
+                    msg.ResultMessage
+                    | msg.PunctuatedMessage
+                    | msg.LateMessage
+                    | msg.EpochMessage
+                    | msg.FailedMessage,
+                ):
                     transport.runner.on_worker_message(index, message, dict(arrays or {}))
-                elif isinstance(message, msg.Released | msg.Stats):
+                elif isinstance(message, msg.ReleasedMessage | msg.StatsMessage):
                     transport.runner.on_worker_message(index, message, {})
 
         return Outbound()
@@ -234,7 +284,7 @@ class RecordingWorkers(ObjectWorkers):
         self.posted: list[tuple[int, bool, frozenset[str]]] = []
 
     def post(self, worker: int, message: msg.ToWorker, arrays: Arrays | None = None) -> None:
-        if isinstance(message, msg.Batch) and arrays:
+        if isinstance(message, msg.BatchMessage) and arrays:
             self.posted.append((message.input_index, message.late, frozenset(arrays)))
         super().post(worker, message, arrays)
 

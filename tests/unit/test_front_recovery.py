@@ -21,14 +21,14 @@ def front(state_dir: Path) -> Front:
 def test_a_restore_failing_while_serving_stops_the_server(tmp_path: Path) -> None:
     serving = front(tmp_path)
     serving.serving = True
-    serving._on_message(0, msg.Restored(1, "FileNotFoundError: worker-0.state"), {})
+    serving._on_message(0, msg.RestoredMessage(1, "FileNotFoundError: worker-0.state"), {})
     assert serving.stopping.is_set() and serving.exit_code == 1
     assert serving.gave_up == "cannot restore worker 0 from the checkpoint: FileNotFoundError: worker-0.state"
 
 
 def test_a_restore_failing_at_the_start_is_left_to_the_start(tmp_path: Path) -> None:
     starting = front(tmp_path)
-    starting._on_message(0, msg.Restored(0, "FileNotFoundError: worker-0.state"), {})
+    starting._on_message(0, msg.RestoredMessage(0, "FileNotFoundError: worker-0.state"), {})
     assert not starting.stopping.is_set()
     assert starting.checkpoints is not None
     assert starting.checkpoints.restore_errors == ["worker 0: FileNotFoundError: worker-0.state"]
@@ -48,15 +48,16 @@ def test_what_a_worker_sends_after_its_barrier_waits_for_the_output_side(tmp_pat
             checkpoints.begin()
             pending = checkpoints.pending
             assert pending is not None
-            serving._on_message(0, msg.Checkpointed(pending.token, 0.0, None), {})  # worker 0 passed it
+            # worker 0 passed it
+            serving._on_message(0, msg.CheckpointedMessage(pending.token, 0.0, None), {})
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             serving._syncs[7] = ({0}, done)
-            serving._on_message(0, msg.Synced(7), {})  # what worker 0 did after its barrier
+            serving._on_message(0, msg.SyncedMessage(7), {})  # what worker 0 did after its barrier
             assert not done.done() and pending.output is None
             if abandoned:
                 checkpoints.abandon()
             else:
-                serving._on_message(1, msg.Checkpointed(pending.token, 0.0, None), {})
+                serving._on_message(1, msg.CheckpointedMessage(pending.token, 0.0, None), {})
                 assert pending.output is not None
             assert done.done()  # handed on in order once the side is taken, or the checkpoint gone
             checkpoints.abandon()

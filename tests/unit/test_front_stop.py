@@ -26,9 +26,9 @@ class _Workers:
         self.answering = answering
 
     def broadcast(self, message: msg.ToWorker) -> None:
-        if isinstance(message, msg.Sync):
+        if isinstance(message, msg.SyncMessage):
             for worker in sorted(self.answering):
-                self.front._on_message(worker, msg.Synced(message.token), {})
+                self.front._on_message(worker, msg.SyncedMessage(message.token), {})
 
     async def idle(self) -> None:
         pass

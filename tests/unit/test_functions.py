@@ -457,7 +457,7 @@ def test_a_server_runs_the_last_project_that_makes_strings_at_its_front(
 
     worker = Worker(Outbound())
     worker.pool.adopt([0, 1], ["y", "n"])  # the front's codes of the literals, sent before
-    assert worker.handle(msg.Register("q", workers), {}) and "q" in worker.queries
+    assert worker.handle(msg.RegisterMessage("q", workers), {}) and "q" in worker.queries
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from lowtide.errors import CorruptState, OutOfRange, PermissionDenied, ResourceExhausted
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
-from lowtide.server.hub import ENTRY_BYTES, MAX_READERS, Closed, Hub, Log, Logged, Subscription, item_bytes
+from lowtide.server.hub import ENTRY_BYTES, MAX_READERS, Closed, Hub, HubSubscription, Log, Logged, item_bytes
 
 T = TypeVar("T")
 KIB = 1024
@@ -40,7 +40,7 @@ def taken(entry: object) -> int:
     return offset
 
 
-async def take(subscription: Subscription, n: int) -> list[int]:
+async def take(subscription: HubSubscription, n: int) -> list[int]:
     return [taken(await subscription.next()) for _ in range(n)]
 
 

@@ -5,22 +5,27 @@ unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from state_files import files, frame_starts, record_starts, write_end
 
 from lowtide.errors import StartupFailure
+from lowtide.server import input_log
 from lowtide.server.checkpoint_store import MANIFEST, CheckpointStore
 from lowtide.server.input_log import (
-    Batch,
+    BatchRecord,
     Damaged,
     Extent,
     InputLog,
-    Punctuate,
+    PunctuateRecord,
     TornTail,
     encode,
     frame,
@@ -32,8 +37,8 @@ from lowtide.snapshot import pack_parts
 RECORDS = 20
 
 
-def record(i: int) -> Batch:
-    return Batch(float(i), "s", "a", i + 1, (bytes(range(256)) * 2,))
+def record(i: int) -> BatchRecord:
+    return BatchRecord(float(i), "s", "a", i + 1, (bytes(range(256)) * 2,))
 
 
 def filled(tmp_path: Path, segment_bytes: int = 1 << 20) -> Path:
@@ -68,7 +73,7 @@ def refused(state: Path, match: str, start: int = 0, extent: Extent | None = Non
 def torn_frame(kind: str) -> bytes:
     """The bytes a crash can leave of the last write: a prefix of a frame, or its full length of
     wrong bytes (a power loss after the file grew, before its pages were written)."""
-    whole = frame(encode(Punctuate(99.0, "s", "a", 1000)))
+    whole = frame(encode(PunctuateRecord(99.0, "s", "a", 1000)))
     match kind:
         case "header cut":
             return whole[:5]
@@ -360,3 +365,43 @@ def test_a_directory_that_is_not_ours_is_left_exactly_as_it_was(tmp_path: Path) 
     with pytest.raises(StartupFailure, match="is not empty and holds no lowtide state"):
         StateDirectory(str(foreign), "no")
     assert files(foreign) == before  # no lock file left behind
+
+
+def test_the_first_record_is_reported_durable_however_soon_its_fsync_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fsync = "always"``: the fsync thread starts with the first wait for a record; when its
+    first fsync is over before the wait is even registered, the record is reported all the same
+    (it once waited for the next record to be written)."""
+    state = StateDirectory(str(tmp_path / "state"), "always")
+    log = state.log
+    log.recovered()
+    idle = threading.Event()
+
+    class Watched(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            idle.set()  # the thread has synced all there is and waits for more
+            return super().wait(timeout)
+
+    class Eager(threading.Thread):
+        def start(self) -> None:  # returns once the thread has done its first round
+            super().start()
+            assert idle.wait(10)
+
+    log._synced = Watched()
+    monkeypatch.setattr(input_log, "threading", SimpleNamespace(Thread=Eager))
+
+    async def durable() -> int:
+        reported: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        log.when_durable(
+            log.append(record(0)), lambda through: reported.done() or reported.set_result(through)
+        )
+        return await asyncio.wait_for(reported, 10)
+
+    async def run() -> Any:
+        try:
+            return await durable()
+        finally:
+            state.close()  # while the loop runs: the fsync thread's last call lands on it
+
+    assert asyncio.run(run()) == 0

@@ -1,5 +1,5 @@
 """A change checked, logged, and then failing as it applies (another change applied first, in the
-time between its check and its turn) is followed in the log by a ``Refused`` naming it, on disk
+time between its check and its turn) is followed in the log by a ``RefusedRecord`` naming it, on disk
 before anything after it is acknowledged: replay passes over it, and any other record that fails
 at replay is damage (tests/integration/test_durability.py)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lowtide.errors import AlreadyExists
-from lowtide.server.input_log import DropQuery, Record, Refused
+from lowtide.server.input_log import DropQueryRecord, Record, RefusedRecord
 from lowtide.server.journal import Journal, StateDirectory
 
 
@@ -20,7 +20,7 @@ def applying(failing: set[str]) -> tuple[list[str], Any]:
     applied: list[str] = []
 
     def apply(record: Record, prepared: Any) -> str:
-        assert isinstance(record, DropQuery)
+        assert isinstance(record, DropQueryRecord)
         if record.name in failing:
             raise AlreadyExists(f"query {record.name!r} already exists")
         applied.append(record.name)
@@ -39,7 +39,7 @@ def test_a_change_failing_as_it_applies_is_refused_in_the_log(tmp_path: Path, fs
     journal = Journal(apply, state.log)
 
     async def submit_all() -> list[Any]:
-        changes = [journal.submit(DropQuery(float(i), name)) for i, name in enumerate("abc")]
+        changes = [journal.submit(DropQueryRecord(float(i), name)) for i, name in enumerate("abc")]
         outcomes = await asyncio.gather(*changes, return_exceptions=True)
         state.close()  # while the loop runs: the fsync thread's last call lands on it
         return outcomes
@@ -50,11 +50,14 @@ def test_a_change_failing_as_it_applies_is_refused_in_the_log(tmp_path: Path, fs
     assert applied == ["a", "c"] and journal.refused == {1}
     again = StateDirectory(str(tmp_path / "state"), fsync)
     logged = list(again.log.replay())
-    assert [(seq, type(r).__name__) for seq, r in logged[:2]] == [(0, "DropQuery"), (1, "DropQuery")]
-    refusals = [r for _, r in logged if isinstance(r, Refused)]
+    assert [(seq, type(r).__name__) for seq, r in logged[:2]] == [
+        (0, "DropQueryRecord"),
+        (1, "DropQueryRecord"),
+    ]
+    refusals = [r for _, r in logged if isinstance(r, RefusedRecord)]
     assert [(r.seq, r.reason) for r in refusals] == [(1, "query 'b' already exists")]
     assert again.log.refused == {1}  # what a start passes over, found as its segment is read
-    # ... because a Refused is in the segment of the record it names.
+    # ... because a RefusedRecord is in the segment of the record it names.
     (holding,) = [
         p for p in (tmp_path / "state" / "log").glob("*.seg") if b"already exists" in p.read_bytes()
     ]

@@ -11,6 +11,19 @@
   ``lowtide.lazy.loader`` map it loads on first use).
 * The checkpoint's modules see the front through their collaborators: they do not import
   ``lowtide.server.front``, not even for typing.
+* The server talks to its runner through the door: no module of ``server/`` reads an attribute
+  ``runner`` (``door.runner.queries``, ``front.door.runner``) but the door's own
+  (``lowtide.server.server_door``) and the runner's (``lowtide.server.process_runner``, whose
+  dispatches hold it).
+* The planner loads no operator. The planner is every module of ``lowtide/query/`` but the build
+  side (:data:`BUILD_SIDE`: what takes live operators - building, the plan it makes, its
+  checkpoints, the late rules compiled for its Inputs, the live slices). An operator module is
+  ``operators/base.py`` (the class every operator derives from) and every module of
+  ``operators/`` that imports it, directly or through others: each operator's module is one. No
+  import of a planner module, followed through every module it reaches (for typing too), reaches
+  an operator module. Of ``operators/`` the planner reads data alone (window definitions, join
+  windows, aggregate calls, placement-free result columns); operators are built from a
+  description by the build registry (``operators/build_registry.py``), beside them.
 
 An import is any the interpreter can make: ``import``, ``from ... import`` (relative ones
 resolved), ``importlib.import_module`` and ``__import__`` with a constant name, and the modules a
@@ -356,9 +369,10 @@ def test_relative_imports_resolve_to_full_names(
     assert imports_of(text, module, package=package) == names
 
 
-def product_imports() -> dict[str, set[str]]:
-    """Module -> the product's modules it imports (a package ``__init__``: at run time only)."""
-    found = modules()
+def product_imports(packages: Mapping[str, Path] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the product's modules it imports (a package ``__init__``: at run time only), of
+    the product in ``packages``."""
+    found = modules(packages)
     return {
         name: (imported(path, name, typing=eager, lazy=eager) & found.keys()) - {name}
         for name, path in found.items()
@@ -419,9 +433,174 @@ def test_the_check_sees_a_cycle_the_product_once_had() -> None:
     assert cycles(graph) == [["lowtide.operators.paned_wid", "lowtide.operators.shared_slices"]]
 
 
+# The modules that may read ``.runner``: the door that owns it, and the runner's own module.
+RUNNER_KEEPERS = {"lowtide.server.server_door", "lowtide.server.process_runner"}
+
+
+def runner_reaches(packages: Mapping[str, Path] = PACKAGES) -> set[str]:
+    """Each ``<expression>.runner`` in a module of the server but :data:`RUNNER_KEEPERS`."""
+    found = set()
+    for name, path in modules({"lowtide.server": packages["lowtide.server"]}).items():
+        if name in RUNNER_KEEPERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), name)):
+            if isinstance(node, ast.Attribute) and node.attr == "runner":
+                found.add(f"{name}, line {node.lineno}: .runner")
+    return found
+
+
+def test_the_server_reaches_its_runner_through_the_door_only() -> None:
+    assert runner_reaches() == set()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def f(front):\n    return front.door.runner.queries\n",
+        "def f(self):\n    runner = self.door.runner\n    runner.request_stats()\n",
+        "def f(door):\n    door.runner.recording = None\n",
+    ],
+)
+def test_the_runner_check_catches_a_planted_reach(tmp_path: Path, text: str) -> None:
+    fine = "def g(runner):\n    return runner.queries  # a runner of its own: no reach through\n"
+    packages = plant(tmp_path, {"server/planted.py": text, "server/fine.py": fine})
+    (planted,) = runner_reaches(packages)
+    assert planted.startswith("lowtide.server.planted, line ")
+
+
 def test_the_checkpoint_modules_do_not_reach_for_the_front() -> None:
     """``front <-> checkpoint coordinator <-> front snapshot`` was a cycle through typing: the
     front was handed whole. They take the parts they use instead."""
     graph = product_imports()
     for name in ("lowtide.server.checkpoint_coordinator", "lowtide.server.front_snapshot"):
         assert "lowtide.server.front" not in graph[name], name
+
+
+# -- the planner loads no operator -----------------------------------------------------------------
+# The modules of lowtide/query/ that take live operators: everything else there is the planner.
+BUILD_SIDE = {
+    "lowtide.query.build",
+    "lowtide.query.plan",
+    "lowtide.query.plan_state",
+    "lowtide.query.late_rules",
+    "lowtide.query.live_shares",
+}
+OPERATOR_BASE = "lowtide.operators.base"
+
+
+def _paths(graph: Mapping[str, set[str]], start: str) -> dict[str, list[str]]:
+    """Each module ``start`` reaches, and one shortest chain of imports to it (breadth first)."""
+    paths = {start: [start]}
+    queue = [start]
+    for node in queue:
+        for target in sorted(graph[node]):
+            if target not in paths:
+                paths[target] = [*paths[node], target]
+                queue.append(target)
+    return paths
+
+
+def planner_breaks(packages: Mapping[str, Path] = PACKAGES) -> set[str]:
+    """Each operator module a planner module reaches: ``"<planner> loads <operator>: a -> b -> c"``."""
+    graph = product_imports(packages)
+    operators = {
+        name for name in graph if _within(name, "lowtide.operators") and OPERATOR_BASE in _paths(graph, name)
+    }
+    planner = [name for name in graph if _within(name, "lowtide.query") and name not in BUILD_SIDE]
+    return {
+        f"{name} loads {target}: {' -> '.join(path)}"
+        for name in planner
+        for target, path in _paths(graph, name).items()
+        if target in operators
+    }
+
+
+def test_the_planner_loads_no_operator() -> None:
+    graph = product_imports()
+    planner = {name for name in graph if _within(name, "lowtide.query")} - BUILD_SIDE
+    # the planner is there to be read, and the build side is what this file says it is
+    assert {
+        "lowtide.query.describe",
+        "lowtide.query.description",
+        "lowtide.query.strategies",
+        "lowtide.query.sharing",
+        "lowtide.query.graph",
+    } <= planner
+    assert graph.keys() >= BUILD_SIDE
+    assert "lowtide.operators.wid_aggregate" in _paths(graph, "lowtide.query.build")  # it does build
+    assert planner_breaks() == set()
+
+
+# case -> the planted files, and what the check must say
+PLANTED_PLANNER = {
+    "a planner module imports an operator": (
+        {"lowtide/query/planted.py": "from lowtide.operators.wid_aggregate import WIDAggregate\n"},
+        [
+            "lowtide.query.planted loads lowtide.operators.wid_aggregate: "
+            "lowtide.query.planted -> lowtide.operators.wid_aggregate",
+            "lowtide.query.planted loads lowtide.operators.base: "
+            "lowtide.query.planted -> lowtide.operators.wid_aggregate -> lowtide.operators.base",
+        ],
+    ),
+    "for typing only": (
+        {
+            "lowtide/query/planted.py": "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from lowtide.operators.base import Operator\n"
+        },
+        [
+            "lowtide.query.planted loads lowtide.operators.base: "
+            "lowtide.query.planted -> lowtide.operators.base"
+        ],
+    ),
+    "through a data module that imports an operator": (
+        {
+            "lowtide/query/planted.py": "from lowtide.operators.join_windows import Band\n",
+            "operators/join_windows.py": "from lowtide.operators import base\n",
+        },
+        [
+            "lowtide.query.planted loads lowtide.operators.join_windows: "
+            "lowtide.query.planted -> lowtide.operators.join_windows",
+            "lowtide.query.planted loads lowtide.operators.base: "
+            "lowtide.query.planted -> lowtide.operators.join_windows -> lowtide.operators.base",
+        ],
+    ),
+    "through the build side, in a function": (
+        {"lowtide/query/planted.py": "def f():\n    from lowtide.query import build\n"},
+        [
+            "lowtide.query.planted loads lowtide.operators.wid_aggregate: "
+            "lowtide.query.planted -> lowtide.query.build -> lowtide.operators.wid_aggregate",
+            "lowtide.query.planted loads lowtide.operators.base: lowtide.query.planted -> "
+            "lowtide.query.build -> lowtide.operators.wid_aggregate -> lowtide.operators.base",
+        ],
+    ),
+    "the build registry, by importlib": (
+        {
+            "lowtide/query/planted.py": "import importlib\n"
+            "importlib.import_module('lowtide.operators.build_registry')\n",
+            "operators/build_registry.py": "from ..operators.wid_aggregate import WIDAggregate\n",
+        },
+        [
+            "lowtide.query.planted loads lowtide.operators.build_registry: "
+            "lowtide.query.planted -> lowtide.operators.build_registry",
+            "lowtide.query.planted loads lowtide.operators.wid_aggregate: "
+            "lowtide.query.planted -> lowtide.operators.build_registry -> lowtide.operators.wid_aggregate",
+            "lowtide.query.planted loads lowtide.operators.base: lowtide.query.planted -> "
+            "lowtide.operators.build_registry -> lowtide.operators.wid_aggregate -> lowtide.operators.base",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLANTED_PLANNER)
+def test_the_planner_check_catches_a_planted_operator(tmp_path: Path, case: str) -> None:
+    planted, says = PLANTED_PLANNER[case]
+    product = {  # an operator, a data module, the build side building and a planner reading data
+        "operators/base.py": "class Operator: ...\n",
+        "operators/wid_aggregate.py": "from lowtide.operators.base import Operator\n",
+        "operators/windows.py": "import math\n",
+        "lowtide/query/build.py": "from lowtide.operators.wid_aggregate import WIDAggregate\n",
+        "lowtide/query/fine.py": "from lowtide.operators import windows\nimport lowtide.query.graph\n",
+        "lowtide/query/graph.py": "from lowtide.errors import UnsupportedQuery\n",
+    }
+    packages = plant(tmp_path, {**product, **planted})
+    assert planner_breaks(packages) == set(says)

@@ -21,33 +21,33 @@ SCHEMA = Schema.of({"k": "string", "ts": "int64"}, "ts")
 SQL = "SELECT k, count(*) AS n [RANGE 10, SLIDE 2, WA ts] FROM S WHERE k = 'a' GROUP BY k"
 DESCRIPTION = describe(parse_query(SQL), {"S": SCHEMA}.__getitem__, PlanOptions())
 TO_WORKER: list[msg.ToWorker] = [
-    msg.Batch("q", 1, True, 10),
-    msg.Punctuate("q", 0, "ts", 5, 1.5),
-    msg.Strings([3, 0], ["a", "b"]),
-    msg.Forget([3]),
-    msg.Register("q", DESCRIPTION),
-    msg.Drop("q"),
-    msg.Emit("q"),
-    msg.Sync(4),
-    msg.GetStats(),
-    msg.Checkpoint(1, "/tmp/w0"),
-    msg.Restore(2, "/tmp/w0"),
-    msg.Reset(3),
-    msg.Stop(),
+    msg.BatchMessage("q", 1, True, 10),
+    msg.PunctuateMessage("q", 0, "ts", 5, 1.5),
+    msg.StringsMessage([3, 0], ["a", "b"]),
+    msg.ForgetMessage([3]),
+    msg.RegisterMessage("q", DESCRIPTION),
+    msg.DropMessage("q"),
+    msg.EmitMessage("q"),
+    msg.SyncMessage(4),
+    msg.GetStatsMessage(),
+    msg.CheckpointMessage(1, "/tmp/w0"),
+    msg.RestoreMessage(2, "/tmp/w0"),
+    msg.ResetMessage(3),
+    msg.StopMessage(),
 ]
 TO_FRONT: list[msg.ToFront] = [
-    msg.Result("q", 3),
-    msg.Punctuated("q", "window_end", 9),
-    msg.Late("q", 2, (("k", "INT64"),)),
-    msg.Released("q", 1.25),
-    msg.Epoch("q"),
-    msg.Failed("q", "ValueError: no"),
-    msg.Stats({"q": {"late": 1}}, 12),
-    msg.Synced(4),
-    msg.Checkpointed(1, 0.004, None),
-    msg.Persisted(1, 4096, 0xDEADBEEF, None),
-    msg.Restored(2, "OSError: full"),
-    msg.ResetDone(3),
+    msg.ResultMessage("q", 3),
+    msg.PunctuatedMessage("q", "window_end", 9),
+    msg.LateMessage("q", 2, (("k", "INT64"),)),
+    msg.ReleasedMessage("q", 1.25),
+    msg.EpochMessage("q"),
+    msg.FailedMessage("q", "ValueError: no"),
+    msg.StatsMessage({"q": {"late": 1}}, 12),
+    msg.SyncedMessage(4),
+    msg.CheckpointedMessage(1, 0.004, None),
+    msg.PersistedMessage(1, 4096, 0xDEADBEEF, None),
+    msg.RestoredMessage(2, "OSError: full"),
+    msg.ResetDoneMessage(3),
 ]
 
 
@@ -63,7 +63,7 @@ def test_every_message_crosses_its_codec(codec: msg.Codec[Any], union: Any, exam
 
 
 def test_recorded_messages_keep_their_plain_form() -> None:
-    batch, punctuate = msg.Batch("q", 1, False, 7), msg.Punctuate("q", 0, "ts", 5, 2.5)
+    batch, punctuate = msg.BatchMessage("q", 1, False, 7), msg.PunctuateMessage("q", 0, "ts", 5, 2.5)
     assert msg.to_record(batch) == ("batch", "q", 1, False, 7)
     assert msg.to_record(punctuate) == ("punctuate", "q", 0, "ts", 5, 2.5)
     for message in (batch, punctuate):

@@ -11,7 +11,8 @@ from harness import Recorder, late_rows
 
 from lowtide import Engine, LateTuple
 from lowtide.batch import Batch
-from lowtide.operators.oa_join import Band, JoinSide, OAJoin, Tumbling
+from lowtide.operators.join_windows import Band, JoinSide, Tumbling
+from lowtide.operators.oa_join import OAJoin
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
 
 

@@ -81,15 +81,15 @@ def test_calls_take_messages_in_order_until_their_columns_reach_the_call_size() 
     async def test() -> None:
         outbox = Outbox(max_queued_bytes=1000)
         for i in range(5):
-            outbox.post(msg.Sync(i), columns(30))
+            outbox.post(msg.SyncMessage(i), columns(30))
         assert outbox.waiting_bytes == 150 and outbox.queued_bytes == 150
-        assert [m for m, _ in outbox.take()] == [msg.Sync(0)]  # one message a call
-        assert [m for m, _ in outbox.take(50)] == [msg.Sync(1), msg.Sync(2)]  # 30 < 50, then 60
+        assert [m for m, _ in outbox.take()] == [msg.SyncMessage(0)]  # one message a call
+        assert [m for m, _ in outbox.take(50)] == [msg.SyncMessage(1), msg.SyncMessage(2)]  # 30 < 50, then 60
         assert outbox.on_way == 2 and outbox.waiting_bytes == 60
         assert outbox.queued_bytes == 150  # taken is not answered
         outbox.answered()
         assert outbox.queued_bytes == 120 and outbox.on_way == 1  # the oldest call: 30
-        assert [m for m, _ in outbox.take(1000)] == [msg.Sync(3), msg.Sync(4)]
+        assert [m for m, _ in outbox.take(1000)] == [msg.SyncMessage(3), msg.SyncMessage(4)]
 
     run(test)
 
@@ -97,9 +97,9 @@ def test_calls_take_messages_in_order_until_their_columns_reach_the_call_size() 
 def test_a_message_without_columns_still_makes_a_call() -> None:
     async def test() -> None:
         outbox = Outbox(max_queued_bytes=0)
-        outbox.post(msg.Sync(1))
+        outbox.post(msg.SyncMessage(1))
         assert not outbox.full
-        assert outbox.take(1 << 20) == [(msg.Sync(1), None)]
+        assert outbox.take(1 << 20) == [(msg.SyncMessage(1), None)]
         assert outbox.busy
         outbox.answered()
         assert not outbox.busy
@@ -111,9 +111,9 @@ def test_backpressure_blocks_past_the_limit_and_resumes_once_answered() -> None:
     async def test() -> None:
         outbox = CountedOutbox(max_queued_bytes=100)
         pool = Pool(outbox)
-        pool.post(0, msg.Sync(0), columns(60))
+        pool.post(0, msg.SyncMessage(0), columns(60))
         await pool.wait_for_room()  # 60: room, at once
-        pool.post(0, msg.Sync(1), columns(60))
+        pool.post(0, msg.SyncMessage(1), columns(60))
         assert outbox.full
         room = asyncio.ensure_future(pool.wait_for_room())
         assert await pending(room)
@@ -132,8 +132,8 @@ def test_backpressure_blocks_past_the_limit_and_resumes_once_answered() -> None:
 def test_room_waits_for_every_outbox_and_a_closed_one_has_room() -> None:
     async def test() -> None:
         first, second = Outbox(max_queued_bytes=10), Outbox(max_queued_bytes=10)
-        first.post(msg.Sync(0), columns(20))
-        second.post(msg.Sync(0), columns(20))
+        first.post(msg.SyncMessage(0), columns(20))
+        second.post(msg.SyncMessage(0), columns(20))
         room = asyncio.ensure_future(Pool(first, second).wait_for_room())
         first.take()
         first.answered()
@@ -157,8 +157,8 @@ def test_idle_waits_on_the_event_until_the_last_call_is_answered() -> None:
     async def test() -> None:
         outbox = CountedOutbox(max_queued_bytes=100)
         pool = Pool(outbox)
-        pool.broadcast(msg.Sync(0))
-        pool.broadcast(msg.Sync(1))
+        pool.broadcast(msg.SyncMessage(0))
+        pool.broadcast(msg.SyncMessage(1))
         idle = asyncio.ensure_future(pool.idle())
         assert await pending(idle)
         asked = outbox.asked
@@ -179,12 +179,12 @@ def test_idle_waits_on_the_event_until_the_last_call_is_answered() -> None:
 def test_idle_reads_the_handles_again_after_each_wait() -> None:
     async def test() -> None:
         pool = Pool(Outbox(max_queued_bytes=100))
-        pool.post(0, msg.Sync(0))
+        pool.post(0, msg.SyncMessage(0))
         idle = asyncio.ensure_future(pool.idle())
         await turns()
         pool.handles[0].outbox.close()  # its worker died; the one started again has a new outbox
         pool.handles[0] = Handle(Outbox(max_queued_bytes=100))
-        pool.post(0, msg.Sync(1))
+        pool.post(0, msg.SyncMessage(1))
         assert await pending(idle)  # the closed outbox woke it: the new one is waited for
         pool.handles[0].outbox.take()
         pool.handles[0].outbox.answered()
@@ -198,7 +198,7 @@ def test_the_pump_waits_for_a_post_or_an_answer() -> None:
         outbox = Outbox(max_queued_bytes=100)
         due = asyncio.ensure_future(outbox.wait_for(lambda: bool(outbox.messages)))
         assert await pending(due)
-        outbox.post(msg.Sync(0))
+        outbox.post(msg.SyncMessage(0))
         assert not await pending(due)
         outbox.take()
         after_answer = asyncio.ensure_future(outbox.wait_for(lambda: outbox.on_way == 0))
@@ -212,10 +212,10 @@ def test_the_pump_waits_for_a_post_or_an_answer() -> None:
 def test_a_closed_outbox_takes_nothing_more() -> None:
     async def test() -> None:
         outbox = Outbox(max_queued_bytes=100)
-        outbox.post(msg.Sync(0), columns(200))
+        outbox.post(msg.SyncMessage(0), columns(200))
         outbox.take()
         outbox.close()
-        outbox.post(msg.Sync(1), columns(200))
+        outbox.post(msg.SyncMessage(1), columns(200))
         assert not outbox.busy and not outbox.full and outbox.queued_bytes == 0
         await outbox.idle()
         await outbox.room()

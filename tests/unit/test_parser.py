@@ -16,10 +16,10 @@ from lowtide.query import (
     FromUnion,
     FuncCall,
     Literal,
-    Query,
+    QueryTree,
     Rank,
+    RowCount,
     RowNum,
-    Rows,
     Star,
     UnaryOp,
     parse_query,
@@ -28,7 +28,7 @@ from lowtide.query import (
 
 
 @pytest.fixture(scope="module")
-def thesis() -> dict[str, Query]:
+def thesis() -> dict[str, QueryTree]:
     return {label: parse_query(sql) for label, sql in thesis_queries().items()}
 
 
@@ -48,7 +48,7 @@ def test_every_thesis_statement_parses() -> None:
         assert parse_query(sql).text == sql
 
 
-def test_q1_1_sliding_window(thesis: dict[str, Query]) -> None:
+def test_q1_1_sliding_window(thesis: dict[str, QueryTree]) -> None:
     q = thesis["Q1-1"]
     assert q.window is not None
     assert q.window.range == Duration(10, "min")
@@ -61,28 +61,28 @@ def test_q1_1_sliding_window(thesis: dict[str, Query]) -> None:
     assert q.group_by == (Column("srcIP"),)
 
 
-def test_q5_2_partitioned_tuple_window(thesis: dict[str, Query]) -> None:
+def test_q5_2_partitioned_tuple_window(thesis: dict[str, QueryTree]) -> None:
     window = thesis["Q5-2"].window
     assert window is not None
-    assert (window.range, window.slide, window.wa) == (Rows(1000), Rows(10), RowNum())
+    assert (window.range, window.slide, window.wa) == (RowCount(1000), RowCount(10), RowNum())
     assert window.pa == (Column("srcIP"),)
 
 
-def test_q5_4_landmark(thesis: dict[str, Query]) -> None:
+def test_q5_4_landmark(thesis: dict[str, QueryTree]) -> None:
     window = thesis["Q5-4"].window
     assert window is not None
     assert window.range_all and window.range is None
     assert window.slide == Duration(1, "min")
 
 
-def test_q5_5_and_q5_6_slide_by_tuple(thesis: dict[str, Query]) -> None:
+def test_q5_5_and_q5_6_slide_by_tuple(thesis: dict[str, QueryTree]) -> None:
     q5_5, q5_6 = thesis["Q5-5"].window, thesis["Q5-6"].window
     assert q5_5 is not None and q5_6 is not None
-    assert (q5_5.rattr, q5_5.slide, q5_5.sattr) == (Column("ts"), Rows(1), RowNum())
-    assert (q5_6.rattr, q5_6.slide, q5_6.sattr) == (Column("ts"), Rows(5), Rank(Column("ts")))
+    assert (q5_5.rattr, q5_5.slide, q5_5.sattr) == (Column("ts"), RowCount(1), RowNum())
+    assert (q5_6.rattr, q5_6.slide, q5_6.sattr) == (Column("ts"), RowCount(5), Rank(Column("ts")))
 
 
-def test_q5_7_window_on_the_last_join_input(thesis: dict[str, Query]) -> None:
+def test_q5_7_window_on_the_last_join_input(thesis: dict[str, QueryTree]) -> None:
     q = thesis["Q5-7"]
     assert q.window is None and q.is_join
     first, second = q.from_
@@ -94,18 +94,18 @@ def test_q5_7_window_on_the_last_join_input(thesis: dict[str, Query]) -> None:
     assert [item.text for item in q.select][-1] == "Main2.ts"
 
 
-def test_q5_8_band_join_has_two_windows(thesis: dict[str, Query]) -> None:
+def test_q5_8_band_join_has_two_windows(thesis: dict[str, QueryTree]) -> None:
     ranges = [item.window.range for item in thesis["Q5-8"].from_ if item.window is not None]
     assert ranges == [Duration(3, "min"), Duration(2, "min")]
 
 
-def test_q6_4_select_item_text(thesis: dict[str, Query]) -> None:
+def test_q6_4_select_item_text(thesis: dict[str, QueryTree]) -> None:
     (item,) = thesis["Q6-4"].select
     assert item.text == item.name == "heavy_hitters(srcIP, 0.05)"
     assert item.expr == FuncCall("heavy_hitters", (Column("srcIP"), Literal(0.05)))
 
 
-def test_q6_8_nested_unions_keep_their_nesting(thesis: dict[str, Query]) -> None:
+def test_q6_8_nested_unions_keep_their_nesting(thesis: dict[str, QueryTree]) -> None:
     (union,) = thesis["Q6-8"].from_
     inner = FromUnion((FromStream("Main1"), FromStream("Control")))
     assert union == FromUnion((FromStream("Main2"), inner))
@@ -113,7 +113,7 @@ def test_q6_8_nested_unions_keep_their_nesting(thesis: dict[str, Query]) -> None
     assert thesis["Q6-8"].window is not None and thesis["Q6-8"].window.range == Duration(10, "s")
 
 
-def test_q7_1_qualified_wa_and_string_literals(thesis: dict[str, Query]) -> None:
+def test_q7_1_qualified_wa_and_string_literals(thesis: dict[str, QueryTree]) -> None:
     q = thesis["Q7-1"]
     assert q.window is not None and q.window.wa == Column("ts", "S0")
     assert q.window.wa.text == "S0.ts"
@@ -123,14 +123,14 @@ def test_q7_1_qualified_wa_and_string_literals(thesis: dict[str, Query]) -> None
     assert q.where.right == BinaryOp("=", Column("flags", "S1"), Literal("SYN_ACK"))
 
 
-def test_q8_3_aliases_on_unions(thesis: dict[str, Query]) -> None:
+def test_q8_3_aliases_on_unions(thesis: dict[str, QueryTree]) -> None:
     left, right = thesis["Q8-3"].from_
     assert left == FromUnion((FromStream("A"), FromStream("B")), alias="M1")
     assert isinstance(right, FromUnion) and right.alias == "M2" and right.streams == ("C", "D")
     assert right.window is not None and right.window.tumbling and right.window.range == Duration(10, "s")
 
 
-def test_q8_5_bare_union_chain(thesis: dict[str, Query]) -> None:
+def test_q8_5_bare_union_chain(thesis: dict[str, QueryTree]) -> None:
     assert thesis["Q8-5"].from_ == (FromUnion((FromStream("M1"), FromStream("M2"), FromStream("C"))),)
     assert thesis["Q1-2"].from_ == (
         FromUnion((FromStream("Control"), FromStream("Main1"), FromStream("Main2"))),
@@ -204,7 +204,7 @@ def test_window_params_in_any_order_with_a_pa_list() -> None:
     q = parse_query("SELECT a [PA srcIP, S.destIP, WA row-num, SLIDE 1 row, RANGE 5 ROWS] FROM S")
     assert q.window is not None
     assert q.window.pa == (Column("srcIP"), Column("destIP", "S"))
-    assert (q.window.range, q.window.slide, q.window.wa) == (Rows(5), Rows(1), RowNum())
+    assert (q.window.range, q.window.slide, q.window.wa) == (RowCount(5), RowCount(1), RowNum())
 
 
 @pytest.mark.parametrize(

@@ -31,8 +31,9 @@ from lowtide.query.build import BuildContext, build
 from lowtide.query.describe import describe
 from lowtide.query.description import PlanDescription, PlanOptions
 from lowtide.query.late_rules import late_rules
+from lowtide.query.live_shares import Shares
 from lowtide.query.plan import Plan
-from lowtide.query.sharing import ShareIndex, Shares
+from lowtide.query.sharing import ShareIndex
 from lowtide.schema import Schema, to_arrow_table
 from lowtide.stream import Stream
 from lowtide.strings import StringPool

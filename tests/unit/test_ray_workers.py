@@ -29,26 +29,26 @@ async def parked(actor: RayWorker, number: int) -> None:
 def test_an_actor_takes_calls_in_their_numbers_order() -> None:
     async def run() -> list[msg.ToFront]:
         actor = RayWorker(0)
-        stats = asyncio.ensure_future(actor.handle(1, [wire(msg.GetStats())]))
+        stats = asyncio.ensure_future(actor.handle(1, [wire(msg.GetStatsMessage())]))
         await asyncio.wait_for(parked(actor, 1), 5)  # call 1 arrived first and waits for call 0
         assert not stats.done()
-        strings = await actor.handle(0, [wire(msg.Strings([0, 1], ["a", "b"]))])
+        strings = await actor.handle(0, [wire(msg.StringsMessage([0, 1], ["a", "b"]))])
         assert strings == []
         return [msg.TO_FRONT.decode(answer) for answer, _ in await stats]
 
     (answer,) = asyncio.run(run())
-    assert answer == msg.Stats({}, 2)  # the strings of call 0 were in the pool before call 1
+    assert answer == msg.StatsMessage({}, 2)  # the strings of call 0 were in the pool before call 1
 
 
 def test_what_a_thread_sends_comes_back_through_the_standing_call() -> None:
     async def run() -> list[msg.ToFront]:
         actor = RayWorker(0)
         later = asyncio.ensure_future(actor.later())
-        await actor.handle(0, [wire(msg.Sync(7))])  # the actor's loop is known from a call
-        await asyncio.to_thread(actor.send, msg.Persisted(3, 10, 20, None))
+        await actor.handle(0, [wire(msg.SyncMessage(7))])  # the actor's loop is known from a call
+        await asyncio.to_thread(actor.send, msg.PersistedMessage(3, 10, 20, None))
         return [msg.TO_FRONT.decode(answer) for answer, _ in await asyncio.wait_for(later, 5)]
 
-    assert asyncio.run(run()) == [msg.Persisted(3, 10, 20, None)]
+    assert asyncio.run(run()) == [msg.PersistedMessage(3, 10, 20, None)]
 
 
 @pytest.mark.parametrize("address", ["auto", "local", "127.0.0.1:6379", "ray://head.example:10001"])

@@ -152,12 +152,18 @@ def test_holistic_algebraic_float_keys_and_having() -> None:
 def brute_counts(
     ts: np.ndarray, g: np.ndarray, v: np.ndarray, r: int, n: int
 ) -> dict[tuple[int, int], tuple[int, int]]:
+    """(count, min(v)) per window and group: a window ends at every n-th arrival's ts and holds
+    every tuple with ts in (end - r, end]. The tuples sorted by ts once make each window one
+    slice (a mask over all 60 000 per window and group took seconds)."""
+    order = np.argsort(ts, kind="stable")
+    by_ts, g, v = ts[order], g[order], v[order]
     out: dict[tuple[int, int], tuple[int, int]] = {}
     for w in np.unique(ts[n - 1 :: n]).tolist():
-        inside = (ts > w - r) & (ts <= w)
-        for group in np.unique(g[inside]).tolist():
-            cell = inside & (g == group)
-            out[(w, group)] = (int(cell.sum()), int(v[cell].min()))
+        first, end = np.searchsorted(by_ts, [w - r, w], side="right")
+        groups, values = g[first:end], v[first:end]
+        for group in np.unique(groups).tolist():
+            cell = values[groups == group]
+            out[(w, group)] = (int(cell.size), int(cell.min()))
     return out
 
 

@@ -211,6 +211,7 @@ def test_a_state_restores_only_into_its_own_plan() -> None:
     assert isinstance(state, dict) and isinstance(state["operators"], list)
     wid = state["operators"][2]
     assert isinstance(wid, dict) and isinstance(wid["state"], dict)
-    del wid["state"]["retained_from"]
+    assert isinstance(wid["state"]["fields"], dict)
+    del wid["state"]["fields"]["retained_from"]
     with pytest.raises(CorruptState, match=r"WID Aggregate lacks \['retained_from'\]"):
         restore_plan(plan(tumbling), state)

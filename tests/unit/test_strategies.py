@@ -1,10 +1,12 @@
 """Aggregation as a table of strategies: each query runs as the first strategy that applies, the
-one ``explain`` shows, and every strategy of the table is some query's choice."""
+one ``explain`` shows, every strategy of the table is some query's choice, and the build registry
+beside the operators builds each (the planner's table and the registry name the same ones)."""
 
 from __future__ import annotations
 
 import pytest
 
+from lowtide.operators.build_registry import BUILDERS
 from lowtide.punctuation.policies import LatePolicy
 from lowtide.query import parse_query
 from lowtide.query.build import BuildContext, build
@@ -63,6 +65,12 @@ def test_the_first_strategy_that_applies_runs_the_aggregation(
 
 def test_every_strategy_is_some_querys_choice() -> None:
     assert {s.name for s in STRATEGIES} == {chosen for _, _, chosen, _ in CASES}
+
+
+def test_every_strategy_has_a_builder_and_every_builder_a_strategy() -> None:
+    names = [s.name for s in STRATEGIES]
+    assert len(set(names)) == len(names)  # a name is one strategy
+    assert set(names) == BUILDERS.keys()
 
 
 @pytest.mark.parametrize(("overlap", "chosen"), [(1, "paned"), (6, "paned"), (7, "wid")])

@@ -254,6 +254,22 @@ def test_codes_follow_the_order_batches_apply_in_as_a_replay_gives_them() -> Non
     assert rows_of(live.poll("qs")) == rows_of(replay.poll("qs"))
 
 
+def test_a_streams_limit_holds_for_batches_checked_before_either_applied() -> None:
+    """Two batches of one stream, each within its limit when checked: the one applied second is
+    refused whole if together they pass it, unless the first added its strings already (the
+    epoch does not move for strings added: the pool checks again what is still new)."""
+    eng = two_streams(max_strings=3)
+    first = eng.check_batch("S", [eng.admit("S", batch(["a", "b"], [1, 2]))])
+    second = eng.check_batch("S", [eng.admit("S", batch(["c", "d"], [3, 4]))], "p")
+    again = eng.check_batch("S", [eng.admit("S", batch(["a", "b"], [5, 6]))], "q")
+    eng.push_admitted("S", first)
+    with pytest.raises(ResourceExhausted, match="adds 2 strings to the 2 stream 'S' added"):
+        eng.push_admitted("S", second, "p")
+    eng.push_admitted("S", again, "q")  # nothing new any more
+    assert set(eng.pool.strings()) == {"a", "b"} and eng.pool.charged("S") == (2, cost("a") + cost("b"))
+    assert eng.stats()["streams"]["S"]["ingested"] == 4
+
+
 def test_late_tuples_are_judged_on_provisional_codes() -> None:
     """A strict query's WHERE compares codes; a string new to the pool has none until its batch
     applies, and compares unequal to every literal and held string meanwhile."""

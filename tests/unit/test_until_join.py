@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from lowtide import Engine, Punctuation, UnsupportedQuery
 from lowtide.batch import Batch
-from lowtide.operators.oa_join import JoinSide, OAJoin, Until
+from lowtide.operators.join_windows import JoinSide, Until
+from lowtide.operators.oa_join import OAJoin
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS
 
 Q4_JOIN = (

@@ -2,7 +2,9 @@
 
 * ``late_mask``: each window operator, planned, answers which tuples behind punctuation it can no
   longer count exactly as the late rule the door compiles from the query's description (Shared
-  Slices: the OR of their readers' rules; OA-Join: ``late_mask(side, ts, bounds)`` as its rule);
+  Slices: the OR of their readers' rules; OA-Join: ``late_mask(side, ts, bounds)`` as its rule):
+  both ask one window logic, so this checks the wiring (the judge's window, the WHERE); the logic
+  itself is checked against the windows' definitions in tests/property/test_window_logic_property.py;
 * ``emit_partials``: with tuples in open windows, it emits their rows with ``final = false``, above
   (or at) the punctuation it emitted, and changes no state (its snapshot is the same before and after, but
   for the count of rows out).
@@ -98,8 +100,8 @@ def batches() -> list[Batch]:
 def state_of(op: Operator) -> bytes:
     """Its state but the count of rows out, which partial rows add to."""
     state = op.snapshot()
-    assert isinstance(state, dict)
-    return pack({name: part for name, part in state.items() if name != "tuples_out"})
+    assert isinstance(state, dict) and isinstance(state["fields"], dict)
+    return pack({name: part for name, part in state["fields"].items() if name != "tuples_out"})
 
 
 PUNCTUATIONS = [-(2**62), -1, 0, 1, 4, 5, 9, 10, 11, 23, 24, 59, END_OF_STREAM]
