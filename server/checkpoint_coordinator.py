@@ -23,9 +23,10 @@ from typing import Any, Protocol
 from lowtide.server import messages as msg
 from lowtide.server.checkpoint_store import CheckpointStore, LoadedCheckpoint, worker_file
 from lowtide.server.config import ServerConfig
-from lowtide.server.front_snapshot import FrontParts, Message, door_state, output_state
+from lowtide.server.front_snapshot import FrontParts, door_state, output_state
 from lowtide.server.journal import Journal, StateDirectory
 from lowtide.server.metrics import ServerMetrics
+from lowtide.server.server_door import Recorded
 from lowtide.snapshot import State, pack_parts
 
 
@@ -45,7 +46,7 @@ class _Pending:
     directory: Path
     waiting: set[int]  # workers the barrier has not passed yet
     began: float
-    channel: list[Message] = field(default_factory=list)
+    channel: list[Recorded] = field(default_factory=list)
     pinned: list[int] = field(default_factory=list)  # the codes computed strings pinned meanwhile
     pauses: list[float] = field(default_factory=list)
     output: State | None = None  # taken when the barrier has passed every worker

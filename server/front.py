@@ -627,7 +627,7 @@ class Front:
         self.workers.broadcast(msg.SyncMessage(token))
         try:
             await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+        except TimeoutError:  # raised again naming the workers: the caller decides, nothing is hidden
             self._syncs.pop(token, None)
             late = ", ".join(str(worker) for worker in sorted(owing))
             named = f"workers {late}" if len(owing) > 1 else f"worker {late}"

@@ -31,9 +31,7 @@ from lowtide.server.journal import Prepared, RestoredQuery
 from lowtide.snapshot import State, as_array, as_dict, as_int, as_list, as_str
 
 if TYPE_CHECKING:
-    from lowtide.server.server_door import ServerDoor
-
-Message = tuple[int, tuple[Any, ...], dict[str, Any] | None]  # worker, header, arrays
+    from lowtide.server.server_door import Recorded, ServerDoor
 
 
 class FrontParts(Protocol):
@@ -75,7 +73,7 @@ def _fields(record: records.Record) -> dict[str, State]:
 
 
 # -- the output side ------------------------------------------------------------------------------
-def output_state(front: FrontParts, channel: list[Message], pinned: list[int]) -> State:
+def output_state(front: FrontParts, channel: list[Recorded], pinned: list[int]) -> State:
     door = front.door
     queries: dict[str, State] = {}
     for name, remote in door.remotes().items():
@@ -156,7 +154,7 @@ def restore_catalog(front: FrontParts, door: State) -> None:
         front.applied[(as_str(e["stream"], "stream"), as_str(e["source"], "source"))] = ids
 
 
-def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Message]:
+def restore_output(front: FrontParts, output: State, live_hubs: bool) -> list[Recorded]:
     """Melds, counters, failures and hubs; returns the messages to send the workers again."""
     saved = as_dict(output, "front output")
     door = front.door
