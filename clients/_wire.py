@@ -23,9 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lowtide import errors
 from lowtide.errors import (
@@ -37,9 +35,11 @@ from lowtide.errors import (
     ServerUnavailable,
 )
 from lowtide.handles import Query
-from lowtide.ipc import read_ipc
 from lowtide.proto import lowtide_pb2 as pb
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 T = TypeVar("T")
 
@@ -106,6 +106,8 @@ def _translated(exc: Exception, target: str, timeout: float | None) -> LowtideEr
         if match:
             return QuerySyntaxError(match.group(3), int(match.group(1)), int(match.group(2)))
         kind = errors.InvalidArgument
+    if kind is ServerUnavailable and named:  # the server's own words: it is starting
+        return ServerUnavailable(f"{target}: {details}")
     if kind is ServerUnavailable:
         return ServerUnavailable(f"no lowtide server is reachable at {target}: {_unreachable(details)}")
     if kind is DeadlineExceeded and details == "Deadline Exceeded":  # gRPC's words for the client's
@@ -136,6 +138,8 @@ def _unreachable(details: str) -> str:
 # -- Arrow ----------------------------------------------------------------------------------------
 def arrow_bytes(tables: Sequence[pa.Table]) -> bytes:
     """One Arrow IPC stream holding every record batch of ``tables`` (all of one schema)."""
+    import pyarrow as pa  # here, not at import: control calls (the CLI's listings) never load Arrow
+
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, tables[0].schema) as writer:
         for table in tables:
@@ -230,6 +234,8 @@ class MessageBound:
 def read_arrow(data: bytes) -> pa.Table:
     """A result table the server sent, validated in full like everything read from the network
     (:func:`lowtide.ipc.read_ipc`); a malformed one is a :class:`ServerError`."""
+    from lowtide.ipc import read_ipc  # loads Arrow: not at import, for control calls
+
     try:
         return read_ipc(data)
     except LowtideError as exc:
@@ -252,6 +258,8 @@ def whole_table(first: pa.Table | Punctuation, rest: list[pa.Table | Punctuation
     """A result table sent in slices (``more``), put back together."""
     if not rest:
         return first
+    import pyarrow as pa  # not at import: control calls never load Arrow
+
     if not all(isinstance(piece, pa.Table) for piece in (first, *rest)):
         raise ServerError("Subscribe split an item that is not a table", "INTERNAL")
     return pa.concat_tables([first, *rest])
@@ -425,6 +433,8 @@ def stage(
     ``max_part_rows`` rows, within ``bound`` (an empty table stages an empty part). ``rows``: a
     table, or tables made while the call runs (sent as they come). A row that fits in no message
     ends the call before its last message, so nothing is staged, and the call raises why."""
+    import pyarrow as pa  # not at import: control calls never load Arrow
+
     refused: list[LowtideError] = []
 
     def arrow() -> Iterator[bytes]:

@@ -38,20 +38,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
-import pyarrow as pa
 
 from lowtide.clients import _wire as wire
-from lowtide.clients._producers import AsyncProducer, Producer
 from lowtide.clients._security import RootCertificates, aio_channel, sync_channel
 from lowtide.clients._wire import MessageBound, translate
-from lowtide.handles import Item, Query
+from lowtide.handles import Query
+from lowtide.lazy import loader
 from lowtide.proto import lowtide_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from lowtide.clients._producers import AsyncProducer, Producer
+    from lowtide.handles import Item
+
 T = TypeVar("T")
+# Producers and Arrow load on first use (PEP 562): a control call (the ``lowtide`` command's
+# listings, registrations) needs neither.
+__getattr__ = loader(
+    __name__,
+    {
+        "Item": "lowtide.handles",
+        "AsyncProducer": "lowtide.clients._producers",
+        "Producer": "lowtide.clients._producers",
+    },
+    globals(),
+)
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
 
 
@@ -263,6 +279,8 @@ class Client:
         """A producer for one source of ``stream`` (a context manager). It fetches the stream's
         schema now (``NotFound`` for an unknown stream); ``timeout`` (seconds) bounds each of its
         Ingest calls, which otherwise run unbounded."""
+        from lowtide.clients._producers import Producer  # loads Arrow: not at import (control calls)
+
         return Producer(
             self._stub,
             self.target,
@@ -461,6 +479,8 @@ class AsyncClient:
     ) -> AsyncProducer:
         """``async with client.producer(...) as p`` (or ``p = await client.producer(...)``) fetches
         the stream's schema at once; a producer used without either does at its first call."""
+        from lowtide.clients._producers import AsyncProducer  # loads Arrow: not at import
+
         return AsyncProducer(
             self._stub,
             self.target,

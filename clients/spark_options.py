@@ -24,8 +24,10 @@ T = TypeVar("T")
 def until_reachable(
     send: Callable[[], T], timeout: float, before_retry: Callable[[], None] = lambda: None
 ) -> T:
-    """``send()``, again while the server cannot be reached (a pause doubling from 0.25 s to 5 s
-    between tries, ``before_retry()`` in each), for up to ``timeout`` seconds."""
+    """``send()``, again while the server cannot be reached (a pause doubling from 0.25 s to 1 s
+    between tries, ``before_retry()`` in each), for up to ``timeout`` seconds. The pause stays
+    short: a job goes on within a second of its server answering again, and a refused
+    connection costs the server next to nothing."""
     deadline = time.monotonic() + timeout
     pause = 0.25
     while True:
@@ -36,7 +38,7 @@ def until_reachable(
                 raise
         before_retry()
         time.sleep(pause)
-        pause = min(2 * pause, 5.0)
+        pause = min(2 * pause, 1.0)
 
 
 def seconds(options: Mapping[str, str], name: str, default: float) -> float:

@@ -1,7 +1,9 @@
 """lowtide: exact window queries over disordered, multi-source streams (the OOP architecture).
 
 The engine (``Engine``, ``Limits``, ``SlowFlush``) loads on first use, so ``import lowtide.clients``
-(a producer, a Spark executor) never pays for the planner, lark or numba.
+(a producer, a Spark executor) never pays for the planner, lark or numba. Nothing here loads Arrow
+either: the ``lowtide`` command's control calls (listings, registrations) start without it
+(tests/integration/test_cli_startup.py holds them to that).
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ class CorruptState(LowtideError):
 
 
 class ServerUnavailable(LowtideError):
-    """No server answers at the target, or the connection broke (a client-side error)."""
+    """No server answers at the target, the connection broke (a client-side error), or the server
+    is still starting (its workers and state not ready yet)."""
 
     status = "UNAVAILABLE"
 

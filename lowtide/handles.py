@@ -6,14 +6,15 @@ that imports it) never loads the planner, lark or numba.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+from lowtide.lazy import loader
 
-from lowtide.punctuation.model import Punctuation
+if TYPE_CHECKING:
+    from lowtide.item import Item
 
-# What a query emits, in order: result tables, each followed by the punctuation that covers it.
-Item: TypeAlias = pa.Table | Punctuation
+# Item loads Arrow, on first use (PEP 562): a Query alone does not need it.
+__getattr__ = loader(__name__, {"Item": "lowtide.item"}, globals())
 
 
 class Query(str):

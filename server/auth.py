@@ -428,7 +428,7 @@ def plaintext_warning(config: ServerConfig) -> str | None:
 
 @dataclass(frozen=True)
 class Security:
-    """What ``_serve`` needs: port credentials, interceptors, and lines for stderr (or None)."""
+    """What ``serving.run`` needs: port credentials, interceptors, and lines for stderr (or None)."""
 
     credentials: grpc.ServerCredentials | None
     interceptors: list[_ServerInterceptor]

@@ -6,7 +6,8 @@ task per worker moves the outbox into the channel, a message a call, waiting whi
 behind. ``wait_for_room`` is the backpressure the ingest path awaits: past
 :data:`MAX_QUEUED_BYTES` not yet in a worker's channel, a producer faster than the workers is
 slowed down by gRPC flow control, never dropped. A worker that dies is noticed at once through
-its process sentinel and started again at once.
+its process sentinel and started again at once: a fork of :mod:`~lowtide.server.worker_fork`'s
+fork server, which imported the worker's modules once, serves in milliseconds.
 
 A worker that cannot start (it exits with an error of its own before it serves: a broken main
 module, shared memory it cannot map) is started again after :data:`START_DELAY_S`, as Flink's
@@ -22,7 +23,6 @@ process's, its restarts how often it was spawned again (:meth:`LocalWorkers.plac
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import sys
 from dataclasses import dataclass, field
@@ -40,6 +40,7 @@ from lowtide.server.channel import (
 )
 from lowtide.server.outbox import Outbox, Outboxes
 from lowtide.server.transport import OnDeath, OnGiveUp, OnMessage, WorkerPlace
+from lowtide.server.worker_fork import context
 from lowtide.server.worker_process import worker_main
 
 MAX_QUEUED_BYTES = 4 << 20  # what may wait ahead of a punctuation: bounds its latency
@@ -78,7 +79,7 @@ class LocalWorkers(Outboxes):
         self.handles: list[WorkerHandle] = []
         self.restarts = [0] * workers  # per worker: spawned again after its first start
         self._stopping = False
-        self._ctx = mp.get_context("spawn")
+        self._ctx = context()
 
     def start(self) -> None:
         stale = remove_stale_segments()

@@ -291,6 +291,9 @@ class RayWorkers(Outboxes):
         await self.idle()
         for task in list(self._replacing):
             task.cancel()
+        # Their attempts end (and kill the actor they waited for) before Ray shuts down below:
+        # a Ray call after ray.shutdown() would start a local Ray instance for itself.
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         for handle in self.handles:
             handle.outbox.close()
             for task in handle.tasks:
@@ -455,8 +458,9 @@ class RayWorkers(Outboxes):
             try:
                 return actor, await actor.where.remote()
             except BaseException:  # re-raised: only the unanswered actor (no work of ours) is ended
-                with contextlib.suppress(*CallFailed):
-                    ray.kill(actor, no_restart=True)
+                if not self._cluster_gone:  # nothing to kill, and no one to ask
+                    with contextlib.suppress(*CallFailed):
+                        ray.kill(actor, no_restart=True)
                 raise
 
 

@@ -15,7 +15,7 @@ restore, stop); out, :data:`~lowtide.server.messages.ToFront` (results, output
 punctuation, late tuples; ``ReleasedMessage`` after the results a punctuation released;
 ``EpochMessage`` after everything one batch, punctuation or ``EmitMessage`` (early results) made
 for a query; the answers to the control messages). A :class:`Worker` only handles messages and
-sends its answers to an :class:`Outbound`; :func:`worker_main` runs one in a process spawned by
+sends its answers to an :class:`Outbound`; :func:`worker_main` runs one in a process started by
 :class:`~lowtide.server.local_workers.LocalWorkers`, over shared-memory channels.
 """
 
@@ -301,7 +301,7 @@ class Worker:
 def worker_main(
     inbound_name: str, inbound_conn: Connection, outbound_name: str, outbound_conn: Connection
 ) -> None:
-    """Entry point of a worker process (spawned by the front)."""
+    """Entry point of a worker process (a fork of the fork server, :mod:`lowtide.server.worker_fork`)."""
     # The front decides when workers stop (it drains them first): a SIGTERM or Ctrl-C sent to
     # the whole process group (systemd, timeout, a terminal) reaches the front alone. A worker
     # whose front is gone ends at the end of its pipe.

@@ -99,6 +99,8 @@ class Observed:
         default_factory=list
     )  # and the query's progress
     stats: dict[str, Any] = field(default_factory=dict)  # engine.stats() at the end
+    counts_behind: bool = False  # the query's plan counts tuples behind punctuation (counts_behind)
+    plan: str = ""  # the operators the query ran (Engine.plan_of)
 
 
 def make_engine(sources: Sources, clock: Any = None, flush: Any = None, **stream_options: Any) -> Engine:
@@ -122,7 +124,7 @@ def run(
     engine = make_engine(sources if declared else {s: () for s in sources}, flush=flush)
     name = engine.register_query(sql, name="q", late=late, allowed_lateness=allowed_lateness)
     model = Model(sources, declared)
-    obs = Observed()
+    obs = Observed(counts_behind=plan_counts_behind(engine, name), plan=engine.plan_of(name))
     seen: dict[tuple[Any, ...], int] = {}
     del spec
     for call, event in enumerate(events):
@@ -312,7 +314,7 @@ def check_delivery(
         late: list[Row] = []
     else:  # an undeclared source joined behind punctuation: late only for emitted windows
         # (docs/design.md, "Punctuation and lateness")
-        expected, late = behind_expectation(spec, obs, counts_behind(sql, sources))
+        expected, late = behind_expectation(spec, obs, obs.counts_behind)
     assert_rows_equal(obs.rows, expected, spec)
     check_emission(obs, spec, expected)
     check_late(obs, late)
@@ -330,8 +332,12 @@ def counts_behind(sql: str, sources: Sources) -> bool:
     which decides where they are late; the other plans (no window, slide-by-tuple) take each of them
     as late."""
     engine = make_engine(sources)
-    name = engine.register_query(sql, name="probe")
-    return all(op.late_rule is not None for _, op in engine.runner.plan(name).inputs)
+    return plan_counts_behind(engine, engine.register_query(sql, name="probe"))
+
+
+def plan_counts_behind(engine: Engine, query: str) -> bool:
+    """:func:`counts_behind` of a query registered on ``engine`` (no late policy changes it)."""
+    return all(op.late_rule is not None for _, op in engine.runner.plan(query).inputs)
 
 
 def behind_expectation(spec: Spec, obs: Observed, counts: bool) -> tuple[list[Row], list[Row]]:

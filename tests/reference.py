@@ -20,13 +20,10 @@ Python loops: slow, and obviously right. Inputs are the tuples a query sees, in 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 Row = dict[str, Any]
 END_OF_STREAM = 2**63 - 1
@@ -101,12 +98,27 @@ def aggregate(agg: Agg, tuples: Sequence[Row]) -> Any:
     if agg.func in ("var", "stddev"):
         if len(xs) < 2:
             return None
-        var = statistics.variance(xs)
-        return math.sqrt(var) if agg.func == "stddev" else float(var)
+        var = _sample_variance(xs)
+        return math.sqrt(var) if agg.func == "stddev" else var
     if agg.func in ("median", "quantile"):
-        q = 0.5 if agg.func == "median" else float(agg.param or 0.0)
-        return float(np.quantile(np.array(xs, dtype=np.float64), q))
+        return _linear_quantile(xs, 0.5 if agg.func == "median" else float(agg.param or 0.0))
     raise ValueError(agg.func)
+
+
+def _sample_variance(xs: Sequence[float]) -> float:
+    """``sum((x - mean)^2) / (n - 1)``, the two-pass textbook form."""
+    mean = math.fsum(xs) / len(xs)
+    return math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def _linear_quantile(xs: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default, Hyndman-Fan type 7):
+    ``h = q (n - 1)``, the value at ``floor(h)`` plus the fraction of ``h`` of the step to the next."""
+    s = sorted(float(x) for x in xs)
+    h = q * (len(s) - 1)
+    lo = math.floor(h)
+    frac = h - lo
+    return s[lo] if frac == 0 else s[lo] + frac * (s[lo + 1] - s[lo])
 
 
 def _passes(having: tuple[Agg, str, float] | None, tuples: Sequence[Row]) -> bool:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lowtide.clients.cli.text_table import format_table
 from lowtide.errors import DeadlineExceeded, InvalidArgument, SchemaMismatch
 from lowtide.names import unknown
 from lowtide.punctuation.model import END_OF_STREAM, NO_PROGRESS, Punctuation
@@ -132,8 +133,6 @@ def _source_list(client: Any, args: argparse.Namespace) -> None:
         shown = None if low <= NO_PROGRESS else "end" if low >= END_OF_STREAM else _point(low, unit)
         print(json.dumps({"stream": args.stream, "low_watermark": shown, "sources": sources}, indent=2))
         return
-    from lowtide.clients.cli.io import format_table
-
     rows = [
         [
             s["source"],
@@ -295,8 +294,6 @@ def _print_listing(
     if args.format == "json":
         print(json.dumps(items, indent=2))
         return
-    from lowtide.clients.cli.io import format_table
-
     print(format_table(header, [row(item) for item in items]))
 
 

@@ -31,6 +31,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from lowtide.clients.cli.text_table import format_table
 from lowtide.clients.cli.timestamps import TimestampText, timestamp_unit
 from lowtide.errors import InvalidArgument
 from lowtide.punctuation.model import END_OF_STREAM, Punctuation
@@ -479,16 +480,6 @@ class CsvWriter(Writer):
     def punctuation(self, attribute: str, shown: str | int, offset: int | None) -> None:
         self.out.write(f"# punctuation {attribute}={shown} offset={offset}\n")
         self.out.flush()
-
-
-def format_table(header: list[str], rows: list[list[str]]) -> str:
-    """Columns aligned with two spaces between them, nothing cut: readable and greppable."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    ]
-    return "\n".join(lines)
 
 
 class TableWriter(Writer):

@@ -158,9 +158,12 @@ def run(
     workers: int = 2,
     sink: str = "lowtide",
     console: Console | None = None,
+    spark: Any | None = None,
 ) -> dict[str, float]:
     """The demo; ``sink``: ``lowtide`` (``writeStream.format("lowtide")``, the executors send),
-    ``foreachBatch`` (:class:`LowtideSink` on the driver) or ``parallel`` (its parallel mode)."""
+    ``foreachBatch`` (:class:`LowtideSink` on the driver) or ``parallel`` (its parallel mode).
+    ``spark``: a SparkSession to run on, left running (a notebook's, the tests' shared one); by
+    default a local one of its own (:func:`local_session`), stopped at the end."""
     from lowtide.clients.demos.server import local_server
 
     console = console or Console()
@@ -179,7 +182,9 @@ def run(
         readers = {name: Results(target, name, console if name == "sliding" else None) for name in WINDOWS}
         for reader in readers.values():
             reader.start()
-        spark = local_session("lowtide-demo")
+        own_session = spark is None
+        if spark is None:
+            spark = local_session("lowtide-demo")
         spark.dataSource.register(LowtideDataSource)
         files_read = (
             spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
@@ -224,7 +229,8 @@ def run(
         read_back = spark.read.format("lowtide").option("server", target).option("query", "sliding").load()
         read_rows = read_back.drop("_offset").toArrow()
         read_exact = lowtide_windows([read_rows]) == lowtide_windows(readers["sliding"].tables)
-        spark.stop()
+        if own_session:
+            spark.stop()
     summary = {
         "rows": float(sent),
         "seconds": elapsed,

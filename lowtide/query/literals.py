@@ -10,6 +10,9 @@ compiles each literal to the code the door holds.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from lowtide.query.ast import Literal
@@ -23,15 +26,41 @@ def pin_literals(description: PlanDescription, pool: StringPool) -> None:
         pool.code(value)
 
 
+# The types most of a description's values are, holding nothing: passed over first.
+_LEAVES = (str, int, float, bool, type(None))
+
+
 def _strings(node: Any) -> set[str]:
-    """The values of the string :class:`Literal` s within ``node`` (dataclasses and tuples)."""
-    if isinstance(node, Literal):
-        return {node.value} if isinstance(node.value, str) else set()
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return set().union(*(_strings(getattr(node, f.name)) for f in dataclasses.fields(node)))
-    if isinstance(node, tuple | list):
-        return set().union(*(_strings(item) for item in node))
-    return set()
+    """The values of the string :class:`Literal` s within ``node`` (dataclasses and tuples),
+    walked without recursion, a dataclass's fields read in one call: every query registered
+    walks its whole description."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        cls: type = type(item)
+        if cls in _LEAVES:
+            continue
+        if isinstance(item, Literal):
+            if isinstance(item.value, str):
+                found.add(item.value)
+        elif isinstance(item, tuple | list):
+            stack.extend(item)
+        else:
+            fields = _fields(cls)
+            if fields is not None:
+                stack.extend(fields(item))
+    return found
+
+
+@cache
+def _fields(cls: type) -> Callable[[Any], tuple[Any, ...]] | None:
+    """What reads the fields of a dataclass ``cls`` as a tuple; None for a type without fields
+    (its instances are leaves)."""
+    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+    if len(names) < 2:  # attrgetter of one name gives the value itself, not a tuple of it
+        return (lambda item: (getattr(item, names[0]),)) if names else None
+    return attrgetter(*names)
 
 
 __all__ = ["pin_literals"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -78,6 +78,12 @@ _VALUES = frozenset({"NAME", "QUOTED_NAME", "BACKQUOTED_NAME", "NUMBER", "STRING
 # deeper queries are refused before anything recurses over them. A chain of 190 ORs still fits.
 MAX_NESTING = 200
 _INT64 = 2**63 - 1
+# The trees `parse_query` keeps, of the last texts it parsed: a text registered again (on a fresh
+# engine, a restarted query, the scope check before the door plans it) is not parsed again. Only
+# texts up to REMEMBERED_CHARS: a tree takes up to about 100 bytes a character of its text, so
+# the memo holds at most about 25 MB.
+REMEMBERED_TEXTS = 128
+REMEMBERED_CHARS = 2048
 # One chunk of a script: a string, a quoted identifier, a comment, a ';', or other text.
 _SCRIPT_CHUNK = re.compile(r"""'[^']*'?|"[^"]*"?|`[^`]*`?|--[^\n]*|;|[^'"`;-]+|-""")
 
@@ -97,7 +103,17 @@ def split_statements(text: str) -> list[str]:
 
 
 def parse_query(sql: str) -> QueryTree:
-    """Parse one query; raise `QuerySyntaxError` or `UnsupportedQuery` (see the module docstring)."""
+    """Parse one query; raise `QuerySyntaxError` or `UnsupportedQuery` (see the module docstring).
+
+    A text of at most `REMEMBERED_CHARS` among the last `REMEMBERED_TEXTS` parsed gives the same
+    tree object again: a tree is immutable end to end (`lowtide.query.ast`), so its readers may
+    share it. A text that fails is not remembered: each call raises its error anew, with the same
+    message.
+    """
+    return _remembered(sql) if len(sql) <= REMEMBERED_CHARS else _parsed(sql)
+
+
+def _parsed(sql: str) -> QueryTree:
     if not split_statements(sql):
         raise QuerySyntaxError("empty query", 1, 1)
     try:
@@ -116,6 +132,10 @@ def parse_query(sql: str) -> QueryTree:
             raise UnsupportedQuery("query nests too deeply") from None
         raise
     return _named_as_flink(query) if builder.flink_style else query
+
+
+# lru_cache keeps no exception: a text that fails raises each call.
+_remembered = lru_cache(maxsize=REMEMBERED_TEXTS)(_parsed)
 
 
 def _named_as_flink(query: QueryTree) -> QueryTree:

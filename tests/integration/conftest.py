@@ -1,5 +1,6 @@
-"""The integration tests' shared server: one ``lowtide serve`` for the whole session, and one
-Ray cluster for the session's Ray tests (``ray_cluster``).
+"""The integration tests' shared server: one ``lowtide serve`` for the whole session, one Ray
+cluster for the session's Ray tests (``ray_cluster``) and one local SparkSession for its Spark
+tests (``spark_sessions``).
 
 Tests get its ``host:port`` from the ``target`` fixture and make names of their own with
 ``fresh`` (the server is shared). It starts as every test server does
@@ -24,6 +25,7 @@ from server_harness import Server, running_server
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
+    from spark_checks import Sessions
 
 
 @pytest.fixture(scope="session")
@@ -64,3 +66,16 @@ def ray_cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark_sessions() -> Iterator[Sessions]:
+    """The session's SparkSession (``spark_sessions.get(task_attempts)``), stopped at its end: a
+    Spark module's ``spark`` fixture takes it rather than start a SparkContext of its own."""
+    from spark_checks import Sessions  # only the Spark tests pay for importing pyspark
+
+    sessions = Sessions()
+    try:
+        yield sessions
+    finally:
+        sessions.stop()

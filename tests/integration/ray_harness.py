@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ray.cluster_utils import Cluster
-from server_harness import listening_sockets
+from server_harness import descendants, listening_sockets
 
 LOOPBACK = "127.0.0.1"
 
@@ -39,22 +39,7 @@ def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Clus
 
 def process_tree(root: int) -> set[int]:
     """``root`` and every process descended from it (Ray's processes are the server's children)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:  # ended meanwhile
-                continue
-            parents[int(entry.name)] = int(
-                stat.rsplit(")", 1)[1].split()[1]
-            )  # after "pid (comm)": state ppid
-    tree, grew = {root}, True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return tree
+    return {root, *descendants(root)}
 
 
 def listening(pids: set[int]) -> list[tuple[str, int, int]]:

@@ -93,6 +93,35 @@ def listening_sockets() -> dict[str, tuple[str, int]]:
     return found
 
 
+def processes() -> dict[int, tuple[int, int, bytes]]:
+    """Every process of this machine now: its parent, start time (clock ticks after boot) and
+    command line, by pid, read from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue  # gone since the listing
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid ...
+        found[int(entry.name)] = (int(fields[1]), int(fields[19]), cmdline)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), parents first."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _, _) in processes().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop(0))
+        todo += children.get(found[-1], [])
+    return found
+
+
 def lowtide_command() -> list[str]:
     """The installed ``lowtide`` script beside this interpreter, else ``python -m lowtide.clients.cli``."""
     script = Path(sys.executable).with_name("lowtide")
@@ -144,19 +173,13 @@ class Server:
         wait_for("a checkpoint", lambda: self.checkpoints() != taken, timeout, self.stderr_tail)
 
     def worker_pids(self) -> list[int]:
-        """The worker processes (children running ``spawn_main``), oldest first."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid ...
-            if int(fields[1]) == self.pid and b"spawn_main" in cmdline:
-                found.append((int(fields[19]), int(entry.name)))  # starttime, pid
+        """The worker processes, oldest first: the children of the server's fork server (its child
+        running ``multiprocessing.forkserver``)."""
+        table = processes()
+        forkservers = {
+            pid for pid, (ppid, _, cmdline) in table.items() if ppid == self.pid and b"forkserver" in cmdline
+        }
+        found = [(start, pid) for pid, (ppid, start, _) in table.items() if ppid in forkservers]
         return [pid for _, pid in sorted(found)]
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int:

@@ -1,4 +1,5 @@
-"""What the Spark tests check lowtide's results against: Spark's own windows over the same files."""
+"""What the Spark tests check lowtide's results against: Spark's own windows over the same files;
+and the one local SparkSession they share (:class:`Sessions`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import pyarrow as pa
 
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import Client
-from lowtide.clients.demos.spark import SCHEMA, WINDOWS, Window, lowtide_windows, spark_windows, window_sql
+from lowtide.clients.demos.spark import (
+    SCHEMA,
+    WINDOWS,
+    Window,
+    local_session,
+    lowtide_windows,
+    spark_windows,
+    window_sql,
+)
+from lowtide.clients.spark import LowtideDataSource
 
 ROWS = 20_000  # per packet file
 DELAY = "watermark:5 seconds"  # the packet files overlap by 3 s: nothing is late
@@ -48,3 +58,27 @@ def assert_exact(client: Client, spark: Any, folder: Path, queries: dict[str, st
 
 def stream_info(client: Client, stream: str) -> dict[str, Any]:
     return next(s for s in client.list_streams() if s["name"] == stream)
+
+
+class Sessions:
+    """The test session's local SparkSession, with ``format("lowtide")`` registered, shared by
+    every Spark test (they run on one xdist worker: group ``spark``). A JVM holds one SparkContext
+    at a time, and each new one starts Spark's Python daemons afresh: it is made again only for
+    other ``task_attempts`` (the writer's tests retry a failed task, the others must not)."""
+
+    def __init__(self) -> None:
+        self.current: Any = None
+        self.task_attempts = 0
+
+    def get(self, task_attempts: int = 1) -> Any:
+        if self.current is None or task_attempts != self.task_attempts:
+            self.stop()
+            self.current = local_session("lowtide-tests", task_attempts=task_attempts)
+            self.current.dataSource.register(LowtideDataSource)
+            self.task_attempts = task_attempts
+        return self.current
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None

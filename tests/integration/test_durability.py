@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 from cluster import rows
 from prometheus_client.parser import text_string_to_metric_families
-from server_harness import Server, kill9, lowtide_command, running_server, start_server
+from server_harness import Server, descendants, kill9, lowtide_command, running_server, start_server
 from state_files import files, frame_starts, record_starts
 
 from lowtide import END_OF_STREAM, Engine, Punctuation
@@ -528,22 +528,13 @@ def _mapped_segments(pid: int) -> set[str]:
     return {line.split()[-1] for line in maps.splitlines() if " /dev/shm/" in line}
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def test_a_start_removes_the_rings_a_killed_server_left(state_dir: Path) -> None:
-    """kill -9 of the whole process group (front, workers, multiprocessing's resource tracker)
+    """kill -9 of the whole process tree (front, fork server, workers, multiprocessing's resource tracker)
     leaves no process to unlink the channels' shared memory: the next start does it."""
     first = start_server(config=config(state_dir))
     left = _mapped_segments(first.pid)
     assert len(left) == 2 * first.workers  # one ring each way per worker
-    for pid in [first.pid, *_children(first.pid)]:
+    for pid in [first.pid, *descendants(first.pid)]:
         os.kill(pid, signal.SIGKILL)
     first.process.wait(30)
     first.exit_code = 0  # killed on purpose

@@ -3,7 +3,8 @@
 Without a state directory, a worker actor that dies takes the queries that had state on it
 (their subscribers end ``ABORTED``, saying why) and the server goes on, the actor placed again.
 A cluster that goes away stops the server: its log says why in one line, subscribers end
-``UNAVAILABLE`` with that reason, and so does every call after.
+``UNAVAILABLE`` with that reason, and so does every call after; stopping, it starts no Ray
+instance of its own (a placement still being attempted ends before Ray shuts down).
 
 A server told to give up placing a worker (``restart_max_attempts``) stops with one line, and
 its state directory needs no repair: started again on a cluster with room, it goes on with
@@ -109,6 +110,7 @@ def test_a_cluster_that_goes_away_stops_the_server_saying_why() -> None:
         why = f"the Ray cluster at {address} is gone (connection refused for 5 s)"
         said = [line for line in server.stderr.read_text().splitlines() if line.startswith("lowtide: ")]
         assert said[-1] == f"lowtide: {why}; stopping", server.stderr_tail()  # Ray's own lines may follow
+        assert "Started a local Ray instance" not in server.stderr.read_text(), server.stderr_tail()
         ended = subscription.end(timeout=10)
         assert (ended.code, ended.reason) == (grpc.StatusCode.UNAVAILABLE, f"the server stops: {why}")
         with pytest.raises(grpc.RpcError) as raised:

@@ -14,20 +14,19 @@ import importlib.util
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from server_harness import START_TIMEOUT, free_port, start_server
-from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info, windows_of
+from spark_checks import DELAY, ROWS, WAIT, Sessions, assert_exact, setup, stream_info, windows_of
 
 from lowtide import Engine, NotFound, SchemaMismatch
 from lowtide.clients import Client
 from lowtide.clients.demos.spark import (
     SPARK_SCHEMA,
-    local_session,
     spark_windows,
     write_packet_files,
 )
@@ -38,10 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = local_session("lowtide-tests")
-    yield session
-    session.stop()
+def spark(spark_sessions: Sessions) -> Any:
+    return spark_sessions.get()
 
 
 def stream_files(

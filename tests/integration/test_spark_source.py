@@ -13,18 +13,17 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from server_harness import running_server
+from spark_checks import Sessions
 
 from lowtide import END_OF_STREAM, Punctuation
 from lowtide.clients import Client
-from lowtide.clients.demos.spark import local_session
-from lowtide.clients.spark import LowtideDataSource
 
 pytest.importorskip("pyspark")
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]
@@ -35,11 +34,8 @@ WAIT = 300.0
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = local_session("lowtide-source-tests")
-    session.dataSource.register(LowtideDataSource)
-    yield session
-    session.stop()
+def spark(spark_sessions: Sessions) -> Any:
+    return spark_sessions.get()
 
 
 def send(client: Client, stream: str, seconds: range, close: bool = False) -> None:

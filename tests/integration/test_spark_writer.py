@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +22,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from server_harness import START_TIMEOUT, free_port, start_server
-from spark_checks import DELAY, ROWS, WAIT, assert_exact, setup, stream_info
+from spark_checks import DELAY, ROWS, WAIT, Sessions, assert_exact, setup, stream_info
 from spark_faults import FlakyLowtideDataSource, KillingLowtideDataSource
 
 from lowtide.clients import Client
-from lowtide.clients.demos.spark import SPARK_SCHEMA, local_session, write_packet_files
-from lowtide.clients.spark import LowtideDataSource
+from lowtide.clients.demos.spark import SPARK_SCHEMA, write_packet_files
 
 pytest.importorskip("pyspark")
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark")]
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = local_session("lowtide-writer-tests", task_attempts=2)
-    session.dataSource.register(LowtideDataSource)
+def spark(spark_sessions: Sessions) -> Any:
+    session = spark_sessions.get(task_attempts=2)
     session.dataSource.register(FlakyLowtideDataSource)
     session.dataSource.register(KillingLowtideDataSource)
-    yield session
-    session.stop()
+    return session
 
 
 def write_files(

@@ -1,8 +1,8 @@
 """A worker that cannot start is started again a bounded number of times, then the server stops.
 
-The server here runs from a main script that a worker cannot import again (``spawn`` runs the
-parent's main module in every worker as ``__mp_main__``): every worker dies before it serves, as
-with a broken main module in production. No mock: the real front, real worker processes.
+The server here runs from a main script that a worker cannot import again (every worker, a fork of
+the fork server, imports the parent's main module as ``__mp_main__``): every worker dies before it
+serves, as with a broken main module in production. No mock: the real front, real worker processes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``lowtide workers``, ``Client.list_workers()`` and the metric ``lowtide_worker_info`` against a
 real server of two local worker processes, its own (its state bytes are then the queries' here
-alone): each worker's index, node (``localhost``), pid (the server's child processes), restarts,
+alone): each worker's index, node (``localhost``), pid (the children of the server's fork server), restarts,
 status (``running``), the queries with operators on it (a grouped query on both, an ungrouped
 one on one) and their state bytes, the same figures the ``lowtide_state_bytes`` metric sums per
 query. A worker that dies is counted where it is restarted: tests/integration/
@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from server_harness import Server, running_server, scrape, wait_for
+from server_harness import Server, processes, running_server, scrape, wait_for
 from test_cli import ok
 
 from lowtide.clients import AsyncClient, Client
@@ -68,6 +69,22 @@ def test_list_workers_gives_each_workers_place_queries_and_state(
     assert all("split" in w["queries"] for w in workers)  # grouped: on every worker
     assert sum(w["queries"].count("single") for w in workers) == 1  # one worker holds it whole
     assert asyncio.run(_list_async(server.target)) == workers  # the async client's is the same
+
+
+def test_the_workers_are_forks_of_a_fork_server_that_imported_their_modules(server: Server) -> None:
+    """A worker (first or started again) is a fork, not an interpreter that imports numpy, numba and
+    the operators again (docs/design.md, "Runners"): the server's one fork server has them mapped,
+    and the workers are its children."""
+    table = processes()
+    (fork_server,) = [
+        pid for pid, (ppid, _, cmd) in table.items() if ppid == server.pid and b"forkserver" in cmd
+    ]
+    assert sorted(server.worker_pids()) == sorted(
+        pid for pid, (ppid, _, _) in table.items() if ppid == fork_server
+    )
+    assert len(server.worker_pids()) == 2
+    mapped = Path(f"/proc/{fork_server}/maps").read_text()
+    assert "/numba/" in mapped and "/numpy/" in mapped  # imported once, before any fork
 
 
 async def _list_async(target: str) -> list[dict[str, Any]]:

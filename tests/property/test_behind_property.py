@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import behind_expectation, check_emission, check_late, counts_behind, run
+from harness import behind_expectation, check_emission, check_late, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import Spec, assert_rows_equal
@@ -27,7 +27,8 @@ def behind_run(spec: Spec, sources: Any, data: Any, late: str) -> tuple[Any, boo
     streams = {s: data.draw(tuples(max_size=25), label=f"tuples {s}") for s in sources}
     events = data.draw(deliveries(streams, sources, honest=False), label="events")
     sql = sql_of(spec, list(sources))
-    return run(spec, sql, sources, events, late), counts_behind(sql, sources)
+    obs = run(spec, sql, sources, events, late)
+    return obs, obs.counts_behind
 
 
 @settings(max_examples=examples(200), deadline=None)

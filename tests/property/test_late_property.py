@@ -18,7 +18,6 @@ from harness import (
     behind_expectation,
     check_emission,
     check_late,
-    counts_behind,
     extents,
     key_of,
     late_rows,
@@ -62,7 +61,7 @@ def test_drop_keeps_late_tuples_out_of_results_and_in_the_side_stream(
     obs = late_run(spec, sources, data, "drop")
     behind = [row for row, p in obs.arrivals if row["ts"] < p]
     # Behind punctuation is late only for windows already emitted (tests/property/test_behind_property.py).
-    expected, late = behind_expectation(spec, obs, counts_behind(sql_of(spec, list(sources)), sources))
+    expected, late = behind_expectation(spec, obs, obs.counts_behind)
     assert_rows_equal(obs.rows, expected, spec)
     check_emission(obs, spec, expected)
     check_late(obs, late)
@@ -73,7 +72,7 @@ def test_drop_keeps_late_tuples_out_of_results_and_in_the_side_stream(
 @given(spec=specs(time_windows, having=False), sources=stream_sources(1), data=st.data())
 def test_error_rejects_late_batches_whole(spec: Spec, sources: Any, data: Any) -> None:
     obs = late_run(spec, sources, data, "error")
-    if counts_behind(sql_of(spec, list(sources)), sources):
+    if obs.counts_behind:
         # Applied: on time, or behind with every window still open; rejected: one was late.
         assert all(
             all(end > q for _, end in extents(spec, row))

@@ -19,9 +19,7 @@ from harness import (
     behind_expectation,
     check_emission,
     check_late,
-    counts_behind,
     extents,
-    make_engine,
     run,
 )
 from hypothesis import event as tally
@@ -56,8 +54,9 @@ def paned_run(spec: Spec, sources: Any, data: Any, late: str) -> Any:
     streams = {s: data.draw(tuples(max_size=30), label=f"tuples {s}") for s in sources}
     events = data.draw(deliveries(streams, sources, honest=False), label="events")
     sql = sql_of(spec, list(sources))
-    assert "Paned-WID Aggregate" in make_engine(sources).explain(sql) and counts_behind(sql, sources)
-    return run(spec, sql, sources, events, late)
+    obs = run(spec, sql, sources, events, late)
+    assert "Paned-WID Aggregate" in obs.plan and obs.counts_behind
+    return obs
 
 
 @settings(max_examples=examples(120), deadline=None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,7 @@ from lowtide.query import (
     parse_query,
     split_statements,
 )
+from lowtide.query.parser import REMEMBERED_CHARS
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +337,63 @@ def test_only_lowtide_errors_escape(words: list[str]) -> None:
         parse_query(" ".join(words))
     except LowtideError as error:
         assert "\n" not in str(error)
+
+
+# ---- the parse memo -------------------------------------------------------------------------------
+
+# Between them: every node type a returned tree holds (FILTER, CASE, window tables, a join of a
+# derived table, BETWEEN, a rank, a windowed UNION with SATTR rank).
+VARIED = [
+    "SELECT k, count(*) FILTER (WHERE v > 1) AS n, CASE k WHEN 'a' THEN 1 ELSE -2 END AS c "
+    "FROM S [RANGE 1 minute, SLIDE 10 s, WA ts, PA k] GROUP BY k HAVING sum(v) >= 2.5",
+    "SELECT window_start AS w, k, max(v) FROM TABLE(TUMBLE(TABLE S, DESCRIPTOR(ts), INTERVAL '1' MINUTE)) "
+    "GROUP BY window_start, window_end, k",
+    "SELECT A.k, B.v FROM S0 A JOIN (SELECT k, v, ts FROM S1 WHERE NOT v BETWEEN 1 AND 3) B ON A.k = B.k",
+    "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC) AS r "
+    "FROM TABLE(TUMBLE(TABLE S, DESCRIPTOR(ts), INTERVAL '1' MINUTE))) WHERE r <= 3",
+    "SELECT a, count(DISTINCT b) FROM (M1 UNION M2) [RANGE 10 rows, SATTR rank(ts), WA row-num] GROUP BY a",
+]
+
+
+def _mutable_parts(node: object) -> list[str]:
+    """What under ``node`` is neither a frozen dataclass, a tuple nor an immutable scalar."""
+    found, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if item is None or isinstance(item, str | int | float):
+            continue
+        if isinstance(item, tuple):
+            stack.extend(item)
+        elif dataclasses.is_dataclass(item) and type(item).__dataclass_params__.frozen:  # type: ignore[union-attr]
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+        else:
+            found.append(type(item).__name__)
+    return found
+
+
+def test_a_tree_is_immutable_end_to_end() -> None:
+    # What makes handing one tree to every reader of a text safe.
+    for sql in [*thesis_queries().values(), *VARIED]:
+        assert _mutable_parts(parse_query(sql)) == [], sql
+
+
+def test_a_text_parses_once() -> None:
+    sql = "SELECT a, count(*) FROM M [RANGE 5 minutes, WA ts] GROUP BY a -- memo"
+    first = parse_query(sql)
+    assert parse_query(sql) is first
+    assert parse_query(sql.replace("5", "6")) is not first
+    assert parse_query(sql.replace("5", "6")) != first
+    padded = sql + " " * REMEMBERED_CHARS  # too long to keep: parsed anew each time
+    assert parse_query(padded) == first
+    assert parse_query(padded) is not parse_query(padded)
+
+
+def test_an_error_is_raised_anew_each_time() -> None:
+    sql = "SELECT a FROM M WHERE -- memo"
+    first, second = syntax_error(sql), syntax_error(sql)
+    assert first is not second
+    assert str(first) == str(second)
+    assert "unexpected end of query; expected" in first.reason
+    for _ in range(2):
+        with pytest.raises(UnsupportedQuery, match="got 3"):
+            parse_query("SELECT a FROM A, B, C -- memo")
