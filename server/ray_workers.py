@@ -292,7 +292,8 @@ class RayWorkers(Outboxes):
         for task in list(self._replacing):
             task.cancel()
         # Their attempts end (and kill the actor they waited for) before Ray shuts down below:
-        # a Ray call after ray.shutdown() would start a local Ray instance for itself.
+        # a Ray call after ray.shutdown() would start a local Ray instance for itself. Their
+        # outcomes are dropped, hiding nothing: an attempt places an actor, and the actors go too.
         await asyncio.gather(*self._replacing, return_exceptions=True)
         for handle in self.handles:
             handle.outbox.close()

@@ -24,7 +24,7 @@ from typing import Any
 import nexmark as nx
 import nexmark_compare as compare
 import pytest
-from server_harness import rows_until_end, running_server
+from server_harness import descendants, rows_until_end, running_server
 
 from lowtide.clients import nexmark as generator
 from lowtide.clients.client import Client
@@ -120,24 +120,6 @@ def test_lowtide_gives_flinks_rows(
 
 
 # ---- Flink listens on loopback only ---------------------------------------------------------------
-def _tree(pid: int) -> set[int]:
-    """``pid`` and every process below it, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo += children.get(p, [])
-    return found
-
-
 def _listening(pids: set[int]) -> set[str]:
     """The addresses the TCP sockets of ``pids`` listen on (/proc/net/tcp, tcp6: state 0A)."""
     inodes = set()
@@ -172,7 +154,7 @@ def test_flink_listens_on_loopback_only(data: tuple[Path, generator.Events], tmp
     )
     seen: set[str] = set()
     while True:  # a look at the listeners, then up to 0.2 s for the oracle to end
-        seen |= _listening(_tree(process.pid))
+        seen |= _listening({process.pid, *descendants(process.pid)})
         try:
             process.wait(timeout=0.2)
             break
