@@ -4,6 +4,15 @@ Ray gives a starting node 30 s to register with the cluster's control service (a
 ``ray/_private/node.py``); once, on a loaded test machine (the other test process starting Spark
 beside it), a first start took longer. A start that fails is made again once, from nothing.
 
+A raylet can also abort as it starts (Ray 2.60; ray-project/ray#58964 reports the same): in
+about one full run in two here, a thread of a new raylet raised SIGABRT within its first second
+(kernel tracing saw it: thread ``event_engine``, gRPC's), its failure handler armed
+``alarm(3)`` and hung before writing anything, and SIGALRM ended the raylet 3 s after it started,
+its logs silent. The node had registered by then, so the cluster counted CPUs that could take no
+actor, and the test's server waited out its 120 s placement. So a node the tests add is handed
+over only once its processes have outlived that alarm (:data:`ABORT_ALARM_S`); one that did not
+is replaced, once, saying so.
+
 Also what a process tree listens on, from the kernel's tables (the tests that keep Ray on loopback).
 """
 
@@ -12,26 +21,36 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from ray.cluster_utils import Cluster
 from server_harness import descendants, listening_sockets
 
 LOOPBACK = "127.0.0.1"
+# From a node's start (the add_node call): past its raylet's 3 s failure alarm, with a margin.
+ABORT_ALARM_S = 4.0
 
 
 def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Cluster:
-    """A head with ``head_cpus`` CPUs and ``nodes`` more nodes of ``node_cpus``."""
+    """A head with ``head_cpus`` CPUs and ``nodes`` more nodes of ``node_cpus``, every process
+    alive past :data:`ABORT_ALARM_S`."""
     attempts = 2
     while True:
         attempts -= 1
         cluster = Cluster()
         try:
+            started = time.monotonic()
             cluster.add_node(num_cpus=head_cpus, node_ip_address=LOOPBACK, include_dashboard=False)
             for _ in range(nodes):
+                started = time.monotonic()
                 cluster.add_node(num_cpus=node_cpus, node_ip_address=LOOPBACK)
             cluster.wait_for_nodes()
-            _all_alive(cluster)
+            _outlive_start(started)
+            dead = _dead([cluster.head_node, *cluster.worker_nodes])
+            if dead:
+                raise RuntimeError(f"Ray processes ended: {dead}")
             return cluster
         except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
             cluster.shutdown()
@@ -40,18 +59,43 @@ def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Clus
             print(f"ray_harness: the cluster did not start whole, starting it again: {exc}", file=sys.stderr)
 
 
-def _all_alive(cluster: Cluster) -> None:
-    """Raise if a process of a node ended as the others started. Once, in a full run, the head's
-    raylet was SIGKILLed 3 s after it started (its log ends mid-run, nothing else of the cluster
-    died, no test had signalled it); the cluster then counted a node that could take no actor, and
-    the module's server waited out its 120 s placement timeout."""
-    dead = [
+def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
+    """Add ``count`` nodes of ``cpus`` CPUs to ``cluster`` and return them (each a
+    ``ray._private.node.Node``) once they are registered and their processes have outlived
+    :data:`ABORT_ALARM_S`; a node that did not is removed and another added, once."""
+    joined: list[Any] = []
+    for attempt in (1, 2):
+        added: list[Any] = []
+        started = 0.0
+        for _ in range(count - len(joined)):
+            started = time.monotonic()  # the last node's start
+            added.append(cluster.add_node(num_cpus=cpus, node_ip_address=LOOPBACK))
+        cluster.wait_for_nodes()
+        _outlive_start(started)
+        lost = [node for node in added if node.dead_processes()]
+        joined += [node for node in added if node not in lost]
+        if not lost:
+            return joined
+        dead = _dead(lost)
+        for node in lost:
+            cluster.remove_node(node, allow_graceful=False)
+        print(f"ray_harness: nodes that joined lost {dead} (attempt {attempt})", file=sys.stderr)
+    raise RuntimeError(f"nodes lost a process as they started twice in a row, the last: {dead}")
+
+
+def _outlive_start(started: float) -> None:
+    left = started + ABORT_ALARM_S - time.monotonic()
+    if left > 0:
+        time.sleep(left)  # the alarm is the raylet's own 3 s: no event marks that it did not ring
+
+
+def _dead(nodes: list[Any]) -> str:
+    """The processes of ``nodes`` that ended (kind, pid, exit: -14 for the alarm), or ''."""
+    return ", ".join(
         f"{kind} (pid {process.pid}, exit {process.returncode})"
-        for node in [cluster.head_node, *cluster.worker_nodes]
+        for node in nodes
         for kind, process in node.dead_processes()
-    ]
-    if dead:
-        raise RuntimeError(f"Ray processes ended: {', '.join(dead)}")
+    )
 
 
 def process_tree(root: int) -> set[int]:

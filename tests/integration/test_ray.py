@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from ray_harness import LOOPBACK, join_nodes
 from server_harness import Server, lowtide_command, running_server, scrape, wait_for
 from thesis import PACKET
 from wire import Mirror, Subscription, assert_same, connect, packets, rows, schedule
@@ -38,7 +39,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray")]
 
 T0 = 1_700_000_000_000 // 60_000 * 60_000
 SPAN = 20 * 60_000  # 20 minutes of event time, in ms
-LOOPBACK = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +223,7 @@ def test_two_nodes_lost_one_added_lose_nothing(ray_cluster: Cluster, mirror: Mir
     assert len({node for node, _, _ in places()}) == 1  # both on the node left
     for call in calls[third : 2 * third]:
         mirror.ingest(*call)
-    added = ray_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
-    ray_cluster.wait_for_nodes()
+    (added,) = join_nodes(ray_cluster, 2)
     ray_cluster.remove_node(node_of(0))  # both workers' node
     placed_again(server, 3, placed)
     assert {node for node, _, _ in places()} == {added.node_id}
@@ -233,8 +232,7 @@ def test_two_nodes_lost_one_added_lose_nothing(ray_cluster: Cluster, mirror: Mir
     expected = mirror.results(query)
     assert rows(expected)
     assert_same(subscription.until(END_OF_STREAM), expected, query)
-    ray_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
-    ray_cluster.wait_for_nodes()
+    join_nodes(ray_cluster, 2)  # two nodes again, for the tests after
 
 
 def test_lowtide_workers_and_the_metric_say_where_each_actor_runs(server: Server) -> None:

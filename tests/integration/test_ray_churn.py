@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from ray.cluster_utils import Cluster
-from ray_harness import LOOPBACK, loopback_cluster
+from ray_harness import LOOPBACK, join_nodes, loopback_cluster
 from server_harness import Server, running_server, wait_for
 from thesis import PACKET
 from wire import Mirror, Subscription, assert_same, connect, packets, rows, schedule
@@ -154,6 +154,7 @@ def test_two_node_losses_three_seconds_apart_a_node_joining_between(cluster: Clu
     a, b = sorted(w for w in at if w != head_worker(cluster, at))
     cluster.remove_node(node(cluster, at[a][0], server))
     time.sleep(3.0)  # the scenario's own gap between the two losses, not a wait for an event
+    # At once, not through ray_harness.join_nodes (which waits out a raylet's start): the scenario's timing.
     joined = cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
     cluster.remove_node(node(cluster, at[b][0], server))
     await_placements(server, before + 2)
@@ -196,8 +197,7 @@ def test_a_node_lost_while_a_checkpoint_is_taken(cluster: Cluster, server: Serve
             30.0,
             server.stderr_tail,
         )
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        join_nodes(cluster, 1, count=2)
         for prefix in others:
             cluster.remove_node(node(cluster, prefix, server))
         await_placements(server, before + 2)
@@ -215,8 +215,7 @@ def test_a_node_lost_while_the_workers_restore_from_the_loss_before(cluster: Clu
     at, before = where(server), placed_again(server)
     held = head_worker(cluster, at)
     x, y = sorted(w for w in at if w != held)
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+    join_nodes(cluster, 1, count=2)
     os.kill(at[held][1], signal.SIGSTOP)
     try:
         cluster.remove_node(node(cluster, at[x][0], server))

@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 import pytest
 from ray.cluster_utils import Cluster
-from ray_harness import LOOPBACK, listening, loopback, loopback_cluster, process_tree
+from ray_harness import LOOPBACK, join_nodes, listening, loopback, loopback_cluster, process_tree
 from server_harness import Server, running_server, start_server, wait_for
 from thesis import PACKET
 from wire import (
@@ -166,8 +166,7 @@ def test_a_server_told_to_give_up_stops_in_one_line_and_starts_again_whole(
     finally:
         if server.process.poll() is None:  # the test failed: leave nothing running
             server.process.kill()
-        ray_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)  # two nodes again, for the tests after
-        ray_cluster.wait_for_nodes()
+        join_nodes(ray_cluster, 2)  # two nodes again, for the tests after
     del settings["restart_max_attempts"]
     with running_server(*options, workers=2, metrics=False, config=settings) as again:
         mirror.stub = connect(again.target)
