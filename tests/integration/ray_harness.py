@@ -8,7 +8,8 @@ A raylet can also abort as it starts (Ray 2.60; ray-project/ray#58964 reports th
 about one full run in two here, a thread of a new raylet raised SIGABRT within its first second
 (kernel tracing saw it: thread ``event_engine``, gRPC's), its failure handler armed
 ``alarm(3)`` and hung before writing anything, and SIGALRM ended the raylet 3 s after it started,
-its logs silent. The node had registered by then, so the cluster counted CPUs that could take no
+its logs silent (or the handler returned and the raylet died at once, before it registered). A
+node that lived 3 s had registered by then, so the cluster counted CPUs that could take no
 actor, and the test's server waited out its 120 s placement. So a node the tests add is handed
 over only once its processes have outlived that alarm (:data:`ABORT_ALARM_S`); one that did not
 is replaced, once, saying so.
@@ -31,6 +32,7 @@ from server_harness import descendants, listening_sockets
 LOOPBACK = "127.0.0.1"
 # From a node's start (the add_node call): past its raylet's 3 s failure alarm, with a margin.
 ABORT_ALARM_S = 4.0
+REGISTER_TIMEOUT_S = 30.0  # what Cluster.add_node waits for a node to register
 
 
 def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Cluster:
@@ -41,16 +43,11 @@ def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Clus
         attempts -= 1
         cluster = Cluster()
         try:
-            started = time.monotonic()
-            cluster.add_node(num_cpus=head_cpus, node_ip_address=LOOPBACK, include_dashboard=False)
-            for _ in range(nodes):
-                started = time.monotonic()
-                cluster.add_node(num_cpus=node_cpus, node_ip_address=LOOPBACK)
-            cluster.wait_for_nodes()
-            _outlive_start(started)
-            dead = _dead([cluster.head_node, *cluster.worker_nodes])
-            if dead:
-                raise RuntimeError(f"Ray processes ended: {dead}")
+            head, started = _add(cluster, 1, num_cpus=head_cpus, include_dashboard=False)
+            others, last = _add(cluster, nodes, num_cpus=node_cpus)
+            lost = _settle(cluster, [*head, *others], max(started, last))
+            if lost:
+                raise RuntimeError(f"Ray processes ended: {_dead(lost)}")
             return cluster
         except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
             cluster.shutdown()
@@ -65,14 +62,8 @@ def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
     :data:`ABORT_ALARM_S`; a node that did not is removed and another added, once."""
     joined: list[Any] = []
     for attempt in (1, 2):
-        added: list[Any] = []
-        started = 0.0
-        for _ in range(count - len(joined)):
-            started = time.monotonic()  # the last node's start
-            added.append(cluster.add_node(num_cpus=cpus, node_ip_address=LOOPBACK))
-        cluster.wait_for_nodes()
-        _outlive_start(started)
-        lost = [node for node in added if node.dead_processes()]
+        added, started = _add(cluster, count - len(joined), num_cpus=cpus)
+        lost = _settle(cluster, added, started)
         joined += [node for node in added if node not in lost]
         if not lost:
             return joined
@@ -81,6 +72,33 @@ def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
             cluster.remove_node(node, allow_graceful=False)
         print(f"ray_harness: nodes that joined lost {dead} (attempt {attempt})", file=sys.stderr)
     raise RuntimeError(f"nodes lost a process as they started twice in a row, the last: {dead}")
+
+
+def _add(cluster: Cluster, count: int, **options: Any) -> tuple[list[Any], float]:
+    """Start ``count`` nodes with these ``add_node`` options, not waiting for them to register
+    (:func:`_settle` does); the nodes and when the last one started."""
+    added: list[Any] = []
+    started = 0.0
+    for _ in range(count):
+        started = time.monotonic()
+        added.append(cluster.add_node(wait=False, node_ip_address=LOOPBACK, **options))
+    return added, started
+
+
+def _settle(cluster: Cluster, added: list[Any], started: float) -> list[Any]:
+    """Wait until every node of ``cluster`` is registered, or one of ``added`` lost a process
+    (one that dies before it registers never will), then until ``added`` outlived
+    :data:`ABORT_ALARM_S`; those of ``added`` that lost a process."""
+    deadline = time.monotonic() + REGISTER_TIMEOUT_S
+    while not any(node.dead_processes() for node in added):
+        try:
+            cluster.wait_for_nodes(timeout=0.5)
+            break
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+    _outlive_start(started)
+    return [node for node in added if node.dead_processes()]
 
 
 def _outlive_start(started: float) -> None:
