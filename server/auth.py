@@ -81,7 +81,7 @@ Inputs = Callable[[str], Sequence[str]]
 HOW = "send metadata 'authorization: Bearer <token>' (Client(token=...), lowtide --token or $LOWTIDE_TOKEN)"
 
 
-def _split(method: str) -> tuple[str, str]:
+def split_method(method: str) -> tuple[str, str]:
     """``/lowtide.v1.Lowtide/Ingest`` -> ``("lowtide.v1.Lowtide", "Ingest")``."""
     service, _, name = method.lstrip("/").rpartition("/")
     return service, name
@@ -89,7 +89,7 @@ def _split(method: str) -> tuple[str, str]:
 
 def allows(role: str, method: str) -> bool:
     """Whether ``role`` may call ``method`` (a full gRPC method path)."""
-    service, name = _split(method)
+    service, name = split_method(method)
     if role == "admin" or service in OPEN_SERVICES or method in OPEN_METHODS:
         return True
     return service == SERVICE and name in ROLE_METHODS.get(role, frozenset())
@@ -151,7 +151,7 @@ class TokenAuth(_ServerInterceptor):
         if not allows(scope.role, method):
             may = ", ".join(sorted(ROLE_METHODS.get(scope.role, ())))
             raise PermissionDenied(
-                f"role {scope.role!r} may not call {_split(method)[1]} (it may call {may})"
+                f"role {scope.role!r} may not call {split_method(method)[1]} (it may call {may})"
             )
         return found
 
@@ -168,7 +168,7 @@ class TokenAuth(_ServerInterceptor):
             scope, identity = self.check(method, handler_call_details.invocation_metadata)
         except LowtideError as error:
             return refusal(handler, error)
-        service, name = _split(method)
+        service, name = split_method(method)
         if service != SERVICE:
             return handler
         if name == "CommitOffset":  # an admin's commits are bound to no token: it may move any reader

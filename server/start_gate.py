@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 
 from lowtide.errors import ServerUnavailable
-from lowtide.server.auth import SERVICE, refusal
+from lowtide.server.auth import SERVICE, refusal, split_method
 
 if TYPE_CHECKING:
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
@@ -42,6 +42,6 @@ class StartGate(_ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
-        if self.is_open or handler is None or not str(handler_call_details.method).startswith(f"/{SERVICE}/"):
+        if self.is_open or handler is None or split_method(str(handler_call_details.method))[0] != SERVICE:
             return handler
         return refusal(handler, ServerUnavailable(STARTING))
