@@ -36,8 +36,7 @@ address, pid, restarts and status, as its actor's ``where()`` answered). A clust
 has not answered for :data:`CLUSTER_GONE_S` (probed once a second) goes to ``on_give_up`` too,
 before Ray would end the driver itself.
 
-``local`` starts a private one-machine cluster inside the server, every listener of it on
-127.0.0.1 unless told another address (``ray_node_ip``), under a token of its own.
+``local`` starts a private one-machine cluster inside the server (:mod:`~lowtide.server.ray_local`).
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ import contextlib
 import logging
 import math
 import os
-import secrets
 import socket
 import sys
 import threading
@@ -63,6 +61,7 @@ from ray.util import get_node_ip_address
 from lowtide.errors import StartupFailure
 from lowtide.server import messages as msg
 from lowtide.server.outbox import Outbox, Outboxes
+from lowtide.server.ray_local import start_private
 from lowtide.server.restart_strategy import Backoff, RestartStrategy
 from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import Worker
@@ -78,7 +77,6 @@ CallFailed = (RayError, ConnectionError)
 PLACE_TIMEOUT_S = 120.0  # at the start, for every actor to be placed and answer (a cold node imports)
 PROBE_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray's own, much longer, retries
 CLUSTER_GONE_S = 5.0  # the cluster's address unanswered this long: it is gone (Ray ends its driver at 60 s)
-LOOPBACK = "127.0.0.1"  # where a private cluster (``local``) listens, unless told otherwise
 JOIN_TIMEOUT_S = 30.0  # for a cluster that answers to take the driver in
 NAMES_TIMEOUT_S = 10.0  # for the names of a front killed a moment ago to be free (Ray ends its actors)
 
@@ -476,42 +474,22 @@ def connect(address: str, cpus: int, node_ip: str = "") -> tuple[str, int]:
     loopback); the address to watch it by. An address that does not answer stops the start at
     once, rather than after Ray's retries (minutes)."""
     if address == "local":
-        options: dict[str, Any] = {"num_cpus": max(cpus, os.cpu_count() or 1), "include_dashboard": False}
-        if node_ip:
-            options["_node_ip_address"] = node_ip
-        # Ray gives its control service 30 s to start; a loaded machine may need longer.
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-        # A token of its own (Ray's token authentication), in the environment its processes
-        # inherit, rather than one Ray would write to the user's ~/.ray.
-        if "RAY_AUTH_TOKEN" not in os.environ and "RAY_AUTH_TOKEN_PATH" not in os.environ:
-            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-        watched = None
-    else:
-        watched = _probe(address)
-        options = {}
-        # Ray Client's calls block while it reconnects (30 s by default): no longer than the
-        # front waits before it calls the cluster gone. An operator's own setting stays.
-        os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", f"{CLUSTER_GONE_S:.0f}")
-    _join(address, options, retry=watched is not None)
-    if watched is None:  # the private cluster's own control service (GCS)
-        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
-        if host != (node_ip or LOOPBACK):  # fail closed: never a private cluster open to the network
-            ray.shutdown()
-            raise StartupFailure(
-                f"the private Ray cluster came up on {host}, not {node_ip or LOOPBACK} "
-                "(Ray was imported before the server could keep it on loopback)"
-            )
-        watched = (host, int(port))
+        return start_private(NAMESPACE, cpus, node_ip)
+    watched = _probe(address)
+    # Ray Client's calls block while it reconnects (30 s by default): no longer than the
+    # front waits before it calls the cluster gone. An operator's own setting stays.
+    os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", f"{CLUSTER_GONE_S:.0f}")
+    _join(address)
     return watched
 
 
-def _join(address: str, options: dict[str, Any], retry: bool) -> None:
+def _join(address: str) -> None:
     """``ray.init``; a cluster that answers but refuses the driver (a node not yet registered,
     its control service busy on a loaded machine) is tried again for up to JOIN_TIMEOUT_S."""
-    deadline = time.monotonic() + (JOIN_TIMEOUT_S if retry else 0.0)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
     while True:
         try:
-            ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, **options)
+            ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
             return
         except (ConnectionError, RuntimeError, ValueError) as exc:  # at the start: nothing taken yet
             reason = f"cannot join the Ray cluster at {address}: {_first_line(exc)}"

@@ -8,11 +8,13 @@ A raylet can also abort as it starts (Ray 2.60; ray-project/ray#58964 reports th
 about one full run in two here, a thread of a new raylet raised SIGABRT within its first second
 (kernel tracing saw it: thread ``event_engine``, gRPC's), its failure handler armed
 ``alarm(3)`` and hung before writing anything, and SIGALRM ended the raylet 3 s after it started,
-its logs silent (or the handler returned and the raylet died at once, before it registered). A
-node that lived 3 s had registered by then, so the cluster counted CPUs that could take no
-actor, and the test's server waited out its 120 s placement. So a node the tests add is handed
-over only once its processes have outlived that alarm (:data:`ABORT_ALARM_S`); one that did not
-is replaced, once, saying so.
+its logs silent. A node that lived 3 s had registered by then, so the cluster counted CPUs
+that could take no actor, and the test's server waited out its 120 s placement. So a node the
+tests add is handed over only once its processes have outlived that alarm
+(:data:`ABORT_ALARM_S`); one that did not is replaced, once, saying so. A raylet that died
+before it registered (the handler returned at once) fails its ``add_node`` after Ray's 30 s,
+and is replaced the same way. (``--ray local`` servers start their own cluster:
+``server/ray_local.py`` does the same for them.)
 
 Also what a process tree listens on, from the kernel's tables (the tests that keep Ray on loopback).
 """
@@ -43,11 +45,13 @@ def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Clus
         attempts -= 1
         cluster = Cluster()
         try:
-            head, started = _add(cluster, 1, num_cpus=head_cpus, include_dashboard=False)
-            others, last = _add(cluster, nodes, num_cpus=node_cpus)
+            head, started, failed = _add(cluster, 1, num_cpus=head_cpus, include_dashboard=False)
+            if failed:
+                raise RuntimeError(f"the head did not start: {failed[0]}")
+            others, last, failed = _add(cluster, nodes, num_cpus=node_cpus)
             lost = _settle(cluster, [*head, *others], max(started, last))
-            if lost:
-                raise RuntimeError(f"Ray processes ended: {_dead(lost)}")
+            if lost or failed:
+                raise RuntimeError(f"Ray processes ended: {_dead(lost, failed)}")
             return cluster
         except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
             cluster.shutdown()
@@ -62,33 +66,38 @@ def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
     :data:`ABORT_ALARM_S`; a node that did not is removed and another added, once."""
     joined: list[Any] = []
     for attempt in (1, 2):
-        added, started = _add(cluster, count - len(joined), num_cpus=cpus)
+        added, started, failed = _add(cluster, count - len(joined), num_cpus=cpus)
         lost = _settle(cluster, added, started)
         joined += [node for node in added if node not in lost]
-        if not lost:
+        if not lost and not failed:
             return joined
-        dead = _dead(lost)
+        dead = _dead(lost, failed)
         for node in lost:
             cluster.remove_node(node, allow_graceful=False)
         print(f"ray_harness: nodes that joined lost {dead} (attempt {attempt})", file=sys.stderr)
     raise RuntimeError(f"nodes lost a process as they started twice in a row, the last: {dead}")
 
 
-def _add(cluster: Cluster, count: int, **options: Any) -> tuple[list[Any], float]:
-    """Start ``count`` nodes with these ``add_node`` options, not waiting for them to register
-    (:func:`_settle` does); the nodes and when the last one started."""
+def _add(cluster: Cluster, count: int, **options: Any) -> tuple[list[Any], float, list[str]]:
+    """Start ``count`` nodes with these ``add_node`` options; the nodes, when the last one started,
+    and why each that never registered failed (``add_node`` waits for its raylet to register,
+    and raises after Ray's 30 s for one that died first: nothing of it is left to remove)."""
     added: list[Any] = []
+    failed: list[str] = []
     started = 0.0
     for _ in range(count):
         started = time.monotonic()
-        added.append(cluster.add_node(wait=False, node_ip_address=LOOPBACK, **options))
-    return added, started
+        try:
+            added.append(cluster.add_node(wait=False, node_ip_address=LOOPBACK, **options))
+        except Exception as exc:  # Ray raises a bare Exception for a node that did not register
+            failed.append(f"a node that never registered ({exc})")
+    return added, started, failed
 
 
 def _settle(cluster: Cluster, added: list[Any], started: float) -> list[Any]:
-    """Wait until every node of ``cluster`` is registered, or one of ``added`` lost a process
-    (one that dies before it registers never will), then until ``added`` outlived
-    :data:`ABORT_ALARM_S`; those of ``added`` that lost a process."""
+    """Wait until the cluster counts every node alive, or one of ``added`` lost a process (then
+    it never will), then until ``added`` outlived :data:`ABORT_ALARM_S`; those of ``added`` that
+    lost a process."""
     deadline = time.monotonic() + REGISTER_TIMEOUT_S
     while not any(node.dead_processes() for node in added):
         try:
@@ -107,12 +116,18 @@ def _outlive_start(started: float) -> None:
         time.sleep(left)  # the alarm is the raylet's own 3 s: no event marks that it did not ring
 
 
-def _dead(nodes: list[Any]) -> str:
-    """The processes of ``nodes`` that ended (kind, pid, exit: -14 for the alarm), or ''."""
+def _dead(nodes: list[Any], failed: list[str]) -> str:
+    """The processes of ``nodes`` that ended (kind, pid, exit: -14 for the alarm), and the nodes
+    that ``failed`` to register, or ''."""
     return ", ".join(
-        f"{kind} (pid {process.pid}, exit {process.returncode})"
-        for node in nodes
-        for kind, process in node.dead_processes()
+        [
+            *(
+                f"{kind} (pid {process.pid}, exit {process.returncode})"
+                for node in nodes
+                for kind, process in node.dead_processes()
+            ),
+            *failed,
+        ]
     )
 
 

@@ -23,13 +23,14 @@ import os
 import random
 import re
 import signal
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 from ray.cluster_utils import Cluster
 from ray_harness import LOOPBACK, join_nodes, listening, loopback, loopback_cluster, process_tree
-from server_harness import Server, running_server, start_server, wait_for
+from server_harness import Server, processes, running_server, start_server, wait_for
 from thesis import PACKET
 from wire import (
     CLOSE,
@@ -196,3 +197,55 @@ def test_ray_local_listens_on_loopback_only_and_keeps_its_token_out_of_home(tmp_
         with Client(server.target, timeout=30) as client:
             assert {w["node"] for w in client.list_workers()} == {LOOPBACK}
     assert not (tmp_path / ".ray").exists()
+
+
+def test_ray_local_starts_its_cluster_again_when_the_raylet_ends_as_it_starts() -> None:
+    # Ray 2.60's raylet may abort as it starts (ray-project/ray#58964). Here the first raylet the
+    # server starts is killed once it has lived 2.5 s: after it registered on this machine (the
+    # server's check at 4.5 s finds it gone), before on a slower one (Ray gives up at 30 s); the
+    # server undoes that start either way and serves from the second. SIGKILL, not SIGABRT:
+    # the real abort comes in the first second, and its 3 s alarm would here end past the check.
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=kill_first_raylet, args=(b"--ray local", 2.5, killed, stop))
+    killer.start()
+    try:
+        with running_server("--ray", "local", workers=2, metrics=False) as server:
+            stop.set()
+            killer.join()
+            assert len(killed) == 1
+            log = server.stderr.read_text()
+            assert "the private Ray cluster's raylet ended as it started" in log, log
+            assert "starting the cluster again, attempt 2 of 3" in log, log
+            running_query(server, "again")
+            tree = process_tree(server.pid)
+            programs = [
+                cmdline.split(b" ", 1)[0].rsplit(b"/", 1)[-1]
+                for pid, (_, _, cmdline) in processes().items()
+                if pid in tree
+            ]
+            # The first start undone: one control service and one raylet, the second start's.
+            assert programs.count(b"gcs_server") == 1 and programs.count(b"raylet") == 1, programs
+            assert killed[0] not in tree
+            with Client(server.target, timeout=30) as client:
+                assert {w["node"] for w in client.list_workers()} == {LOOPBACK}
+    finally:
+        stop.set()
+        killer.join()
+
+
+def kill_first_raylet(server_marker: bytes, age_s: float, killed: list[int], stop: threading.Event) -> None:
+    """SIGKILL the first raylet whose parent's command line holds ``server_marker`` once it has
+    lived ``age_s`` (its start time in /proc), unless ``stop`` is set first."""
+    tick = os.sysconf("SC_CLK_TCK")
+    while not stop.is_set():
+        found = processes()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        for pid, (parent, started, cmdline) in found.items():
+            if not cmdline.split(b" ", 1)[0].endswith(b"/raylet"):
+                continue
+            if server_marker in found.get(parent, (0, 0, b""))[2] and uptime - started / tick >= age_s:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+        stop.wait(0.05)  # polled: a process's age has no event to wait for
