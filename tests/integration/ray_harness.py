@@ -78,6 +78,27 @@ def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
     raise RuntimeError(f"nodes lost a process as they started twice in a row, the last: {dead}")
 
 
+def join_at_once(cluster: Cluster, cpus: int) -> Any:
+    """Add a node of ``cpus`` CPUs and return it as soon as it registered (a scenario's timing),
+    or None if it never did; :func:`outlived_start` tells later whether it lived."""
+    added, _, failed = _add(cluster, 1, num_cpus=cpus)
+    if failed:
+        print(f"ray_harness: {failed[0]}", file=sys.stderr)
+    return added[0] if added else None
+
+
+def outlived_start(cluster: Cluster, node: Any, started: float) -> bool:
+    """Whether ``node`` (added at ``started``, or None: it never registered) is alive past
+    :data:`ABORT_ALARM_S`; one that lost a process is removed, saying so."""
+    _outlive_start(started)
+    if node is not None and not node.dead_processes():
+        return True
+    if node is not None:
+        print(f"ray_harness: a node that joined lost {_dead([node], [])}", file=sys.stderr)
+        cluster.remove_node(node, allow_graceful=False)
+    return False
+
+
 def _add(cluster: Cluster, count: int, **options: Any) -> tuple[list[Any], float, list[str]]:
     """Start ``count`` nodes with these ``add_node`` options; the nodes, when the last one started,
     and why each that never registered failed (``add_node`` waits for its raylet to register,
