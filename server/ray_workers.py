@@ -61,7 +61,7 @@ from ray.util import get_node_ip_address
 from lowtide.errors import StartupFailure
 from lowtide.server import messages as msg
 from lowtide.server.outbox import Outbox, Outboxes
-from lowtide.server.ray_local import start_private
+from lowtide.server.ray_local import start_private, stop_private
 from lowtide.server.restart_strategy import Backoff, RestartStrategy
 from lowtide.server.transport import Arrays, OnDeath, OnGiveUp, OnMessage, WorkerPlace
 from lowtide.server.worker_process import Worker
@@ -212,20 +212,20 @@ class RayWorkers(Outboxes):
             self.handles = [_Actor(i, self._create_named(i)) for i in range(self.size)]
             places = ray.get([h.actor.where.remote() for h in self.handles], timeout=PLACE_TIMEOUT_S)
         except ActorAlreadyExistsError as exc:
-            ray.shutdown()
+            _leave()
             raise StartupFailure(
                 f"cannot start the workers on the Ray cluster: {exc.args[0].split('. ')[0]} "
                 "(another lowtide server runs on it)"
             ) from None
         except GetTimeoutError:
             free = ray.available_resources().get("CPU", 0)
-            ray.shutdown()
+            _leave()
             raise StartupFailure(
                 f"cannot place {self.size} workers of {self.cpus:g} CPUs on the Ray cluster within "
                 f"{PLACE_TIMEOUT_S:.0f} s ({free:g} CPUs free)"
             ) from None
         except RayError as exc:  # an actor that failed as it started (its error is above)
-            ray.shutdown()
+            _leave()
             raise StartupFailure(f"cannot start the workers on the Ray cluster: {_first_line(exc)}") from None
         for handle, place in zip(self.handles, places, strict=True):
             self._placed(handle, place, "on")
@@ -300,7 +300,7 @@ class RayWorkers(Outboxes):
             if not self._cluster_gone:  # nothing to kill, and no one to ask
                 with contextlib.suppress(*CallFailed):
                     ray.kill(handle.actor, no_restart=True)
-        ray.shutdown()
+        _leave()
 
     async def _watch_cluster(self, address: tuple[str, int]) -> None:
         """Stop the server, saying why, once the cluster's address has not answered for
@@ -461,6 +461,12 @@ class RayWorkers(Outboxes):
                     with contextlib.suppress(*CallFailed):
                         ray.kill(actor, no_restart=True)
                 raise
+
+
+def _leave() -> None:
+    """Leave the cluster as its driver, and end it if it is the server's private one."""
+    ray.shutdown()
+    stop_private()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,19 +2,20 @@
 
 Ray gives a starting node 30 s to register with the cluster's control service (a constant in
 ``ray/_private/node.py``); once, on a loaded test machine (the other test process starting Spark
-beside it), a first start took longer. A start that fails is made again once, from nothing.
+beside it), a first start took longer. A start that fails is made again, from nothing.
 
-A raylet can also abort as it starts (Ray 2.60; ray-project/ray#58964 reports the same): in
-about one full run in two here, a thread of a new raylet raised SIGABRT within its first second
+A Ray process can also abort as it starts (Ray 2.60; ray-project/ray#58964 reports the same):
+in about one full run in two here, a thread of a new raylet raised SIGABRT within its first second
 (kernel tracing saw it: thread ``event_engine``, gRPC's), its failure handler armed
 ``alarm(3)`` and hung before writing anything, and SIGALRM ended the raylet 3 s after it started,
 its logs silent. A node that lived 3 s had registered by then, so the cluster counted CPUs
 that could take no actor, and the test's server waited out its 120 s placement. So a node the
 tests add is handed over only once its processes have outlived that alarm
-(:data:`ABORT_ALARM_S`); one that did not is replaced, once, saying so. A raylet that died
-before it registered (the handler returned at once) fails its ``add_node`` after Ray's 30 s,
-and is replaced the same way. (``--ray local`` servers start their own cluster:
-``server/ray_local.py`` does the same for them.)
+(:data:`ABORT_ALARM_S`); one that did not is replaced, saying so, up to :data:`STARTS` starts
+(a head's raylet and then its second start's dashboard process, exit -14 both, happened once).
+A raylet that died before it registered (the handler returned at once) fails its ``add_node``
+after Ray's 30 s, and is replaced the same way. (``--ray local`` servers start their own
+cluster: ``server/ray_local.py`` does the same for them.)
 
 Also what a process tree listens on, from the kernel's tables (the tests that keep Ray on loopback).
 """
@@ -35,12 +36,13 @@ LOOPBACK = "127.0.0.1"
 # From a node's start (the add_node call): past its raylet's 3 s failure alarm, with a margin.
 ABORT_ALARM_S = 4.0
 REGISTER_TIMEOUT_S = 30.0  # what Cluster.add_node waits for a node to register
+STARTS = 3  # a cluster or a node that lost a process as it started is started again, up to this
 
 
 def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Cluster:
     """A head with ``head_cpus`` CPUs and ``nodes`` more nodes of ``node_cpus``, every process
     alive past :data:`ABORT_ALARM_S`."""
-    attempts = 2
+    attempts = STARTS
     while True:
         attempts -= 1
         cluster = Cluster()
@@ -63,9 +65,10 @@ def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Clus
 def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
     """Add ``count`` nodes of ``cpus`` CPUs to ``cluster`` and return them (each a
     ``ray._private.node.Node``) once they are registered and their processes have outlived
-    :data:`ABORT_ALARM_S`; a node that did not is removed and another added, once."""
+    :data:`ABORT_ALARM_S`; a node that did not is removed and another added (up to
+    :data:`STARTS` starts)."""
     joined: list[Any] = []
-    for attempt in (1, 2):
+    for attempt in range(1, STARTS + 1):
         added, started, failed = _add(cluster, count - len(joined), num_cpus=cpus)
         lost = _settle(cluster, added, started)
         joined += [node for node in added if node not in lost]
@@ -75,7 +78,7 @@ def join_nodes(cluster: Cluster, cpus: int, count: int = 1) -> list[Any]:
         for node in lost:
             cluster.remove_node(node, allow_graceful=False)
         print(f"ray_harness: nodes that joined lost {dead} (attempt {attempt})", file=sys.stderr)
-    raise RuntimeError(f"nodes lost a process as they started twice in a row, the last: {dead}")
+    raise RuntimeError(f"nodes lost a process as they started {STARTS} times in a row, the last: {dead}")
 
 
 def join_at_once(cluster: Cluster, cpus: int) -> Any:
