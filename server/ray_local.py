@@ -130,10 +130,8 @@ def _start_head(params: dict[str, Any]) -> tuple[Node | None, str]:
         return None, f"{', '.join(ended)}, before the node registered"
     processes = [info.process for infos in head.all_processes.values() for info in infos]
     youngest = min((_age(p.pid, default=0.0) for p in processes), default=0.0)
-    if youngest < OUTLIVE_S:
-        time.sleep(
-            OUTLIVE_S - youngest
-        )  # the alarm is the process's own: no event marks that it did not ring
+    if youngest < OUTLIVE_S:  # the alarm is the process's own: no event marks that it did not ring
+        time.sleep(OUTLIVE_S - youngest)
     dead = head.dead_processes()
     if not dead:
         return head, ""
