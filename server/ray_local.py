@@ -124,7 +124,14 @@ def _start_head(params: dict[str, Any]) -> tuple[Node | None, str]:
         for pid in started:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        ended = [name for name, state in started.values() if state == "Z"]
+        # A child still under this process's name ended between its fork and its exec (seen
+        # once: the control service's, and Ray waited out its port's 120 s, set above).
+        ours = Path("/proc/self/comm").read_text().strip() if started else ""
+        ended = [
+            name if name != ours else "a process before it ran its program"
+            for name, state in started.values()
+            if state == "Z"
+        ]
         if not ended:  # not the abort: nothing to try again
             raise StartupFailure(f"cannot start the private Ray cluster: {_first_line(exc)}") from None
         return None, f"{', '.join(ended)}, before the node registered"
