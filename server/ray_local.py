@@ -125,7 +125,8 @@ def _start_head(params: dict[str, Any]) -> tuple[Node | None, str]:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         # A child still under this process's name ended between its fork and its exec (seen
-        # once: the control service's, and Ray waited out its port's 120 s, set above).
+        # once, two servers starting side by side: Ray's start stalled for 120 s before it wrote
+        # any log, then this start was undone and the next came up).
         ours = Path("/proc/self/comm").read_text().strip() if started else ""
         ended = [
             name if name != ours else "a process before it ran its program"
