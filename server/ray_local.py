@@ -5,8 +5,10 @@ of its own in the environment its processes inherit (not one Ray would write to 
 
 Invariant: the server's driver joins the private cluster only once every process of its head
 node has outlived its start. Ray 2.60's processes now and then abort as they start
-(ray-project/ray#58964): a thread raises SIGABRT within the first second, and the failure
-handler's ``alarm(3)`` ends the process 3 s later, or it ends at once. A raylet that ends before
+(ray-project/ray#58964): kernel tracing here caught it in the child Ray has just forked, before
+it runs its program: threads start in the child within a millisecond of the fork, one of them
+(``event_engine``, gRPC's) raises SIGABRT, and the failure handler's ``alarm(3)`` ends the
+process 3 s later, or it ends at once. A raylet that ends before
 it registers fails the start after Ray's 30 s; one that ends after would take the node, and the
 workers on it, a moment into serving; one that ends while the driver registers with it ends the
 server's process (Ray's core worker exits). So the head starts first (as ``ray.init`` would start

@@ -6,7 +6,8 @@ beside it), a first start took longer. A start that fails is made again, from no
 
 A Ray process can also abort as it starts (Ray 2.60; ray-project/ray#58964 reports the same):
 in about one full run in two here, a thread of a new raylet raised SIGABRT within its first second
-(kernel tracing saw it: thread ``event_engine``, gRPC's), its failure handler armed
+(kernel tracing saw it: thread ``event_engine``, gRPC's, started in the child Ray had just
+forked, before it ran its program, as ``server/ray_local.py`` says), its failure handler armed
 ``alarm(3)`` and hung before writing anything, and SIGALRM ended the raylet 3 s after it started,
 its logs silent. A node that lived 3 s had registered by then, so the cluster counted CPUs
 that could take no actor, and the test's server waited out its 120 s placement. So a node the
