@@ -40,7 +40,7 @@ from ray._private.parameter import RayParams
 from lowtide.errors import StartupFailure
 
 LOOPBACK = "127.0.0.1"  # where the private cluster listens, unless told otherwise
-ATTEMPTS = 3  # starts of the private cluster before the server gives up
+ATTEMPTS = 5  # starts of the private cluster before the server gives up (under load, 2 in a row lost one)
 OUTLIVE_S = 4.5  # a process's age past its failure alarm (armed within its first second, 3 s)
 
 _head: list[Node] = []  # the private cluster's head, while it runs

@@ -216,8 +216,12 @@ def test_ray_local_starts_its_cluster_again_when_the_raylet_ends_as_it_starts() 
             killer.join()
             assert len(killed) == 1
             log = server.stderr.read_text()
-            assert "a process of the private Ray cluster ended as it started (raylet exit" in log, log
-            assert "starting the cluster again, attempt 2 of 3" in log, log
+            # The killed raylet is named in a retry line (beside any process Ray's own abort took).
+            retries = [
+                line for line in log.splitlines() if "of the private Ray cluster ended as it started" in line
+            ]
+            assert any("raylet exit -9" in line or "raylet, before" in line for line in retries), log
+            assert "starting the cluster again, attempt 2 of 5" in log, log
             running_query(server, "again")
             tree = process_tree(server.pid)
             programs = [
