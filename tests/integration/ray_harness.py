@@ -37,7 +37,7 @@ LOOPBACK = "127.0.0.1"
 # From a node's start (the add_node call): past its raylet's 3 s failure alarm, with a margin.
 ABORT_ALARM_S = 4.0
 REGISTER_TIMEOUT_S = 30.0  # what Cluster.add_node waits for a node to register
-STARTS = 3  # a cluster or a node that lost a process as it started is started again, up to this
+STARTS = 5  # a cluster or a node that lost a process as it started is started again, up to this
 
 
 def loopback_cluster(head_cpus: int, nodes: int = 0, node_cpus: int = 2) -> Cluster:
