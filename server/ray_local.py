@@ -85,6 +85,7 @@ def start_private(namespace: str, cpus: int, node_ip: str = "") -> tuple[str, in
             logging_level=logging.WARNING,
             _node_ip_address=head.node_ip_address,
         )
+    # Before serving: nothing is accepted yet, and the start stops, saying why.
     except (ConnectionError, RuntimeError) as exc:
         stop_private()
         raise StartupFailure(f"cannot join the private Ray cluster: {_first_line(exc)}") from None
@@ -117,7 +118,8 @@ def _start_head(params: dict[str, Any]) -> tuple[Node | None, str]:
             spawn_reaper=True,
             ray_init_cluster=True,
         )
-    except Exception as exc:  # Ray's own for a node that did not register: a bare Exception
+    # Ray's bare Exception for a node that did not register; before serving, nothing is accepted.
+    except Exception as exc:
         started = {pid: state for pid, state in _children().items() if pid not in before}
         # Ray keeps no handle on a node that failed to start: end what this start left running.
         for pid in started:
@@ -161,9 +163,8 @@ def _children() -> dict[int, tuple[str, str]]:
     found = {}
     me = os.getpid()
     for entry in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            stat = entry.read_text()
-            name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        with contextlib.suppress(OSError, ValueError):  # a process that ended since the listing
+            name, fields = _stat(int(entry.parent.name))
             if int(fields[1]) == me:
                 found[int(entry.parent.name)] = (name, fields[0])
     return found
@@ -172,8 +173,14 @@ def _children() -> dict[int, tuple[str, str]]:
 def _age(pid: int, default: float) -> float:
     """Seconds since process ``pid`` started (/proc), or ``default`` where that cannot be read."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        _, fields = _stat(pid)
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, IndexError, ValueError):
         return default
     return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[str, list[str]]:
+    """Process ``pid``'s command name and the fields of /proc/PID/stat after it (state first)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
